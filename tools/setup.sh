@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything zplan/zrun need to build and test on a fresh Debian 12
+# machine, idempotently: Debian's Bazel and -dev packages, and a Python
+# environment in .venv (git-ignored) holding torch==2.11.0 for LibTorch.
+# Running it again only checks.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+torch_version=2.11.0
+packages=(
+  bazel-bootstrap bazel-platforms bazel-rules-java   # Bazel 4.2.3, offline (DESIGN §5)
+  libabsl-dev libprotobuf-dev protobuf-compiler       # Abseil, Protocol Buffers
+  libgtest-dev libgmock-dev                           # GoogleTest
+  libgloo-dev                                         # Gloo headers for c10d (absent from the wheel)
+  python3-venv
+)
+
+sudo_cmd=()
+[[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+venv="$root/.venv"
+if ! "$venv/bin/python3" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  echo "setup: creating $venv with torch==$torch_version (several GiB, cached by pip afterwards)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version"
+fi
+
+echo "setup: ok ($(bazel --version 2>/dev/null | head -1 || echo bazel), torch $("$venv/bin/python3" -c 'import torch; print(torch.__version__)' 2>/dev/null))"
