@@ -1,0 +1,201 @@
+#include "planner/inventory.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace zplan {
+namespace {
+
+TensorSpec Make(std::string name, std::vector<int64_t> shape, DType dtype, TensorRole role,
+                int layer) {
+  TensorSpec t;
+  t.set_name(std::move(name));
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_dtype(dtype);
+  t.set_role(role);
+  t.set_layer(layer);
+  return t;
+}
+
+TensorSpec Param(std::string name, std::vector<int64_t> shape, int layer) {
+  return Make(std::move(name), std::move(shape), DTYPE_FP32, ROLE_PARAMETER, layer);
+}
+
+void AddNorm(const ModelSpec& spec, const std::string& prefix, int64_t width, int layer,
+             std::vector<TensorSpec>* out) {
+  out->push_back(Param(prefix + ".weight", {width}, layer));
+  if (spec.norm_type() == NORM_LAYERNORM) out->push_back(Param(prefix + ".bias", {width}, layer));
+}
+
+void AddLinear(const std::string& prefix, int64_t in, int64_t out_features, bool bias, int layer,
+               std::vector<TensorSpec>* out) {
+  out->push_back(Param(prefix + ".weight", {out_features, in}, layer));
+  if (bias) out->push_back(Param(prefix + ".bias", {out_features}, layer));
+}
+
+}  // namespace
+
+int64_t NumElements(const TensorSpec& tensor) {
+  int64_t n = 1;
+  for (int64_t d : tensor.shape()) n *= d;
+  return n;
+}
+
+int64_t DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DTYPE_FP32: return 4;
+    case DTYPE_BF16:
+    case DTYPE_FP16: return 2;
+    case DTYPE_INT64: return 8;
+    case DTYPE_BOOL: return 1;
+    default: return 0;
+  }
+}
+
+std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
+  std::vector<TensorSpec> out;
+  const std::string p = absl::StrCat("layers.", layer);
+  const int64_t h = spec.hidden_size();
+  const int64_t q_width = spec.num_attention_heads() * spec.head_dim();
+  const int64_t kv_width = spec.num_kv_heads() * spec.head_dim();
+  AddNorm(spec, p + ".attn_norm", h, layer, &out);
+  AddLinear(p + ".attn.q_proj", h, q_width, spec.attention_qkv_bias(), layer, &out);
+  AddLinear(p + ".attn.k_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
+  AddLinear(p + ".attn.v_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
+  if (spec.qk_norm()) {
+    // Qwen3: RMSNorm over head_dim, shared by all heads.
+    out.push_back(Param(p + ".attn.q_norm.weight", {spec.head_dim()}, layer));
+    out.push_back(Param(p + ".attn.k_norm.weight", {spec.head_dim()}, layer));
+  }
+  AddLinear(p + ".attn.o_proj", q_width, h, spec.attention_out_bias(), layer, &out);
+  AddNorm(spec, p + ".mlp_norm", h, layer, &out);
+  const int64_t f = spec.ffn_hidden_size();
+  if (spec.ffn_type() == FFN_SWIGLU) {
+    AddLinear(p + ".mlp.gate_proj", h, f, spec.mlp_bias(), layer, &out);
+    AddLinear(p + ".mlp.up_proj", h, f, spec.mlp_bias(), layer, &out);
+  } else {
+    AddLinear(p + ".mlp.up_proj", h, f, spec.mlp_bias(), layer, &out);
+  }
+  AddLinear(p + ".mlp.down_proj", f, h, spec.mlp_bias(), layer, &out);
+  return out;
+}
+
+std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
+  std::vector<TensorSpec> out;
+  const int64_t h = spec.hidden_size();
+  if (spec.vocab_size() > 0) out.push_back(Param("embed_tokens.weight", {spec.vocab_size(), h}, -1));
+  if (spec.position_embedding() == POSITION_LEARNED) {
+    out.push_back(Param("embed_positions.weight", {spec.max_position_embeddings(), h}, -1));
+  }
+  for (int layer = 0; layer < spec.num_layers(); ++layer) {
+    for (TensorSpec& t : BlockParameters(spec, layer)) out.push_back(std::move(t));
+  }
+  AddNorm(spec, "final_norm", h, -1, &out);
+  if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) {
+    out.push_back(Param("lm_head.weight", {spec.vocab_size(), h}, -1));
+  }
+  return out;
+}
+
+int64_t CountParameters(const ModelSpec& spec) {
+  int64_t total = 0;
+  for (const TensorSpec& t : ParameterInventory(spec)) total += NumElements(t);
+  return total;
+}
+
+// What the executor's block keeps for backward (ATen saves only the inputs a
+// gradient formula needs; a shared input is one tensor):
+//   norm         input x, fp32 rstd (+ mean for LayerNorm)        [b,s,h]
+//   q/k/v proj   normed input n1                                  [b,s,h]
+//   qk-norm      q and k before the norm, fp32 rstd per head
+//   RoPE         nothing (multiplies by constant cos/sin)
+//   attention    SDPA: q, k, v (rotated), output, fp32 logsumexp [b,a,s]
+//                eager: q, k, v, probabilities [b,a,s,s], output
+//   o_proj       attention output (the same tensor as above)
+//   residual     nothing
+//   mlp norm     residual stream h1, rstd; FFN input n2            [b,s,h]
+//   SwiGLU       gate, up, silu(gate), silu(gate)*up               [b,s,f] x4
+//   GELU MLP     up output, gelu output                            [b,s,f] x2
+//   dropout      a 1-byte mask per site (attention probs, two residual adds)
+std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, int64_t s,
+                                              DType dtype, int layer) {
+  std::vector<TensorSpec> out;
+  const std::string p = absl::StrCat("layers.", layer);
+  const int64_t h = spec.hidden_size();
+  const int64_t a = spec.num_attention_heads();
+  const int64_t d = spec.head_dim();
+  const int64_t kv = spec.num_kv_heads();
+  const int64_t f = spec.ffn_hidden_size();
+  auto act = [&](const std::string& name, std::vector<int64_t> shape, DType t) {
+    out.push_back(Make(p + "." + name, std::move(shape), t, ROLE_ACTIVATION, layer));
+  };
+  const bool layernorm = spec.norm_type() == NORM_LAYERNORM;
+  act("attn_norm.input", {b, s, h}, dtype);
+  act("attn_norm.rstd", {b, s}, DTYPE_FP32);
+  if (layernorm) act("attn_norm.mean", {b, s}, DTYPE_FP32);
+  act("attn_norm.output", {b, s, h}, dtype);
+  if (spec.qk_norm()) {
+    act("attn.q_norm.input", {b, s, a, d}, dtype);
+    act("attn.k_norm.input", {b, s, kv, d}, dtype);
+    act("attn.q_norm.rstd", {b, s, a}, DTYPE_FP32);
+    act("attn.k_norm.rstd", {b, s, kv}, DTYPE_FP32);
+  }
+  act("attn.q", {b, a, s, d}, dtype);
+  act("attn.k", {b, kv, s, d}, dtype);
+  act("attn.v", {b, kv, s, d}, dtype);
+  if (spec.attention_impl() == ATTENTION_EAGER) {
+    act("attn.probs", {b, a, s, s}, dtype);
+    if (spec.dropout() > 0) act("attn.probs_dropout_mask", {b, a, s, s}, DTYPE_BOOL);
+  } else {
+    act("attn.logsumexp", {b, a, s}, DTYPE_FP32);
+  }
+  act("attn.output", {b, s, a * d}, dtype);
+  if (spec.dropout() > 0) act("attn.resid_dropout_mask", {b, s, h}, DTYPE_BOOL);
+  act("mlp_norm.input", {b, s, h}, dtype);
+  act("mlp_norm.rstd", {b, s}, DTYPE_FP32);
+  if (layernorm) act("mlp_norm.mean", {b, s}, DTYPE_FP32);
+  act("mlp_norm.output", {b, s, h}, dtype);
+  if (spec.ffn_type() == FFN_SWIGLU) {
+    act("mlp.gate", {b, s, f}, dtype);
+    act("mlp.up", {b, s, f}, dtype);
+    act("mlp.act", {b, s, f}, dtype);
+    act("mlp.product", {b, s, f}, dtype);
+  } else {
+    act("mlp.up", {b, s, f}, dtype);
+    act("mlp.act", {b, s, f}, dtype);
+  }
+  if (spec.dropout() > 0) act("mlp.resid_dropout_mask", {b, s, h}, DTYPE_BOOL);
+  return out;
+}
+
+int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  const int64_t w = DTypeBytes(dtype);
+  if (spec.attention_impl() == ATTENTION_EAGER) {
+    // Pre-softmax scores coexist with the probabilities until softmax returns.
+    return b * spec.num_attention_heads() * s * s * w;
+  }
+  return 0;
+}
+
+int64_t BlockBackwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  const int64_t w = DTypeBytes(dtype);
+  const int64_t bs = b * s;
+  // Gradient w.r.t. the block output and input are both alive at the end.
+  const int64_t residual_grads = 2 * bs * spec.hidden_size() * w;
+  // FFN: grad of the product, then grads of both branches before the sum.
+  const int64_t ffn_branches = spec.ffn_type() == FFN_SWIGLU ? 3 : 2;
+  const int64_t ffn = ffn_branches * bs * spec.ffn_hidden_size() * w;
+  int64_t attention = 0;
+  if (spec.attention_impl() == ATTENTION_EAGER) {
+    // grad of probabilities and grad of scores, each [b,a,s,s].
+    attention = 2 * b * spec.num_attention_heads() * s * s * w;
+  } else {
+    // grads of q, k, v.
+    attention = bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * spec.head_dim() * w;
+  }
+  return residual_grads + std::max(ffn, attention);
+}
+
+}  // namespace zplan

@@ -1,0 +1,63 @@
+// File: inventory.h
+// The tensor inventory of a ModelSpec: every parameter as one row (name,
+// shape, dtype, role), and the activations one transformer block saves for
+// backward at a given micro-batch and sequence length.
+//
+// Parameter rows are exact: their element sum is the model's parameter count
+// (gpt2 = 124,439,808; qwen3-0.6b = 596,049,920; llama3-8b = 8,030,261,248).
+// The executor builds its LibTorch modules from the same ModelSpec and checks
+// its parameters against ParameterInventory() before step 0.
+//
+// Activation rows describe what the executor's autograd graph keeps alive
+// between forward and backward, tensor by tensor (the llm.c idea: one table
+// drives both the estimate and the implementation). The spec must already be
+// resolved (ResolveModelSpec in model_spec.h): num_kv_heads and head_dim set.
+//
+// Example:
+//   for (const TensorSpec& t : ParameterInventory(spec)) total += NumElements(t);
+#ifndef ZPLAN_PLANNER_INVENTORY_H_
+#define ZPLAN_PLANNER_INVENTORY_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "proto/inventory.pb.h"
+#include "proto/model.pb.h"
+
+namespace zplan {
+
+int64_t NumElements(const TensorSpec& tensor);
+int64_t DTypeBytes(DType dtype);
+inline int64_t TensorBytes(const TensorSpec& tensor) {
+  return NumElements(tensor) * DTypeBytes(tensor.dtype());
+}
+
+// All parameters in module order: embeddings (layer -1), blocks 0..L-1, final
+// norm and untied LM head (layer -1). dtype is fp32 (the master layout);
+// callers apply their working dtype.
+std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec);
+
+// Parameters of one block (all blocks are alike).
+std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer);
+
+int64_t CountParameters(const ModelSpec& spec);
+
+// Tensors one block saves for backward in `dtype` (plus fp32 norm
+// statistics), with activation checkpointing off. Layer is set to `layer`.
+std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t micro_batch,
+                                              int64_t seq_length, DType dtype, int layer);
+
+// Peak bytes of tensors that exist only inside one block's forward (e.g. eager
+// attention's pre-softmax scores next to the probabilities).
+int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
+                                   int64_t seq_length, DType dtype);
+
+// Peak bytes of gradient temporaries inside one block's backward (gradients
+// of the FFN intermediates, of attention probabilities for eager attention,
+// of the block input and output).
+int64_t BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
+                                    int64_t seq_length, DType dtype);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_INVENTORY_H_

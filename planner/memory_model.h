@@ -1,0 +1,145 @@
+// File: memory_model.h
+// The closed-form memory model: per-rank device and host bytes, by component,
+// for one training step of a resolved (ModelSpec, RunConfig, GpuSpec).
+//
+// What it models (DESIGN §3) is what zrun's engine does, which follows
+// DeepSpeed's semantics:
+//   * model states (ZeRO paper §5): working-dtype params 2Ψ, grads 2Ψ, fp32
+//     master 4Ψ and Adam m, v 8Ψ, sharded per stage (padding per sharding.h);
+//     on the host with offload_optimizer / offload_param;
+//   * activations from the inventory's per-block saved tensors (only block
+//     inputs with checkpointing, plus one block recomputed in backward);
+//   * logits and loss: b·s·V in the working dtype, the fp32 upcast,
+//     log-softmax output and its gradient;
+//   * buffers: stage-2/3 reduce buckets (x2 with overlap_comm), stage-3
+//     gathered layers with prefetch (capped by max_live_parameters);
+//   * temporaries: backward gradient temporaries, post-backward reduce
+//     buckets (stages 0/1), the fp32 gradient upcast of the optimizer step;
+//   * runtime (CUDA context, cuBLAS, NCCL) and the allocator band, from the
+//     GPU catalog.
+//
+// The closed form evaluates the handful of moments where a step can peak
+// (end of forward, inside the loss, first and last backward block, embedding
+// backward, reduction, optimizer step) and returns the largest. The step
+// simulator (simulator.h) replays every allocation and must agree with it
+// exactly; both read the same StepSizes.
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(StepSizes sizes, ComputeStepSizes(model, config, gpu));
+//   MemoryBreakdown device = ClosedFormDevicePeak(sizes);
+#ifndef ZPLAN_PLANNER_MEMORY_MODEL_H_
+#define ZPLAN_PLANNER_MEMORY_MODEL_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "planner/sharding.h"
+#include "proto/gpu.pb.h"
+#include "proto/memory.pb.h"
+#include "proto/model.pb.h"
+#include "proto/run_config.pb.h"
+
+namespace zplan {
+
+// Bytes per parameter of mixed-precision Adam beyond the working copy (ZeRO
+// paper K = 12): fp32 master 4 + momentum 4 + variance 4.
+inline constexpr int64_t kMasterBytesPerParam = 4;
+inline constexpr int64_t kAdamStateBytesPerParam = 8;  // m + v, fp32
+// DeepSpeed's CPU Adam keeps an fp32 gradient partition beside master, m, v.
+inline constexpr int64_t kOffloadGradBytesPerParam = 4;
+inline constexpr int64_t kTokenIdBytes = 8;  // int64 ids and targets
+
+// Every size a step needs, in bytes unless named otherwise; one rank.
+struct StepSizes {
+  // Configuration.
+  int stage = 0;
+  int64_t world_size = 1;
+  int64_t ranks_per_node = 1;
+  int num_layers = 0;
+  int64_t grad_accum = 1;
+  bool mixed = true;                 // bf16/fp16 with fp32 master
+  bool checkpointing = false;
+  bool offload_optimizer = false;
+  bool offload_param = false;
+  bool pin_memory = true;
+  bool tied = false;
+  bool has_vocab = true;
+  bool cpu_ranks = false;            // device tensors live in host RAM
+  // Stage 0/1 without accumulation allocate gradients during backward and
+  // keep them; otherwise produced gradients are temporaries (moved into a
+  // bucket or added into the resident gradient).
+  bool grads_kept_on_production = false;
+  ShardLayout shards;
+
+  // Resident for the whole step (device).
+  int64_t params_resident = 0;       // full, or stage-3 shard + persistent
+  int64_t grads_resident = 0;        // stage-2/3 shard; stage-0/1 full with accumulation
+  int64_t master_resident = 0;
+  int64_t optimizer_resident = 0;
+  int64_t buckets_resident = 0;      // stage-2/3 reduce buckets
+
+  // Per block.
+  int64_t block_saved = 0;           // tensors saved for backward, no checkpointing
+  int64_t block_input = 0;           // b·s·h in the working dtype
+  int64_t block_fwd_transient = 0;   // extra inside forward with grad
+  int64_t block_nograd_peak = 0;     // checkpointed forward: live intermediates
+  int64_t block_bwd_transient = 0;
+  int64_t block_grads = 0;           // all block parameters, working dtype
+  int64_t block_max_param_grad = 0;  // largest single block parameter
+  int64_t block_gather = 0;          // stage 3: gathered block + prefetch
+
+  // Model ends.
+  int64_t input_ids = 0;             // ids + targets
+  int64_t act_grad = 0;              // gradient carried between blocks, b·s·h
+  int64_t final_norm_saved = 0;
+  int64_t final_norm_grads = 0;
+  int64_t head_grad = 0;             // V·h (the tied embedding's, or lm_head's)
+  int64_t embed_grad = 0;            // V·h: the embedding's contribution
+  int64_t pos_grad = 0;              // learned positions
+  int64_t embed_gather = 0;          // stage 3: embedding / head gathered
+  int64_t logits_working = 0;        // b·s·V in the working dtype
+  int64_t logits_fp32 = 0;           // b·s·V·4
+
+  // After backward and in the step.
+  int64_t reduce_temp = 0;           // stage 0/1 reduce bucket
+  int64_t step_upcast = 0;           // fp32 gradient upcast per sub-group
+
+  // Runtime and allocator (device), from the catalog.
+  int64_t runtime = 0;
+  double allocator_band_fraction = 0;
+
+  // Host, per rank.
+  int64_t host_process = 0;
+  int64_t host_params = 0;           // offload_param shard
+  int64_t host_grads = 0;            // offload_optimizer fp32 grads
+  int64_t host_master = 0;
+  int64_t host_optimizer = 0;
+  int64_t host_init_per_rank = 0;    // model construction peak tensors
+};
+
+// Sizes for one rank. kInvalidArgument when the combination is impossible
+// (e.g. offload_optimizer at stage 0).
+absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,
+                                           const GpuSpec& gpu);
+
+// The device breakdown at the step's peak, with peak_event set. Runtime and
+// the allocator band are included in peak_bytes.
+MemoryBreakdown ClosedFormDevicePeak(const StepSizes& sizes);
+
+// Model states per rank on the device and host together (params + grads +
+// master + optimizer), steady state: the ZeRO paper's quantity.
+int64_t ModelStatesBytes(const StepSizes& sizes);
+
+// Host memory of one rank's process in steady state.
+MemoryBreakdown HostPerRank(const StepSizes& sizes);
+
+// Adds the runtime and allocator band to a breakdown of tensor bytes and
+// sets peak_bytes to the total.
+void FinishDeviceBreakdown(const StepSizes& sizes, MemoryBreakdown* breakdown);
+
+// Sum of the tensor components (everything except runtime and allocator).
+int64_t LiveTensorBytes(const MemoryBreakdown& breakdown);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_MEMORY_MODEL_H_

@@ -1,0 +1,301 @@
+#include "planner/model_spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "planner/inventory.h"
+#include "planner/proto_io.h"
+#include "planner/status_macros.h"
+
+namespace zplan {
+
+const std::vector<std::pair<std::string, std::string>>& EmbeddedModelPresets();
+
+namespace {
+
+constexpr absl::string_view kPresetDir = "configs/models/";
+
+std::map<std::string, std::string> PresetFiles() {
+  std::map<std::string, std::string> presets;
+  for (const auto& [path, contents] : EmbeddedModelPresets()) {
+    absl::string_view name = path;
+    name.remove_prefix(std::min(name.size(), kPresetDir.size()));
+    name.remove_suffix(std::string_view(".textproto").size());
+    presets[std::string(name)] = contents;
+  }
+  return presets;
+}
+
+absl::Status Invalid(absl::string_view source, const JsonValue* value, absl::string_view key,
+                     absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ":", value != nullptr ? value->line() : 1,
+                                                 ": ", key, ": ", message));
+}
+
+// Reads an integer field; absent (or null) leaves *out unchanged.
+absl::Status ReadInt(const JsonValue& config, absl::string_view source, absl::string_view key,
+                     int64_t* out) {
+  const JsonValue* value = config.Find(key);
+  if (value == nullptr || value->is_null()) return absl::OkStatus();
+  int64_t parsed = 0;
+  if (!value->is_number() || !absl::SimpleAtoi(value->text(), &parsed)) {
+    double as_double = value->number_value();
+    if (!value->is_number() || as_double != std::floor(as_double)) {
+      return Invalid(source, value, key,
+                     absl::StrCat("expected an integer, got ", JsonValue::TypeName(value->type())));
+    }
+    parsed = static_cast<int64_t>(as_double);
+  }
+  *out = parsed;
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const JsonValue& config, absl::string_view source, absl::string_view key,
+                      bool* out) {
+  const JsonValue* value = config.Find(key);
+  if (value == nullptr || value->is_null()) return absl::OkStatus();
+  if (!value->is_bool()) {
+    return Invalid(source, value, key,
+                   absl::StrCat("expected true or false, got ", JsonValue::TypeName(value->type())));
+  }
+  *out = value->bool_value();
+  return absl::OkStatus();
+}
+
+std::string ReadString(const JsonValue& config, absl::string_view key) {
+  const JsonValue* value = config.Find(key);
+  return value != nullptr && value->is_string() ? value->text() : "";
+}
+
+double ReadDouble(const JsonValue& config, absl::string_view key) {
+  const JsonValue* value = config.Find(key);
+  return value != nullptr && value->is_number() ? value->number_value() : 0.0;
+}
+
+}  // namespace
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, contents] : PresetFiles()) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<ModelSpec> LoadPreset(absl::string_view name) {
+  const auto presets = PresetFiles();
+  auto it = presets.find(std::string(name));
+  if (it == presets.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("--model: unknown preset \"", name,
+                                                   "\"; presets: ", absl::StrJoin(PresetNames(), ", "),
+                                                   " (or use --hf-config / --params)"));
+  }
+  ModelSpec spec;
+  ZPLAN_RETURN_IF_ERROR(ParseProto(it->second, ProtoFormat::kText,
+                                   absl::StrCat(kPresetDir, name, ".textproto"), &spec));
+  spec = ResolveModelSpec(std::move(spec));
+  ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  return spec;
+}
+
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::string_view source) {
+  if (!config.is_object()) return Invalid(source, &config, "config", "expected a JSON object");
+  for (absl::string_view moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+    int64_t experts = 0;
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, moe_key, &experts));
+    if (experts > 1) {
+      return Invalid(source, config.Find(moe_key), moe_key,
+                     "mixture-of-experts models are not supported; plan a dense model");
+    }
+  }
+  const std::string model_type = ReadString(config, "model_type");
+  ModelSpec spec;
+  spec.set_name(ReadString(config, "_name_or_path").empty() ? std::string(source)
+                                                            : ReadString(config, "_name_or_path"));
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
+  int64_t positions = 0;
+  // GPT-2 legacy names first; the modern names override when both exist.
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_layer", &layers));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_embd", &hidden));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_head", &heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_inner", &ffn));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_positions", &positions));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "num_hidden_layers", &layers));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "hidden_size", &hidden));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "num_attention_heads", &heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "num_key_value_heads", &kv_heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "head_dim", &head_dim));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "intermediate_size", &ffn));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "vocab_size", &vocab));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "max_position_embeddings", &positions));
+
+  const bool gpt2 = model_type == "gpt2" || config.Find("n_embd") != nullptr;
+  const bool qwen1 = model_type == "qwen";  // first-generation Qwen
+  std::string act = ReadString(config, "hidden_act");
+  if (act.empty()) act = ReadString(config, "activation_function");
+  const bool gated = !gpt2 && (act.empty() || act == "silu" || act == "swish" || act == "swiglu" ||
+                               model_type == "gemma" || model_type == "gemma2");
+  spec.set_ffn_type(gated ? FFN_SWIGLU : FFN_GELU);
+  if (gpt2 && ffn == 0) ffn = 4 * hidden;  // n_inner: null means 4 * n_embd
+  if (qwen1) ffn /= 2;                     // w1 and w2 each take half of intermediate_size
+  spec.set_num_layers(layers);
+  spec.set_hidden_size(hidden);
+  spec.set_num_attention_heads(heads);
+  spec.set_num_kv_heads(kv_heads);
+  spec.set_head_dim(head_dim);
+  spec.set_ffn_hidden_size(ffn);
+  spec.set_vocab_size(vocab);
+
+  // transformers' PretrainedConfig defaults tie_word_embeddings to true; the
+  // Llama/Mistral/Qwen configs override it to false.
+  static const std::set<std::string> kUntiedByDefault = {"llama", "mistral", "qwen2", "qwen3",
+                                                          "qwen", "mixtral", "phi3", "granite"};
+  bool tied = kUntiedByDefault.count(model_type) == 0;
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, source, "tie_word_embeddings", &tied));
+  spec.set_tie_word_embeddings(tied);
+
+  const bool layernorm = gpt2 || config.Find("layer_norm_eps") != nullptr ||
+                         config.Find("layer_norm_epsilon") != nullptr;
+  spec.set_norm_type(layernorm && config.Find("rms_norm_eps") == nullptr ? NORM_LAYERNORM
+                                                                          : NORM_RMSNORM);
+  spec.set_position_embedding(gpt2 ? POSITION_LEARNED : POSITION_ROPE);
+  if (gpt2) spec.set_max_position_embeddings(positions);
+
+  bool qkv_bias = gpt2 || model_type == "qwen2" || qwen1;
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, source, "attention_bias", &qkv_bias));
+  bool mlp_bias = gpt2;
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, source, "mlp_bias", &mlp_bias));
+  spec.set_attention_qkv_bias(qkv_bias);
+  // Llama's attention_bias covers o_proj too; Qwen2 biases only q, k, v.
+  spec.set_attention_out_bias(gpt2 || (qkv_bias && model_type == "llama"));
+  spec.set_mlp_bias(mlp_bias);
+  spec.set_qk_norm(model_type == "qwen3");
+
+  std::string attn = ReadString(config, "attn_implementation");
+  if (attn.empty()) attn = ReadString(config, "_attn_implementation");
+  spec.set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
+  double dropout = 0;
+  for (absl::string_view key : {"attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
+                                "hidden_dropout", "dropout"}) {
+    dropout = std::max(dropout, ReadDouble(config, key));
+  }
+  spec.set_dropout(dropout);
+  spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"", model_type, "\")"));
+  spec = ResolveModelSpec(std::move(spec));
+  absl::Status valid = ValidateModelSpec(spec);
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
+  return spec;
+}
+
+absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path) {
+  ZPLAN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  ZPLAN_ASSIGN_OR_RETURN(JsonValue config, ParseJson(text, path));
+  return ModelSpecFromHfConfig(config, path);
+}
+
+absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params) {
+  constexpr int64_t kWidthStep = 128;   // widths are multiples of 128 (tensor-core friendly)
+  constexpr int64_t kHeadDim = 128;
+  auto shape = [](int64_t h) {
+    ModelSpec spec;
+    spec.set_num_layers(std::max<int64_t>(2, h / 128));  // GPT-3: 4096 wide -> 32 layers
+    spec.set_hidden_size(h);
+    spec.set_num_attention_heads(std::max<int64_t>(1, h / kHeadDim));
+    spec.set_head_dim(h >= kHeadDim ? kHeadDim : h);
+    spec.set_num_kv_heads(spec.num_attention_heads());
+    spec.set_ffn_hidden_size(4 * h);
+    spec.set_ffn_type(FFN_GELU);
+    spec.set_norm_type(NORM_LAYERNORM);
+    spec.set_attention_impl(ATTENTION_SDPA);
+    spec.set_position_embedding(POSITION_ROPE);
+    spec.set_attention_qkv_bias(true);
+    spec.set_attention_out_bias(true);
+    spec.set_mlp_bias(true);
+    spec.set_tie_word_embeddings(true);
+    spec.set_vocab_size(0);
+    return spec;
+  };
+  if (params <= 0) return absl::InvalidArgumentError("--params: must be > 0, e.g. --params 7.5e9");
+  ModelSpec best;
+  bool found = false;
+  for (int64_t h = kWidthStep; h <= 131072; h += kWidthStep) {
+    ModelSpec spec = shape(h);
+    const int64_t without_vocab = CountParameters(spec);  // vocab 0: blocks + final norm
+    if (without_vocab + kMinVocabForParams * h > params) break;
+    spec.set_vocab_size((params - without_vocab) / h);
+    best = spec;
+    found = true;
+  }
+  if (!found) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--params: ", params, " is below the smallest standard shape (",
+        CountParameters(shape(kWidthStep)) + kMinVocabForParams * kWidthStep,
+        " parameters); describe the model with --model or --hf-config instead"));
+  }
+  const int64_t count = CountParameters(best);
+  best.set_name(absl::StrCat("params-", params));
+  best.set_source(absl::StrCat(
+      "standard shape for --params ", params, ": GPT-3-style blocks, ", best.num_layers(),
+      " layers x ", best.hidden_size(), " wide (layers = width / 128), 128-wide MHA heads, GELU MLP 4h, "
+      "LayerNorm, tied embeddings; the vocabulary (", best.vocab_size(),
+      ") absorbs the remainder: ", count, " parameters (", count - params, " from the request)"));
+  return best;
+}
+
+ModelSpec ResolveModelSpec(ModelSpec spec) {
+  if (spec.num_kv_heads() == 0) spec.set_num_kv_heads(spec.num_attention_heads());
+  // Left unset when heads do not divide hidden, so validation can say so.
+  if (spec.head_dim() == 0 && spec.num_attention_heads() > 0 &&
+      spec.hidden_size() % spec.num_attention_heads() == 0) {
+    spec.set_head_dim(spec.hidden_size() / spec.num_attention_heads());
+  }
+  if (spec.ffn_type() == FFN_TYPE_UNSPECIFIED) spec.set_ffn_type(FFN_SWIGLU);
+  if (spec.norm_type() == NORM_TYPE_UNSPECIFIED) spec.set_norm_type(NORM_RMSNORM);
+  if (spec.attention_impl() == ATTENTION_IMPL_UNSPECIFIED) spec.set_attention_impl(ATTENTION_SDPA);
+  if (spec.position_embedding() == POSITION_EMBEDDING_UNSPECIFIED) {
+    spec.set_position_embedding(POSITION_ROPE);
+  }
+  return spec;
+}
+
+absl::Status ValidateModelSpec(const ModelSpec& spec) {
+  auto positive = [](absl::string_view field, int64_t value) -> absl::Status {
+    if (value > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be > 0, got ", value));
+  };
+  ZPLAN_RETURN_IF_ERROR(positive("num_layers", spec.num_layers()));
+  ZPLAN_RETURN_IF_ERROR(positive("hidden_size", spec.hidden_size()));
+  ZPLAN_RETURN_IF_ERROR(positive("num_attention_heads", spec.num_attention_heads()));
+  ZPLAN_RETURN_IF_ERROR(positive("num_kv_heads", spec.num_kv_heads()));
+  ZPLAN_RETURN_IF_ERROR(positive("ffn_hidden_size", spec.ffn_hidden_size()));
+  if (spec.vocab_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.vocab_size: must be >= 0 (0 = no token embedding), got ", spec.vocab_size()));
+  }
+  if (spec.head_dim() == 0 && spec.hidden_size() % spec.num_attention_heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.num_attention_heads: ", spec.num_attention_heads(), " heads do not divide hidden_size ",
+        spec.hidden_size(), "; choose a divisor or set head_dim"));
+  }
+  ZPLAN_RETURN_IF_ERROR(positive("head_dim", spec.head_dim()));
+  if (spec.num_attention_heads() % spec.num_kv_heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.num_kv_heads: ", spec.num_kv_heads(), " does not divide num_attention_heads ",
+        spec.num_attention_heads(), " (GQA groups must be equal)"));
+  }
+  if (spec.position_embedding() == POSITION_LEARNED && spec.max_position_embeddings() <= 0) {
+    return absl::InvalidArgumentError(
+        "model.max_position_embeddings: must be > 0 with learned positions");
+  }
+  if (spec.dropout() < 0 || spec.dropout() >= 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.dropout: must be in [0, 1), got ", spec.dropout()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zplan

@@ -1,0 +1,61 @@
+// File: model_spec.h
+// Where a ModelSpec comes from: a preset name, a Hugging Face config.json, or
+// a bare parameter count; and the checks every spec passes before planning.
+//
+// Presets live in configs/models/*.textproto and are compiled into the binary.
+// Every spec carries `source`, the assumptions behind its shape.
+//
+// Rejections (kInvalidArgument, one line naming the field and the fix):
+// unknown preset (the message lists the presets), non-positive sizes, heads
+// that do not divide hidden (without an explicit head_dim), kv heads that do
+// not divide heads, MoE configs, malformed JSON (with its line).
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(ModelSpec spec, LoadPreset("llama3-8b"));
+//   CountParameters(spec) == 8030261248;
+#ifndef ZPLAN_PLANNER_MODEL_SPEC_H_
+#define ZPLAN_PLANNER_MODEL_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "planner/json.h"
+#include "proto/model.pb.h"
+
+namespace zplan {
+
+// Sorted preset names, e.g. {"1b", "debug-tiny", "gpt2", ...}.
+std::vector<std::string> PresetNames();
+
+// A validated, resolved preset.
+absl::StatusOr<ModelSpec> LoadPreset(absl::string_view name);
+
+// Reads a Hugging Face config.json (Llama/Mistral/Qwen2/Qwen3/GPT-2/Qwen
+// key names, GQA, explicit head_dim, tied embeddings). `source` names the
+// file in errors.
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::string_view source);
+absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path);
+
+// A standard shape for a bare parameter count, by this rule:
+//   GPT-3-style blocks (LayerNorm, GELU MLP of 4h, MHA with 128-wide heads,
+//   biases), RoPE, tied embeddings; layers = h / 128 (GPT-3's depth/width
+//   ratio); h is the largest multiple of 128 whose blocks leave room for a
+//   vocabulary of at least kMinVocabForParams tokens; the vocabulary then
+//   absorbs the rest, so the count is within h elements of `params` (below).
+// kInvalidArgument when params is too small for the smallest such shape.
+absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params);
+inline constexpr int64_t kMinVocabForParams = 32000;
+
+// Fills num_kv_heads (= heads) and head_dim (= hidden / heads) when unset.
+ModelSpec ResolveModelSpec(ModelSpec spec);
+
+// Checks a resolved spec; messages name the field (e.g. "model.num_kv_heads").
+absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_MODEL_SPEC_H_

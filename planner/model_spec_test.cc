@@ -1,0 +1,150 @@
+#include "planner/model_spec.h"
+
+#include <cstdlib>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "planner/inventory.h"
+
+namespace zplan {
+namespace {
+
+struct ExactCount {
+  const char* preset;
+  int64_t params;
+};
+
+class PresetCountTest : public ::testing::TestWithParam<ExactCount> {};
+
+TEST_P(PresetCountTest, CountsEveryParameterExactly) {
+  auto spec = LoadPreset(GetParam().preset);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(CountParameters(*spec), GetParam().params);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, PresetCountTest,
+                         ::testing::Values(ExactCount{"gpt2", 124'439'808},
+                                           ExactCount{"qwen3-0.6b", 596'049'920},
+                                           ExactCount{"llama3-8b", 8'030'261'248},
+                                           ExactCount{"1b", 1'235'814'400},
+                                           ExactCount{"qwen-14b", 14'167'290'880}));
+
+class HfCountTest : public ::testing::TestWithParam<ExactCount> {};
+
+TEST_P(HfCountTest, CountsHuggingFaceConfigExactly) {
+  auto spec = LoadHfConfig(std::string("configs/hf/") + GetParam().preset + ".json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(CountParameters(*spec), GetParam().params);
+}
+
+INSTANTIATE_TEST_SUITE_P(HfConfigs, HfCountTest,
+                         ::testing::Values(ExactCount{"gpt2", 124'439'808},
+                                           ExactCount{"qwen3-0.6b", 596'049'920},
+                                           ExactCount{"llama3-8b", 8'030'261'248},
+                                           ExactCount{"qwen2.5-0.5b", 494'032'768}));
+
+TEST(ModelSpecTest, HfConfigReadsGqaHeadDimAndTying) {
+  auto spec = LoadHfConfig("configs/hf/qwen3-0.6b.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->num_kv_heads(), 8);
+  EXPECT_EQ(spec->head_dim(), 128);  // wider than 1024 / 16
+  EXPECT_TRUE(spec->tie_word_embeddings());
+  EXPECT_TRUE(spec->qk_norm());
+  EXPECT_EQ(spec->ffn_type(), FFN_SWIGLU);
+}
+
+TEST(ModelSpecTest, Gpt2LegacyKeysAndDropout) {
+  auto spec = LoadHfConfig("configs/hf/gpt2.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ffn_hidden_size(), 3072);  // n_inner null -> 4 * n_embd
+  EXPECT_EQ(spec->norm_type(), NORM_LAYERNORM);
+  EXPECT_EQ(spec->position_embedding(), POSITION_LEARNED);
+  EXPECT_DOUBLE_EQ(spec->dropout(), 0.1);
+}
+
+TEST(ModelSpecTest, UnknownPresetListsPresets) {
+  auto spec = LoadPreset("llama-9000");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("llama3-8b"), std::string::npos) << spec.status();
+  EXPECT_NE(spec.status().message().find("qwen3-0.6b"), std::string::npos);
+}
+
+absl::Status FromJson(const std::string& text) {
+  auto json = ParseJson(text, "config.json");
+  if (!json.ok()) return json.status();
+  return ModelSpecFromHfConfig(*json, "config.json").status();
+}
+
+TEST(ModelSpecTest, RejectsHeadsNotDividingHidden) {
+  absl::Status status = FromJson(
+      R"({"hidden_size": 1000, "num_hidden_layers": 2, "num_attention_heads": 3,
+          "intermediate_size": 4000, "vocab_size": 100})");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("num_attention_heads"), std::string::npos) << status;
+}
+
+TEST(ModelSpecTest, RejectsKvHeadsNotDividingHeads) {
+  absl::Status status = FromJson(
+      R"({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
+          "num_key_value_heads": 6, "intermediate_size": 4000, "vocab_size": 100})");
+  EXPECT_NE(status.message().find("num_kv_heads"), std::string::npos) << status;
+}
+
+TEST(ModelSpecTest, RejectsNonPositiveSizes) {
+  absl::Status status = FromJson(
+      R"({"hidden_size": 1024, "num_hidden_layers": 0, "num_attention_heads": 16,
+          "intermediate_size": 4000, "vocab_size": 100})");
+  EXPECT_NE(status.message().find("num_layers"), std::string::npos) << status;
+}
+
+TEST(ModelSpecTest, RejectsWrongTypeWithLine) {
+  absl::Status status = FromJson("{\n  \"hidden_size\": 1024,\n  \"num_hidden_layers\": \"two\"\n}");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("config.json:3"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("num_hidden_layers"), std::string::npos) << status;
+}
+
+TEST(ModelSpecTest, RejectsMalformedJsonWithLine) {
+  absl::Status status = FromJson("{\n  \"hidden_size\": 1024,\n  \"vocab_size\" 5\n}");
+  EXPECT_NE(status.message().find("config.json:3:"), std::string::npos) << status;
+}
+
+TEST(ModelSpecTest, RejectsMixtureOfExperts) {
+  absl::Status status = FromJson(
+      R"({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
+          "intermediate_size": 4000, "vocab_size": 100, "num_local_experts": 8})");
+  EXPECT_NE(status.message().find("mixture-of-experts"), std::string::npos) << status;
+}
+
+TEST(ModelSpecTest, MissingHfConfigIsNotFound) {
+  EXPECT_EQ(LoadHfConfig("no/such/config.json").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ModelSpecTest, ParamsShapeIsWithinOneWidthOfRequest) {
+  for (int64_t params : {int64_t{125'000'000}, int64_t{1'500'000'000}, int64_t{7'500'000'000},
+                         int64_t{128'000'000'000}}) {
+    auto spec = ModelSpecForParams(params);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const int64_t count = CountParameters(*spec);
+    EXPECT_LE(count, params);
+    EXPECT_LT(params - count, spec->hidden_size()) << spec->source();
+    EXPECT_GE(spec->vocab_size(), kMinVocabForParams);
+    EXPECT_TRUE(ValidateModelSpec(*spec).ok());
+  }
+}
+
+TEST(ModelSpecTest, ParamsTooSmallIsRejected) {
+  EXPECT_EQ(ModelSpecForParams(1000).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelSpecForParams(-5).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelSpecTest, EveryPresetValidates) {
+  for (const std::string& name : PresetNames()) {
+    auto spec = LoadPreset(name);
+    EXPECT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_FALSE(spec->source().empty()) << name;
+  }
+}
+
+}  // namespace
+}  // namespace zplan

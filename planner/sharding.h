@@ -1,0 +1,55 @@
+// File: sharding.h
+// How ZeRO splits parameters, gradients and optimizer states across the N
+// ranks of the data-parallel group, with the padding made explicit.
+//
+// Stages 1 and 2 (DeepSpeed stage_1_and_2.py): all parameters of a group are
+// flattened into one buffer, padded to a multiple of
+// kFlatAlignmentElements * N (DeepSpeed's nccl_start_alignment_factor = 2, so
+// every rank's partition starts 4-byte aligned for 16-bit dtypes), and rank r
+// owns elements [r * shard, (r + 1) * shard). Every rank's shard has the same
+// size; the last one carries the padding.
+//
+// Stage 3 (stage3.py): each parameter is partitioned on its own into
+// ceil(numel / N) elements per rank (padded), except parameters with at most
+// stage3_param_persistence_threshold elements, which every rank keeps whole.
+// Gradients of every parameter are partitioned.
+//
+// Example:
+//   ShardLayout layout = ComputeShardLayout(ParameterInventory(spec), 8, 100000);
+//   layout.flat_shard_elements * 8 >= layout.total_elements;
+#ifndef ZPLAN_PLANNER_SHARDING_H_
+#define ZPLAN_PLANNER_SHARDING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "proto/inventory.pb.h"
+
+namespace zplan {
+
+inline constexpr int64_t kFlatAlignmentElements = 2;
+
+struct ShardLayout {
+  int64_t world_size = 1;
+  int64_t total_elements = 0;             // all parameters
+  int64_t flat_padded_elements = 0;       // stage 1/2 flat buffer incl. padding
+  int64_t flat_shard_elements = 0;        // stage 1/2 elements per rank
+  int64_t stage3_shard_elements = 0;      // stage 3 partitioned params, per rank
+  int64_t stage3_persistent_elements = 0; // stage 3 params kept whole on every rank
+  int64_t stage3_grad_shard_elements = 0; // stage 3 gradient partition, per rank
+};
+
+// Elements per rank of a flat buffer of `elements` split over `world` ranks.
+int64_t FlatShardElements(int64_t elements, int64_t world);
+
+// Elements per rank of one stage-3 parameter.
+inline int64_t Stage3ShardElements(int64_t numel, int64_t world) {
+  return (numel + world - 1) / world;
+}
+
+ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
+                               int64_t persistence_threshold_elements);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_SHARDING_H_

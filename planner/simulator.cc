@@ -1,0 +1,224 @@
+#include "planner/simulator.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "planner/status_macros.h"
+
+namespace zplan {
+namespace {
+
+// Tracks live bytes per component while the step program runs.
+class StepRecorder {
+ public:
+  explicit StepRecorder(bool record) : record_(record) {}
+
+  // Returns a handle for Free().
+  int Alloc(Component component, int64_t bytes, Phase phase, int layer, std::string tensor) {
+    const int handle = static_cast<int>(sizes_.size());
+    sizes_.push_back({component, bytes});
+    if (bytes == 0) return handle;
+    Add(component, bytes);
+    Emit(MemoryEvent::ALLOC, component, bytes, phase, layer, std::move(tensor));
+    return handle;
+  }
+
+  void Free(int handle, Phase phase, int layer, std::string tensor) {
+    auto& [component, bytes] = sizes_[handle];
+    ZPLAN_CHECK(bytes >= 0);  // each allocation is freed once
+    if (bytes > 0) {
+      Add(component, -bytes);
+      Emit(MemoryEvent::FREE, component, bytes, phase, layer, std::move(tensor));
+    }
+    bytes = -1;
+  }
+
+  SimulatedStep Finish(const StepSizes& sizes) {
+    SimulatedStep step;
+    step.events = std::move(events_);
+    step.peak = peak_;
+    step.peak_event_index = peak_index_;
+    FinishDeviceBreakdown(sizes, &step.peak);
+    return step;
+  }
+
+ private:
+  void Add(Component component, int64_t bytes) {
+    switch (component) {
+      case COMPONENT_PARAMS: live_.set_params_bytes(live_.params_bytes() + bytes); break;
+      case COMPONENT_GRADS: live_.set_grads_bytes(live_.grads_bytes() + bytes); break;
+      case COMPONENT_MASTER_PARAMS: live_.set_master_params_bytes(live_.master_params_bytes() + bytes); break;
+      case COMPONENT_OPTIMIZER_STATES:
+        live_.set_optimizer_states_bytes(live_.optimizer_states_bytes() + bytes);
+        break;
+      case COMPONENT_ACTIVATIONS: live_.set_activations_bytes(live_.activations_bytes() + bytes); break;
+      case COMPONENT_LOGITS: live_.set_logits_bytes(live_.logits_bytes() + bytes); break;
+      case COMPONENT_BUFFERS: live_.set_buffers_bytes(live_.buffers_bytes() + bytes); break;
+      case COMPONENT_TEMPORARIES: live_.set_temporaries_bytes(live_.temporaries_bytes() + bytes); break;
+      default: ZPLAN_CHECK(false);
+    }
+    total_ += bytes;
+  }
+
+  void Emit(MemoryEvent::Kind kind, Component component, int64_t bytes, Phase phase, int layer,
+            std::string tensor) {
+    const bool new_peak = total_ > peak_total_;
+    if (new_peak) {
+      peak_total_ = total_;
+      peak_ = live_;
+      peak_.set_peak_event(tensor);
+      peak_index_ = event_count_;
+    }
+    ++event_count_;
+    if (!record_) return;
+    MemoryEvent& event = events_.emplace_back();
+    event.set_kind(kind);
+    event.set_component(component);
+    event.set_bytes(bytes);
+    event.set_tensor(std::move(tensor));
+    event.set_phase(phase);
+    event.set_layer(layer);
+    event.set_live_bytes(total_);
+  }
+
+  bool record_;
+  std::vector<std::pair<Component, int64_t>> sizes_;
+  std::vector<MemoryEvent> events_;
+  MemoryBreakdown live_, peak_;
+  int64_t total_ = 0, peak_total_ = -1;
+  int peak_index_ = -1, event_count_ = 0;
+};
+
+}  // namespace
+
+SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
+  StepRecorder r(record_events);
+  const bool kept = s.grads_kept_on_production;
+  const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
+  const int last = s.num_layers - 1;
+
+  // Resident state at the start of the step.
+  r.Alloc(COMPONENT_PARAMS, s.params_resident, PHASE_INIT, -1, "parameters (resident)");
+  const int grads_resident = r.Alloc(COMPONENT_GRADS, s.grads_resident, PHASE_INIT, -1,
+                                     s.stage >= 2 ? "gradient partition" : "accumulated gradients");
+  r.Alloc(COMPONENT_MASTER_PARAMS, s.master_resident, PHASE_INIT, -1, "fp32 master parameters");
+  r.Alloc(COMPONENT_OPTIMIZER_STATES, s.optimizer_resident, PHASE_INIT, -1, "Adam m and v");
+  r.Alloc(COMPONENT_BUFFERS, s.buckets_resident, PHASE_INIT, -1, "reduce buckets");
+
+  // Forward.
+  const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.input_ids, PHASE_FORWARD, -1, "token ids and targets");
+  if (s.has_vocab) {
+    const int g = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_FORWARD, -1, "embedding gathered");
+    r.Free(g, PHASE_FORWARD, -1, "embedding released");
+  }
+  std::vector<int> saved(s.num_layers);
+  for (int i = 0; i < s.num_layers; ++i) {
+    const std::string layer = absl::StrCat("forward, layer ", i);
+    const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_FORWARD, i, layer + ", parameters gathered");
+    if (s.checkpointing) {
+      saved[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, layer + ", checkpointed input");
+      const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i,
+                            layer);
+      r.Free(t, PHASE_FORWARD, i, layer + ", intermediates freed");
+    } else {
+      saved[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved, PHASE_FORWARD, i, layer);
+      const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, layer);
+      r.Free(t, PHASE_FORWARD, i, layer + ", attention scores freed");
+    }
+    r.Free(gather, PHASE_FORWARD, i, layer + ", parameters released");
+  }
+  const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
+
+  // Loss and the LM head's backward.
+  int act_grad = -1, head_grad = -1;
+  if (s.has_vocab) {
+    const int gather = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_LOSS, -1, "LM head gathered");
+    const int logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "logits");
+    int logits32 = logits;
+    if (s.mixed) {
+      logits32 = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, fp32 upcast of logits");
+      r.Free(logits, PHASE_LOSS, -1, "logits (working dtype) freed");
+    }
+    const int logprobs = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, log-softmax");
+    r.Free(logits32, PHASE_LOSS, -1, "fp32 logits freed");
+    const int grad_logprobs = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_BACKWARD, -1, "loss backward, NLL gradient");
+    const int grad32 = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_BACKWARD, -1,
+                               "loss backward, log-softmax gradient");
+    r.Free(grad_logprobs, PHASE_BACKWARD, -1, "NLL gradient freed");
+    r.Free(logprobs, PHASE_BACKWARD, -1, "log-softmax output freed");
+    int grad_logits = grad32;
+    if (s.mixed) {
+      grad_logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_BACKWARD, -1,
+                            "loss backward, logits gradient cast");
+      r.Free(grad32, PHASE_BACKWARD, -1, "fp32 logits gradient freed");
+    }
+    act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
+    head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
+    r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient freed");
+    r.Free(gather, PHASE_BACKWARD, -1, "LM head released");
+  } else {
+    act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
+  }
+
+  // Final norm backward.
+  const int act_grad_in = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm input");
+  const int norm_grads = r.Alloc(produced, s.final_norm_grads, PHASE_BACKWARD, -1, "backward, final norm");
+  if (!kept) r.Free(norm_grads, PHASE_BACKWARD, -1, "final norm gradients into reduce bucket");
+  r.Free(act_grad, PHASE_BACKWARD, -1, "gradient of final norm output freed");
+  r.Free(final_norm, PHASE_BACKWARD, -1, "final norm saved freed");
+
+  // Blocks, last to first.
+  for (int i = last; i >= 0; --i) {
+    const std::string layer = absl::StrCat("backward, layer ", i);
+    const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_BACKWARD, i, layer + ", parameters gathered");
+    int recomputed = -1;
+    if (s.checkpointing) {
+      recomputed = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved, PHASE_BACKWARD, i, layer + ", recompute");
+      const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i, layer + ", recompute");
+      r.Free(t, PHASE_BACKWARD, i, layer + ", recompute scores freed");
+    }
+    const int transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_transient, PHASE_BACKWARD, i,
+                                  layer + ", activation gradients");
+    if (kept) {
+      r.Alloc(COMPONENT_GRADS, s.block_grads, PHASE_BACKWARD, i, layer + ", weight gradients");
+    } else {
+      const int g = r.Alloc(COMPONENT_TEMPORARIES, s.block_max_param_grad, PHASE_BACKWARD, i,
+                            layer + ", weight gradients");
+      r.Free(g, PHASE_BACKWARD, i, layer + ", weight gradients into reduce bucket");
+    }
+    r.Free(transient, PHASE_BACKWARD, i, layer + ", activation gradients freed");
+    if (recomputed >= 0) r.Free(recomputed, PHASE_BACKWARD, i, layer + ", recomputed activations freed");
+    r.Free(saved[i], PHASE_BACKWARD, i, layer + ", saved activations freed");
+    r.Free(gather, PHASE_BACKWARD, i, layer + ", parameters released");
+  }
+
+  // Embedding backward.
+  if (s.has_vocab) {
+    const int gather = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "embedding gathered");
+    const int contribution =
+        r.Alloc(kept && !s.tied ? COMPONENT_GRADS : COMPONENT_TEMPORARIES, s.embed_grad, PHASE_BACKWARD, -1,
+                "backward, embedding gradient");
+    const int pos = r.Alloc(produced, s.pos_grad, PHASE_BACKWARD, -1, "backward, embedding gradient");
+    if (s.tied || !kept) r.Free(contribution, PHASE_BACKWARD, -1, "embedding gradient accumulated");
+    if (!kept) {
+      r.Free(pos, PHASE_BACKWARD, -1, "position gradient into reduce bucket");
+      if (s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "tied embedding gradient into reduce bucket");
+    }
+    r.Free(gather, PHASE_BACKWARD, -1, "embedding released");
+  }
+  r.Free(act_grad_in, PHASE_BACKWARD, -1, "block input gradient freed");
+  r.Free(ids, PHASE_BACKWARD, -1, "token ids freed");
+
+  // Reduction (stages 0/1) and the optimizer step.
+  const int bucket = r.Alloc(COMPONENT_TEMPORARIES, s.reduce_temp, PHASE_BACKWARD, -1, "gradient reduction bucket");
+  r.Free(bucket, PHASE_BACKWARD, -1, "reduction bucket freed");
+  const int upcast = r.Alloc(COMPONENT_TEMPORARIES, s.step_upcast, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, fp32 gradient upcast");
+  r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
+  if (s.stage <= 1) r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
+  return r.Finish(s);
+}
+
+}  // namespace zplan
