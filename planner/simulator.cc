@@ -95,6 +95,7 @@ class StepRecorder {
 SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   StepRecorder r(record_events);
   const bool kept = s.grads_kept_on_production;
+  std::vector<int> kept_grads;  // released together after the step
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int last = s.num_layers - 1;
 
@@ -155,6 +156,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     }
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
     head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    if (kept) kept_grads.push_back(head_grad);
     if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
     r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient freed");
     r.Free(gather, PHASE_BACKWARD, -1, "LM head released");
@@ -165,6 +167,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Final norm backward.
   const int act_grad_in = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm input");
   const int norm_grads = r.Alloc(produced, s.final_norm_grads, PHASE_BACKWARD, -1, "backward, final norm");
+  if (kept) kept_grads.push_back(norm_grads);
   if (!kept) r.Free(norm_grads, PHASE_BACKWARD, -1, "final norm gradients into reduce bucket");
   r.Free(act_grad, PHASE_BACKWARD, -1, "gradient of final norm output freed");
   r.Free(final_norm, PHASE_BACKWARD, -1, "final norm saved freed");
@@ -182,7 +185,8 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     const int transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_transient, PHASE_BACKWARD, i,
                                   layer + ", activation gradients");
     if (kept) {
-      r.Alloc(COMPONENT_GRADS, s.block_grads, PHASE_BACKWARD, i, layer + ", weight gradients");
+      kept_grads.push_back(
+          r.Alloc(COMPONENT_GRADS, s.block_grads, PHASE_BACKWARD, i, layer + ", weight gradients"));
     } else {
       const int g = r.Alloc(COMPONENT_TEMPORARIES, s.block_max_param_grad, PHASE_BACKWARD, i,
                             layer + ", weight gradients");
@@ -202,6 +206,10 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
                 "backward, embedding gradient");
     const int pos = r.Alloc(produced, s.pos_grad, PHASE_BACKWARD, -1, "backward, embedding gradient");
     if (s.tied || !kept) r.Free(contribution, PHASE_BACKWARD, -1, "embedding gradient accumulated");
+    if (kept) {
+      if (!s.tied) kept_grads.push_back(contribution);
+      kept_grads.push_back(pos);
+    }
     if (!kept) {
       r.Free(pos, PHASE_BACKWARD, -1, "position gradient into reduce bucket");
       if (s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "tied embedding gradient into reduce bucket");
@@ -217,7 +225,10 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   const int upcast = r.Alloc(COMPONENT_TEMPORARIES, s.step_upcast, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp32 gradient upcast");
   r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
-  if (s.stage <= 1) r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
+  if (s.stage <= 1) {
+    r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
+    for (int g : kept_grads) r.Free(g, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
+  }
   return r.Finish(s);
 }
 

@@ -1,0 +1,134 @@
+#include "planner/memory_model.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "planner/gpu_catalog.h"
+#include "planner/inventory.h"
+#include "planner/model_spec.h"
+#include "planner/run_config.h"
+
+namespace zplan {
+namespace {
+
+RunConfig Config(int stage, int64_t gpus) {
+  RunConfig config;
+  config.mutable_cluster()->set_gpus_per_node(gpus);
+  config.mutable_zero()->set_stage(stage);
+  // The paper partitions every parameter; DeepSpeed keeps small ones whole.
+  config.mutable_zero()->set_stage3_param_persistence_threshold(0);
+  return ResolveRunConfig(config);
+}
+
+StepSizes Sizes(const ModelSpec& model, const RunConfig& config) {
+  auto gpu = FindGpu(config.cluster().gpu());
+  auto sizes = ComputeStepSizes(model, config, *gpu);
+  EXPECT_TRUE(sizes.ok()) << sizes.status();
+  return *sizes;
+}
+
+// ZeRO paper (arXiv 1910.02054) Table 1: per-device model-state memory in GB
+// (1e9) for mixed-precision Adam, K = 12.
+struct PaperRow {
+  double params;
+  int64_t dp;
+  double pos_gb, pos_g_gb, pos_g_p_gb;
+};
+
+class ZeroPaperTable1Test : public ::testing::TestWithParam<PaperRow> {};
+
+TEST_P(ZeroPaperTable1Test, ModelStatesMatchPaper) {
+  const PaperRow& row = GetParam();
+  auto model = ModelSpecForParams(static_cast<int64_t>(row.params));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const double psi = static_cast<double>(CountParameters(*model));
+  const double n = static_cast<double>(row.dp);
+  const double exact[] = {0, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
+  const double printed[] = {0, row.pos_gb, row.pos_g_gb, row.pos_g_p_gb};
+  for (int stage = 1; stage <= 3; ++stage) {
+    const double ours = static_cast<double>(ModelStatesBytes(Sizes(*model, Config(stage, row.dp))));
+    // The exact formula, to within the padding of the shards (<= 0.5%).
+    EXPECT_NEAR(ours / exact[stage], 1.0, 0.005) << "stage " << stage << " N=" << row.dp;
+    // The printed cell, which the paper rounds or truncates to its last digit.
+    const double cell = printed[stage];
+    const double last_digit = cell >= 100 ? 1.0 : cell >= 10 ? 0.1 : cell >= 1 ? 0.01 : 0.01;
+    EXPECT_NEAR(ours / 1e9, cell, std::max(last_digit, 0.005 * cell))
+        << "stage " << stage << " N=" << row.dp << " params " << row.params;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table1, ZeroPaperTable1Test,
+    ::testing::Values(PaperRow{7.5e9, 1, 120, 120, 120}, PaperRow{7.5e9, 4, 52.5, 41.3, 30},
+                      PaperRow{7.5e9, 16, 35.6, 21.6, 7.5}, PaperRow{7.5e9, 64, 31.4, 16.6, 1.88},
+                      PaperRow{7.5e9, 256, 30.4, 15.4, 0.47}, PaperRow{7.5e9, 1024, 30.1, 15.1, 0.12},
+                      PaperRow{128e9, 4, 896, 704, 512}, PaperRow{128e9, 16, 608, 368, 128},
+                      PaperRow{128e9, 64, 536, 284, 32}, PaperRow{128e9, 1024, 513, 257, 2},
+                      PaperRow{1e12, 64, 4187, 2218, 250}, PaperRow{1e12, 1024, 4011, 2013, 15.6}));
+
+TEST(MemoryModelTest, Stage3KeepsSmallParametersWhole) {
+  auto model = LoadPreset("llama3-8b");
+  RunConfig config = Config(3, 8);
+  config.mutable_zero()->set_stage3_param_persistence_threshold(100'000);
+  const StepSizes sizes = Sizes(*model, config);
+  // 65 RMSNorm weights of 4096 elements stay whole on every rank.
+  EXPECT_EQ(sizes.shards.stage3_persistent_elements, 65 * 4096);
+}
+
+TEST(MemoryModelTest, OffloadMovesMasterAndAdamToHost) {
+  auto model = LoadPreset("1b");
+  RunConfig config = Config(2, 8);
+  config.mutable_zero()->set_offload_optimizer(OFFLOAD_CPU);
+  const StepSizes sizes = Sizes(*model, config);
+  EXPECT_EQ(sizes.master_resident, 0);
+  EXPECT_EQ(sizes.optimizer_resident, 0);
+  EXPECT_EQ(sizes.grads_resident, 0);
+  const int64_t owned = sizes.shards.flat_shard_elements;
+  const MemoryBreakdown host = HostPerRank(sizes);
+  EXPECT_EQ(host.master_params_bytes() + host.optimizer_states_bytes() + host.grads_bytes(), 16 * owned);
+  EXPECT_EQ(host.pinned_bytes(), 16 * owned);
+}
+
+TEST(MemoryModelTest, OffloadOptimizerAtStage0IsRejected) {
+  auto model = LoadPreset("gpt2");
+  RunConfig config = Config(0, 1);
+  config.mutable_zero()->set_offload_optimizer(OFFLOAD_CPU);
+  auto gpu = FindGpu("h100-80gb");
+  EXPECT_EQ(ComputeStepSizes(*model, config, *gpu).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MemoryModelTest, EagerAttentionKeepsQuadraticScores) {
+  auto model = LoadPreset("gpt2");
+  RunConfig config = Config(0, 1);
+  config.set_seq_length(1024);
+  const int64_t sdpa = Sizes(*model, config).block_saved;
+  ModelSpec eager = *model;
+  eager.set_attention_impl(ATTENTION_EAGER);
+  // 12 heads x 1024 x 1024 bf16 probabilities.
+  EXPECT_EQ(Sizes(eager, config).block_saved - sdpa, 12 * 1024 * 1024 * 2 - 12 * 1024 * 4);
+}
+
+TEST(MemoryModelTest, CheckpointingKeepsOnlyBlockInputs) {
+  auto model = LoadPreset("1b");
+  RunConfig config = Config(3, 8);
+  config.set_seq_length(8192);
+  config.set_activation_checkpointing(true);
+  const MemoryBreakdown with = ClosedFormDevicePeak(Sizes(*model, config));
+  config.set_activation_checkpointing(false);
+  const MemoryBreakdown without = ClosedFormDevicePeak(Sizes(*model, config));
+  EXPECT_LT(with.activations_bytes() * 3, without.activations_bytes());
+}
+
+TEST(MemoryModelTest, LogitsDominateLongSequencesWithLargeVocabularies) {
+  auto model = LoadPreset("1b");
+  RunConfig config = Config(3, 8);
+  config.set_seq_length(8192);
+  config.set_activation_checkpointing(true);
+  const MemoryBreakdown peak = ClosedFormDevicePeak(Sizes(*model, config));
+  // Three fp32 copies of 8192 x 128256 at the log-softmax gradient.
+  EXPECT_EQ(peak.logits_bytes(), 3 * int64_t{8192} * 128256 * 4);
+  EXPECT_EQ(peak.peak_event(), "loss backward, log-softmax gradient");
+}
+
+}  // namespace
+}  // namespace zplan

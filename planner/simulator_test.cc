@@ -1,0 +1,116 @@
+#include "planner/simulator.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "planner/gpu_catalog.h"
+#include "planner/model_spec.h"
+#include "planner/run_config.h"
+#include "planner/units.h"
+
+namespace zplan {
+namespace {
+
+struct Case {
+  std::string model;
+  int stage;
+  bool offload_optimizer, offload_param, checkpointing;
+  Precision precision;
+  int64_t grad_accum, micro_batch, seq, gpus;
+  AttentionImpl attention;
+};
+
+std::string Describe(const Case& c) {
+  return c.model + " stage " + std::to_string(c.stage) + (c.offload_optimizer ? " +opt-offload" : "") +
+         (c.offload_param ? " +param-offload" : "") + (c.checkpointing ? " +ckpt" : "") +
+         " prec " + std::to_string(c.precision) + " ga " + std::to_string(c.grad_accum) + " b " +
+         std::to_string(c.micro_batch) + " s " + std::to_string(c.seq) + " n " +
+         std::to_string(c.gpus) + (c.attention == ATTENTION_EAGER ? " eager" : " sdpa");
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (const char* model : {"debug-tiny", "gpt2", "1b", "qwen3-0.6b", "vit-b-encoder", "llama3-8b"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int offload = 0; offload <= (stage == 3 ? 2 : stage >= 1 ? 1 : 0); ++offload) {
+        for (bool ckpt : {false, true}) {
+          for (Precision precision : {PRECISION_BF16, PRECISION_FP32}) {
+            for (int64_t ga : {1, 4}) {
+              for (int64_t seq : {128, 4096}) {
+                for (AttentionImpl attention : {ATTENTION_SDPA, ATTENTION_EAGER}) {
+                  cases.push_back({model, stage, offload >= 1, offload == 2, ckpt, precision, ga,
+                                   seq == 128 ? 4 : 1, seq, stage == 0 ? 1 : 8, attention});
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
+  int checked = 0;
+  for (const Case& c : AllCases()) {
+    auto model = LoadPreset(c.model);
+    ASSERT_TRUE(model.ok());
+    model->set_attention_impl(c.attention);
+    RunConfig config;
+    config.mutable_cluster()->set_gpus_per_node(c.gpus);
+    config.mutable_zero()->set_stage(c.stage);
+    config.mutable_zero()->set_offload_optimizer(c.offload_optimizer ? OFFLOAD_CPU : OFFLOAD_NONE);
+    config.mutable_zero()->set_offload_param(c.offload_param ? OFFLOAD_CPU : OFFLOAD_NONE);
+    config.set_activation_checkpointing(c.checkpointing);
+    config.set_precision(c.precision);
+    config.set_gradient_accumulation_steps(c.grad_accum);
+    config.set_micro_batch_size(c.micro_batch);
+    config.set_seq_length(c.seq);
+    config = ResolveRunConfig(config);
+    auto gpu = FindGpu(config.cluster().gpu());
+    auto sizes = ComputeStepSizes(*model, config, *gpu);
+    ASSERT_TRUE(sizes.ok()) << Describe(c) << ": " << sizes.status();
+    const MemoryBreakdown closed = ClosedFormDevicePeak(*sizes);
+    const SimulatedStep step = SimulateStep(*sizes);
+    const MemoryBreakdown& sim = step.peak;
+    SCOPED_TRACE(Describe(c) + " closed-form peak at \"" + closed.peak_event() +
+                 "\", simulator at \"" + sim.peak_event() + "\"");
+    ASSERT_EQ(sim.peak_bytes(), closed.peak_bytes());
+    EXPECT_EQ(sim.params_bytes(), closed.params_bytes());
+    EXPECT_EQ(sim.grads_bytes(), closed.grads_bytes());
+    EXPECT_EQ(sim.master_params_bytes(), closed.master_params_bytes());
+    EXPECT_EQ(sim.optimizer_states_bytes(), closed.optimizer_states_bytes());
+    EXPECT_EQ(sim.activations_bytes(), closed.activations_bytes());
+    EXPECT_EQ(sim.logits_bytes(), closed.logits_bytes());
+    EXPECT_EQ(sim.buffers_bytes(), closed.buffers_bytes());
+    EXPECT_EQ(sim.temporaries_bytes(), closed.temporaries_bytes());
+    EXPECT_EQ(sim.peak_event(), closed.peak_event());
+    // Every allocation is released by the end of the step except the resident state.
+    EXPECT_EQ(step.events.back().live_bytes(),
+              sizes->params_resident + (c.stage >= 2 ? sizes->grads_resident : 0) +
+                  sizes->master_resident + sizes->optimizer_resident + sizes->buckets_resident);
+    ++checked;
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+TEST(SimulatorTest, PeakEventIsRecorded) {
+  auto model = LoadPreset("1b");
+  RunConfig config;
+  config.set_seq_length(8192);
+  config = ResolveRunConfig(config);
+  auto gpu = FindGpu(config.cluster().gpu());
+  auto sizes = ComputeStepSizes(*model, config, *gpu);
+  const SimulatedStep step = SimulateStep(*sizes);
+  ASSERT_GE(step.peak_event_index, 0);
+  const MemoryEvent& event = step.events[step.peak_event_index];
+  EXPECT_EQ(event.kind(), MemoryEvent::ALLOC);
+  EXPECT_EQ(event.live_bytes(), LiveTensorBytes(step.peak));
+  // Without recording, the same peak.
+  EXPECT_EQ(SimulateStep(*sizes, false).peak.peak_bytes(), step.peak.peak_bytes());
+}
+
+}  // namespace
+}  // namespace zplan
