@@ -1,0 +1,88 @@
+// zplan: what-if memory planning for ZeRO training. Flags -> ZplanOptions ->
+// RunZplan -> exit code (0 ok, 2 bad input, 1 other errors).
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "planner/zplan_command.h"
+
+ABSL_FLAG(std::string, model, "", "preset: 1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, ... (default 1b)");
+ABSL_FLAG(std::string, hf_config, "", "Hugging Face config.json instead of --model");
+ABSL_FLAG(std::string, params, "", "bare parameter count (standard shape), e.g. 7.5e9");
+ABSL_FLAG(std::string, ds_config, "", "DeepSpeed ds_config.json; the flags below override it");
+ABSL_FLAG(std::string, seq, "", "sequence length in tokens (default 2048; list in sweep)");
+ABSL_FLAG(std::string, micro_batch, "", "micro-batch per GPU (default 1; list in sweep)");
+ABSL_FLAG(std::string, grad_accum, "", "gradient accumulation steps (default 1)");
+ABSL_FLAG(std::string, gpus, "", "GPUs per node (default 8)");
+ABSL_FLAG(std::string, nodes, "", "nodes (default 1)");
+ABSL_FLAG(std::string, zero_stage, "", "ZeRO stage 0-3; omit for the grid of all (list in sweep)");
+ABSL_FLAG(std::string, offload_optimizer, "", "cpu or none");
+ABSL_FLAG(std::string, offload_param, "", "cpu or none (stage 3)");
+ABSL_FLAG(std::string, precision, "", "bf16 (default), fp16 or fp32");
+ABSL_FLAG(std::string, checkpointing, "", "activation checkpointing per block: true or false");
+ABSL_FLAG(std::string, attention, "", "sdpa (default) or eager");
+ABSL_FLAG(std::string, gpu, "", "GPU catalog key (default h100-80gb)");
+ABSL_FLAG(std::string, host_ram_gib, "", "host RAM per node in GiB, to judge host fit");
+ABSL_FLAG(std::string, budget_gib, "", "device budget per GPU in GiB (default: capacity)");
+ABSL_FLAG(std::string, out, "", "write the plan here (.pb, .textproto or .json)");
+ABSL_FLAG(std::string, format, "table", "table, json or textproto");
+ABSL_FLAG(std::string, timeline, "", "write a Chrome trace (Perfetto) of the simulated step");
+
+// Accepts --zero-stage as well as --zero_stage (Abseil flags use underscores).
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    if (arg.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    for (size_t i = 2; i < end; ++i) {
+      if (arg[i] == '-') arg[i] = '_';
+    }
+  }
+  return args;
+}
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb]\n"
+      "zplan show plan.pb [--format json|textproto|table]");
+  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
+  std::vector<char*> raw;
+  for (std::string& arg : normalized) raw.push_back(arg.data());
+  std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(raw.size()), raw.data());
+  zplan::ZplanOptions o;
+  if (args.size() >= 2) o.command = args[1];
+  if (o.command == "show" && args.size() == 3) o.plan_path = args[2];
+  if (args.size() > (o.command == "show" ? 3u : 2u)) {
+    std::cerr << "zplan: unexpected argument \"" << args.back() << "\"\n";
+    return 2;
+  }
+  o.model = absl::GetFlag(FLAGS_model);
+  o.hf_config = absl::GetFlag(FLAGS_hf_config);
+  o.params = absl::GetFlag(FLAGS_params);
+  o.ds_config = absl::GetFlag(FLAGS_ds_config);
+  o.seq = absl::GetFlag(FLAGS_seq);
+  o.micro_batch = absl::GetFlag(FLAGS_micro_batch);
+  o.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  o.gpus = absl::GetFlag(FLAGS_gpus);
+  o.nodes = absl::GetFlag(FLAGS_nodes);
+  o.zero_stage = absl::GetFlag(FLAGS_zero_stage);
+  o.offload_optimizer = absl::GetFlag(FLAGS_offload_optimizer);
+  o.offload_param = absl::GetFlag(FLAGS_offload_param);
+  o.precision = absl::GetFlag(FLAGS_precision);
+  o.checkpointing = absl::GetFlag(FLAGS_checkpointing);
+  o.attention = absl::GetFlag(FLAGS_attention);
+  o.gpu = absl::GetFlag(FLAGS_gpu);
+  o.host_ram_gib = absl::GetFlag(FLAGS_host_ram_gib);
+  o.budget_gib = absl::GetFlag(FLAGS_budget_gib);
+  o.out = absl::GetFlag(FLAGS_out);
+  o.format = absl::GetFlag(FLAGS_format);
+  o.timeline = absl::GetFlag(FLAGS_timeline);
+  const absl::Status status = zplan::RunZplan(o, std::cout);
+  if (status.ok()) return 0;
+  std::cerr << "zplan: " << status.message() << "\n";
+  return absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? 2 : 1;
+}

@@ -1,0 +1,214 @@
+#include "planner/plan_builder.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "planner/gpu_catalog.h"
+#include "planner/inventory.h"
+#include "planner/memory_model.h"
+#include "planner/model_spec.h"
+#include "planner/run_config.h"
+#include "planner/simulator.h"
+#include "planner/status_macros.h"
+
+namespace zplan {
+namespace {
+
+struct Prepared {
+  ModelSpec model;
+  RunConfig config;
+  GpuSpec gpu;
+  StepSizes sizes;
+};
+
+absl::StatusOr<Prepared> Prepare(const ModelSpec& model, const RunConfig& config) {
+  Prepared p;
+  p.model = ResolveModelSpec(model);
+  ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(p.model));
+  p.config = ResolveRunConfig(config);
+  ZPLAN_RETURN_IF_ERROR(ValidateRunConfig(p.config));
+  ZPLAN_ASSIGN_OR_RETURN(p.gpu, FindGpu(p.config.cluster().gpu()));
+  ZPLAN_ASSIGN_OR_RETURN(p.sizes, ComputeStepSizes(p.model, p.config, p.gpu));
+  return p;
+}
+
+int64_t DeviceBudget(const GpuSpec& gpu, int64_t budget_bytes) {
+  return budget_bytes > 0 ? budget_bytes : gpu.capacity_bytes();
+}
+
+// Largest value in [1, limit] with fits(value), assuming monotonicity; 0 if none.
+absl::StatusOr<int64_t> LargestFitting(int64_t limit,
+                                       const std::function<absl::StatusOr<bool>(int64_t)>& fits) {
+  ZPLAN_ASSIGN_OR_RETURN(bool one, fits(1));
+  if (!one) return 0;
+  int64_t lo = 1, hi = 2;
+  while (hi <= limit) {
+    ZPLAN_ASSIGN_OR_RETURN(bool ok, fits(hi));
+    if (!ok) break;
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, limit + 1);  // fits(lo), !fits(hi) or hi beyond the limit
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    ZPLAN_ASSIGN_OR_RETURN(bool ok, fits(mid));
+    (ok ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+}  // namespace
+
+std::string OffloadLabel(bool offload_optimizer, bool offload_param) {
+  if (offload_param) return "optimizer+params";
+  return offload_optimizer ? "optimizer" : "none";
+}
+
+absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
+                               const PlanOptions& options) {
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  const StepSizes& s = p.sizes;
+  Plan plan;
+  plan.set_planner_version(kPlannerVersion);
+  *plan.mutable_config() = p.config;
+  *plan.mutable_model() = p.model;
+  *plan.mutable_gpu() = p.gpu;
+  for (TensorSpec& t : ParameterInventory(p.model)) *plan.add_parameters() = std::move(t);
+  plan.set_total_params(s.shards.total_elements);
+  plan.set_model_states_bytes_per_rank(ModelStatesBytes(s));
+
+  const MemoryBreakdown device = ClosedFormDevicePeak(s);
+  const SimulatedStep step = SimulateStep(s, options.record_timeline);
+  // The simulator and the closed form are tested to agree; a mismatch here is a planner bug.
+  ZPLAN_CHECK(step.peak.peak_bytes() == device.peak_bytes());
+  if (options.record_timeline) {
+    for (const MemoryEvent& e : step.events) *plan.add_timeline() = e;
+  }
+
+  // Host: each rank's process, plus (CPU ranks) its tensors.
+  MemoryBreakdown host_rank = HostPerRank(s);
+  if (s.cpu_ranks) {
+    host_rank.set_params_bytes(host_rank.params_bytes() + device.params_bytes());
+    host_rank.set_grads_bytes(host_rank.grads_bytes() + device.grads_bytes());
+    host_rank.set_master_params_bytes(host_rank.master_params_bytes() + device.master_params_bytes());
+    host_rank.set_optimizer_states_bytes(host_rank.optimizer_states_bytes() + device.optimizer_states_bytes());
+    host_rank.set_activations_bytes(device.activations_bytes());
+    host_rank.set_logits_bytes(device.logits_bytes());
+    host_rank.set_buffers_bytes(device.buffers_bytes());
+    host_rank.set_temporaries_bytes(device.temporaries_bytes());
+    host_rank.set_peak_bytes(LiveTensorBytes(host_rank) + host_rank.runtime_bytes());
+    host_rank.set_peak_event(device.peak_event());
+  }
+  MemoryBreakdown host_node;
+  const int64_t local = s.ranks_per_node;
+  host_node.set_params_bytes(host_rank.params_bytes() * local);
+  host_node.set_grads_bytes(host_rank.grads_bytes() * local);
+  host_node.set_master_params_bytes(host_rank.master_params_bytes() * local);
+  host_node.set_optimizer_states_bytes(host_rank.optimizer_states_bytes() * local);
+  host_node.set_activations_bytes(host_rank.activations_bytes() * local);
+  host_node.set_logits_bytes(host_rank.logits_bytes() * local);
+  host_node.set_buffers_bytes(host_rank.buffers_bytes() * local);
+  host_node.set_temporaries_bytes(host_rank.temporaries_bytes() * local);
+  host_node.set_runtime_bytes(host_rank.runtime_bytes() * local);
+  host_node.set_pinned_bytes(host_rank.pinned_bytes() * local);
+  host_node.set_peak_bytes(host_rank.peak_bytes() * local);
+  host_node.set_peak_event(host_rank.peak_event());
+  *plan.mutable_device_per_rank() = s.cpu_ranks ? MemoryBreakdown() : device;
+  if (s.cpu_ranks) plan.mutable_device_per_rank()->set_peak_event("CPU ranks: see host");
+  *plan.mutable_host_per_node() = host_node;
+  plan.set_host_init_peak_bytes_per_node((s.host_init_per_rank + s.host_process) * local);
+
+  for (int64_t rank = 0; rank < s.world_size; ++rank) {
+    RankPlan* r = plan.add_ranks();
+    r->set_rank(static_cast<int>(rank));
+    r->set_node(static_cast<int>(rank / local));
+    *r->mutable_device() = plan.device_per_rank();
+    *r->mutable_host() = host_rank;
+  }
+
+  Budget* budget = plan.mutable_budget();
+  budget->set_device_bytes_per_rank(DeviceBudget(p.gpu, options.device_budget_bytes));
+  budget->set_host_bytes_per_node(p.config.cluster().host_ram_bytes());
+  budget->set_tolerance(options.tolerance);
+  bool fits = true;
+  if (!s.cpu_ranks) {
+    plan.set_device_margin_bytes(budget->device_bytes_per_rank() - device.peak_bytes());
+    fits = plan.device_margin_bytes() >= 0;
+  }
+  if (budget->host_bytes_per_node() > 0) {
+    const int64_t host_peak = std::max(host_node.peak_bytes(), plan.host_init_peak_bytes_per_node());
+    plan.set_host_margin_bytes(budget->host_bytes_per_node() - host_peak);
+    fits = fits && plan.host_margin_bytes() >= 0;
+  }
+  plan.set_fits(fits);
+  return plan;
+}
+
+absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config) {
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  return ClosedFormDevicePeak(p.sizes).peak_bytes();
+}
+
+absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
+                                      int64_t budget_bytes) {
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  if (p.gpu.capacity_bytes() == 0 && budget_bytes == 0) {
+    return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
+  }
+  const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
+  RunConfig trial = p.config;
+  return LargestFitting(kMaxSearchMicroBatch, [&](int64_t b) -> absl::StatusOr<bool> {
+    trial.set_micro_batch_size(b);
+    ZPLAN_ASSIGN_OR_RETURN(StepSizes sizes, ComputeStepSizes(p.model, trial, p.gpu));
+    return ClosedFormDevicePeak(sizes).peak_bytes() <= budget;
+  });
+}
+
+absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& config,
+                                     int64_t budget_bytes) {
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  if (p.gpu.capacity_bytes() == 0 && budget_bytes == 0) {
+    return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
+  }
+  const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
+  RunConfig trial = p.config;
+  return LargestFitting(kMaxSearchSeqLength, [&](int64_t seq) -> absl::StatusOr<bool> {
+    trial.set_seq_length(seq);
+    ZPLAN_ASSIGN_OR_RETURN(StepSizes sizes, ComputeStepSizes(p.model, trial, p.gpu));
+    return ClosedFormDevicePeak(sizes).peak_bytes() <= budget;
+  });
+}
+
+absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const RunConfig& config,
+                                               const PlanOptions& options) {
+  std::vector<GridRow> rows;
+  PlanOptions row_options = options;
+  row_options.record_timeline = false;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const int offload_options = stage == 0 ? 1 : stage == 3 ? 3 : 2;
+    for (int offload = 0; offload < offload_options; ++offload) {
+      RunConfig row_config = config;
+      ZeroConfig* zero = row_config.mutable_zero();
+      zero->set_stage(stage);
+      zero->set_offload_optimizer(offload >= 1 ? OFFLOAD_CPU : OFFLOAD_NONE);
+      zero->set_offload_param(offload == 2 ? OFFLOAD_CPU : OFFLOAD_NONE);
+      // Stage-dependent DeepSpeed defaults (overlap_comm, zero_init) follow the row.
+      if (!config.zero().has_overlap_comm()) zero->clear_overlap_comm();
+      if (!config.zero().has_zero_init()) zero->clear_zero_init();
+      GridRow row;
+      row.stage = stage;
+      row.offload_optimizer = offload >= 1;
+      row.offload_param = offload == 2;
+      ZPLAN_ASSIGN_OR_RETURN(row.plan, BuildPlan(model, row_config, row_options));
+      if (row.plan.gpu().capacity_bytes() > 0 || options.device_budget_bytes > 0) {
+        ZPLAN_ASSIGN_OR_RETURN(row.max_micro_batch,
+                               MaxMicroBatch(model, row_config, options.device_budget_bytes));
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
+}
+
+}  // namespace zplan

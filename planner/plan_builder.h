@@ -1,0 +1,74 @@
+// File: plan_builder.h
+// The planner's entry point: (ModelSpec, RunConfig) -> Plan, plus the
+// searches users ask for (largest micro-batch and sequence that fit) and the
+// stage x offload grid.
+//
+// BuildPlan resolves DeepSpeed defaults, validates the model and the config,
+// computes the closed-form breakdown and the simulated step, and judges the
+// fit against the budget (GPU capacity by default; host RAM when known).
+// Errors are kInvalidArgument naming the field; a configuration that does
+// not fit is not an error (Plan.fits = false).
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(model, config));
+//   if (!plan.fits()) ...
+#ifndef ZPLAN_PLANNER_PLAN_BUILDER_H_
+#define ZPLAN_PLANNER_PLAN_BUILDER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/model.pb.h"
+#include "proto/plan.pb.h"
+#include "proto/run_config.pb.h"
+
+namespace zplan {
+
+inline constexpr char kPlannerVersion[] = "zplan 0.1";
+inline constexpr double kDefaultTolerance = 0.03;  // planner vs executor (issue 4 target)
+
+struct PlanOptions {
+  bool record_timeline = true;   // keep the simulated step's events in the plan
+  int64_t device_budget_bytes = 0;  // 0 = GPU capacity
+  double tolerance = kDefaultTolerance;
+};
+
+absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
+                               const PlanOptions& options = {});
+
+// Device peak (bytes) of a configuration, closed form only: the fast path for
+// searches. Errors as BuildPlan.
+absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config);
+
+// Largest micro-batch (resp. sequence length) whose device peak fits the GPU
+// (or `budget_bytes` when > 0), other settings unchanged; 0 when even 1 does
+// not fit. Searches up to kMaxSearchMicroBatch / kMaxSearchSeqLength.
+inline constexpr int64_t kMaxSearchMicroBatch = 1 << 16;
+inline constexpr int64_t kMaxSearchSeqLength = 1 << 22;
+absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
+                                      int64_t budget_bytes = 0);
+absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& config,
+                                     int64_t budget_bytes = 0);
+
+// One row of the what-if grid.
+struct GridRow {
+  int stage = 0;
+  bool offload_optimizer = false;
+  bool offload_param = false;
+  Plan plan;                     // without timeline
+  int64_t max_micro_batch = 0;
+};
+
+// Every ZeRO stage with every offload option it allows:
+// 0; 1, 1+opt; 2, 2+opt; 3, 3+opt, 3+opt+param.
+absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const RunConfig& config,
+                                               const PlanOptions& options = {});
+
+// "none", "optimizer", "optimizer+params".
+std::string OffloadLabel(bool offload_optimizer, bool offload_param);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_PLAN_BUILDER_H_

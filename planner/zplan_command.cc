@@ -1,0 +1,447 @@
+#include "planner/zplan_command.h"
+
+#include <cmath>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "planner/ds_config.h"
+#include "planner/gpu_catalog.h"
+#include "planner/model_spec.h"
+#include "planner/plan_builder.h"
+#include "planner/proto_io.h"
+#include "planner/run_config.h"
+#include "planner/status_macros.h"
+#include "planner/units.h"
+
+namespace zplan {
+namespace {
+
+constexpr int64_t kDefaultGpusPerNode = 8;  // one typical node; the grid shows sharding
+
+absl::Status FlagError(absl::string_view flag, absl::string_view value, absl::string_view want) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", value, "\" is not ", want));
+}
+
+// Integers accept "8192", "5e8", "1,000" is not accepted (lists use commas).
+absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view text, int64_t min_value) {
+  double value = 0;
+  if (!absl::SimpleAtod(text, &value) || value != std::floor(value) || std::fabs(value) > 9e18) {
+    return FlagError(flag, text, "an integer");
+  }
+  if (value < static_cast<double>(min_value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must be >= ", min_value, ", got ", text));
+  }
+  return static_cast<int64_t>(value);
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseList(absl::string_view flag, absl::string_view text,
+                                               int64_t min_value, bool allow_list) {
+  std::vector<int64_t> values;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, absl::StripAsciiWhitespace(part), min_value));
+    values.push_back(v);
+  }
+  if (values.size() > 1 && !allow_list) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": lists like \"", text, "\" are for `zplan sweep`"));
+  }
+  return values;
+}
+
+absl::StatusOr<OffloadDevice> ParseOffload(absl::string_view flag, absl::string_view text) {
+  const std::string v = absl::AsciiStrToLower(text);
+  if (v == "cpu" || v == "true") return OFFLOAD_CPU;
+  if (v == "none" || v == "false") return OFFLOAD_NONE;
+  return FlagError(flag, text, "\"cpu\" or \"none\"");
+}
+
+absl::StatusOr<bool> ParseBool(absl::string_view flag, absl::string_view text) {
+  bool value = false;
+  if (!absl::SimpleAtob(text, &value)) return FlagError(flag, text, "true or false");
+  return value;
+}
+
+absl::StatusOr<int64_t> ParseGiB(absl::string_view flag, absl::string_view text) {
+  double gib = 0;
+  if (!absl::SimpleAtod(text, &gib) || gib <= 0) return FlagError(flag, text, "a positive size in GiB");
+  return static_cast<int64_t>(gib * kGiB);
+}
+
+absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
+  const int given = !o.model.empty() + !o.hf_config.empty() + !o.params.empty();
+  if (given > 1) {
+    return absl::InvalidArgumentError("--model, --hf-config and --params are alternatives; give one");
+  }
+  if (!o.hf_config.empty()) return LoadHfConfig(o.hf_config);
+  if (!o.params.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t params, ParseInt("params", o.params, 1));
+    return ModelSpecForParams(params);
+  }
+  return LoadPreset(o.model.empty() ? "1b" : o.model);
+}
+
+// ds_config first, then flags (flags win). Stages and micro-batches may be
+// lists in sweep mode: the first value goes into the config.
+struct Resolved {
+  ModelSpec model;
+  RunConfig config;               // unresolved: DeepSpeed defaults applied later
+  bool stage_given = false;
+  std::vector<int64_t> stages, micro_batches, seqs;
+  int64_t budget_bytes = 0;
+};
+
+absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
+  Resolved r;
+  ZPLAN_ASSIGN_OR_RETURN(r.model, ResolveModel(o));
+  const bool sweep = o.command == "sweep";
+  RunConfig& c = r.config;
+  ClusterSpec* cluster = c.mutable_cluster();
+  ZPLAN_ASSIGN_OR_RETURN(int64_t gpus, ParseInt("gpus", o.gpus.empty() ? "8" : o.gpus, 1));
+  ZPLAN_ASSIGN_OR_RETURN(int64_t nodes, ParseInt("nodes", o.nodes.empty() ? "1" : o.nodes, 1));
+  cluster->set_gpus_per_node(o.gpus.empty() ? kDefaultGpusPerNode : gpus);
+  cluster->set_num_nodes(nodes);
+  cluster->set_gpu(o.gpu.empty() ? std::string(kDefaultGpu) : absl::AsciiStrToLower(o.gpu));
+  ZPLAN_RETURN_IF_ERROR(FindGpu(cluster->gpu()).status());
+  if (!o.host_ram_gib.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t ram, ParseGiB("host-ram-gib", o.host_ram_gib));
+    cluster->set_host_ram_bytes(ram);
+  }
+  if (!o.budget_gib.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(r.budget_bytes, ParseGiB("budget-gib", o.budget_gib));
+  }
+  if (!o.ds_config.empty()) {
+    ZPLAN_RETURN_IF_ERROR(ApplyDeepSpeedConfigFile(o.ds_config, r.model, &c));
+    r.stage_given = true;  // a DeepSpeed config always has a stage (default 0)
+  }
+  if (!o.zero_stage.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(r.stages, ParseList("zero-stage", o.zero_stage, 0, sweep));
+    for (int64_t stage : r.stages) {
+      if (stage > 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--zero-stage: ZeRO has stages 0, 1, 2 and 3, got ", stage));
+      }
+    }
+    c.mutable_zero()->set_stage(static_cast<int>(r.stages.front()));
+    r.stage_given = true;
+  } else {
+    r.stages = {c.zero().stage()};
+  }
+  if (!o.micro_batch.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(r.micro_batches, ParseList("micro-batch", o.micro_batch, 1, sweep));
+    c.set_micro_batch_size(r.micro_batches.front());
+  }
+  if (!o.seq.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(r.seqs, ParseList("seq", o.seq, 1, sweep));
+    c.set_seq_length(r.seqs.front());
+  }
+  if (!o.grad_accum.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t ga, ParseInt("grad-accum", o.grad_accum, 1));
+    c.set_gradient_accumulation_steps(ga);
+  }
+  if (!o.offload_optimizer.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(OffloadDevice d, ParseOffload("offload-optimizer", o.offload_optimizer));
+    c.mutable_zero()->set_offload_optimizer(d);
+  }
+  if (!o.offload_param.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(OffloadDevice d, ParseOffload("offload-param", o.offload_param));
+    c.mutable_zero()->set_offload_param(d);
+  }
+  if (!o.precision.empty()) {
+    const std::string p = absl::AsciiStrToLower(o.precision);
+    if (p == "bf16") c.set_precision(PRECISION_BF16);
+    else if (p == "fp16") c.set_precision(PRECISION_FP16);
+    else if (p == "fp32") c.set_precision(PRECISION_FP32);
+    else return FlagError("precision", o.precision, "bf16, fp16 or fp32");
+  }
+  if (!o.checkpointing.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(bool ckpt, ParseBool("checkpointing", o.checkpointing));
+    c.set_activation_checkpointing(ckpt);
+  }
+  if (!o.attention.empty()) {
+    const std::string a = absl::AsciiStrToLower(o.attention);
+    if (a == "sdpa" || a == "flash") r.model.set_attention_impl(ATTENTION_SDPA);
+    else if (a == "eager") r.model.set_attention_impl(ATTENTION_EAGER);
+    else return FlagError("attention", o.attention, "sdpa or eager");
+  }
+  if (r.micro_batches.empty()) r.micro_batches = {ResolveRunConfig(c).micro_batch_size()};
+  if (r.seqs.empty()) r.seqs = {ResolveRunConfig(c).seq_length()};
+  return r;
+}
+
+std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f", ToGiB(bytes)); }
+
+// 1235814400 -> "1,235,814,400".
+std::string Thousands(int64_t value) {
+  std::string digits = absl::StrCat(value < 0 ? -value : value), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+std::string Header(const Plan& plan) {
+  const RunConfig& c = plan.config();
+  const char* precision = c.precision() == PRECISION_FP32 ? "fp32"
+                          : c.precision() == PRECISION_FP16 ? "fp16" : "bf16";
+  return absl::StrFormat(
+      "zplan: %s (%s parameters), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
+      "       %d node(s) x %d x %s (%s)\n",
+      plan.model().name(), Thousands(plan.total_params()), c.seq_length(), c.micro_batch_size(),
+      c.gradient_accumulation_steps(), precision,
+      plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "SDPA",
+      c.activation_checkpointing() ? ", activation checkpointing" : "", c.cluster().num_nodes(),
+      c.cluster().gpus_per_node(), plan.gpu().name(),
+      plan.gpu().capacity_bytes() > 0 ? absl::StrCat(Thousands(plan.gpu().capacity_bytes() / kMiB), " MiB")
+                                      : std::string("host RAM"));
+}
+
+// The row users should pick: least communication and offload that fits.
+int RecommendedRow(const std::vector<GridRow>& rows) {
+  const std::pair<int, int> preference[] = {{0, 0}, {1, 0}, {2, 0}, {3, 0},
+                                            {1, 1}, {2, 1}, {3, 1}, {3, 2}};
+  for (auto [stage, offload] : preference) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const GridRow& row = rows[i];
+      if (row.stage == stage && row.offload_optimizer + row.offload_param == offload && row.plan.fits()) {
+        return static_cast<int>(i);
+      }
+    }
+  }
+  return -1;
+}
+
+void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
+  out << Header(rows.front().plan) << "\n";
+  out << absl::StrFormat("%-5s  %-17s  %12s  %14s  %-4s  %15s  %s\n", "stage", "offload",
+                         "GPU peak GiB", "host/node GiB", "fits", "max micro-batch", "peak at");
+  for (const GridRow& row : rows) {
+    const Plan& p = row.plan;
+    const int64_t host = std::max(p.host_per_node().peak_bytes(), p.host_init_peak_bytes_per_node());
+    out << absl::StrFormat("%-5d  %-17s  %12s  %14s  %-4s  %15d  %s\n", row.stage,
+                           OffloadLabel(row.offload_optimizer, row.offload_param),
+                           Gib(p.device_per_rank().peak_bytes()), Gib(host), p.fits() ? "yes" : "no",
+                           row.max_micro_batch, p.device_per_rank().peak_event());
+  }
+  out << "\nGPU peak: per rank, incl. runtime (CUDA context, cuBLAS, NCCL) and the allocator band.\n"
+         "host/node: the larger of steady state and model construction, all local ranks.\n";
+  const int best = RecommendedRow(rows);
+  if (best >= 0) {
+    out << absl::StrFormat("recommended: stage %d, offload %s (least communication and offload that fits)\n",
+                           rows[best].stage, OffloadLabel(rows[best].offload_optimizer, rows[best].offload_param));
+  } else {
+    out << "recommended: none fits; lower --micro-batch or --seq, add --checkpointing true, or more GPUs\n";
+  }
+}
+
+void PrintBreakdown(const Plan& plan, std::ostream& out) {
+  out << Header(plan);
+  const ZeroConfig& z = plan.config().zero();
+  out << absl::StrFormat("       ZeRO stage %d, offload %s, reduce bucket %d, overlap_comm %s\n\n", z.stage(),
+                         OffloadLabel(z.offload_optimizer() == OFFLOAD_CPU, z.offload_param() == OFFLOAD_CPU),
+                         z.reduce_bucket_elements(), z.overlap_comm() ? "on" : "off");
+  const MemoryBreakdown& d = plan.device_per_rank();
+  const MemoryBreakdown& h = plan.host_per_node();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> rows[] = {
+      {"params", {d.params_bytes(), h.params_bytes()}},
+      {"grads", {d.grads_bytes(), h.grads_bytes()}},
+      {"master params (fp32)", {d.master_params_bytes(), h.master_params_bytes()}},
+      {"optimizer states", {d.optimizer_states_bytes(), h.optimizer_states_bytes()}},
+      {"activations", {d.activations_bytes(), h.activations_bytes()}},
+      {"logits and loss", {d.logits_bytes(), h.logits_bytes()}},
+      {"buffers", {d.buffers_bytes(), h.buffers_bytes()}},
+      {"temporaries", {d.temporaries_bytes(), h.temporaries_bytes()}},
+      {"runtime", {d.runtime_bytes(), h.runtime_bytes()}},
+      {"allocator band", {d.allocator_bytes(), h.allocator_bytes()}},
+  };
+  out << absl::StrFormat("%-22s  %16s  %16s\n", "component", "GPU (per rank)", "host (per node)");
+  for (const auto& [name, bytes] : rows) {
+    out << absl::StrFormat("%-22s  %16s  %16s\n", name, FormatBytes(bytes.first), FormatBytes(bytes.second));
+  }
+  out << absl::StrFormat("%-22s  %16s  %16s\n", "total at peak", FormatBytes(d.peak_bytes()),
+                         FormatBytes(h.peak_bytes()));
+  if (h.pinned_bytes() > 0) out << absl::StrFormat("%-22s  %16s  %16s\n", "  of which pinned", "", FormatBytes(h.pinned_bytes()));
+  out << "\nGPU peak at: " << d.peak_event() << "\n";
+  out << "host peak while building the model: " << FormatBytes(plan.host_init_peak_bytes_per_node())
+      << (z.zero_init() && z.stage() == 3 ? " (zero.Init: partitioned construction)" : " (fp32 model per local rank)")
+      << "\n";
+  out << "model states per rank (ZeRO paper): " << FormatBytes(plan.model_states_bytes_per_rank()) << "\n";
+  if (plan.gpu().capacity_bytes() > 0) {
+    out << absl::StrFormat("fits %s: %s (margin %s of %s budget)\n", plan.gpu().name(), plan.fits() ? "yes" : "NO",
+                           FormatBytes(plan.device_margin_bytes()),
+                           FormatBytes(plan.budget().device_bytes_per_rank()));
+  }
+  if (plan.budget().host_bytes_per_node() > 0) {
+    out << absl::StrFormat("host RAM: margin %s of %s per node\n", FormatBytes(plan.host_margin_bytes()),
+                           FormatBytes(plan.budget().host_bytes_per_node()));
+  }
+}
+
+absl::Status EmitPlan(const Plan& plan, const ZplanOptions& o, std::ostream& out) {
+  if (o.format == "table") {
+    PrintBreakdown(plan, out);
+  } else {
+    ZPLAN_ASSIGN_OR_RETURN(std::string text,
+                           SerializeProto(plan, o.format == "json" ? ProtoFormat::kJson : ProtoFormat::kText));
+    out << text;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteOutputs(const Plan& plan, const ZplanOptions& o) {
+  if (!o.out.empty()) ZPLAN_RETURN_IF_ERROR(WriteProtoFile(o.out, plan));
+  if (!o.timeline.empty()) ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(o.timeline, TimelineTraceJson(plan)));
+  return absl::OkStatus();
+}
+
+RunConfig WithStage(RunConfig config, int64_t stage) {
+  config.mutable_zero()->set_stage(static_cast<int>(stage));
+  return config;
+}
+
+absl::Status RunSweep(const Resolved& r, std::ostream& out) {
+  ZPLAN_ASSIGN_OR_RETURN(Plan first, BuildPlan(r.model, r.config, {.record_timeline = false}));
+  out << Header(first) << "\n";
+  out << absl::StrFormat("%-6s  %-12s  %-5s  %-17s  %12s  %-4s  %s\n", "seq", "micro-batch", "stage",
+                         "offload", "GPU peak GiB", "fits", "peak at");
+  for (int64_t seq : r.seqs) {
+    for (int64_t b : r.micro_batches) {
+      for (int64_t stage : r.stages) {
+        RunConfig c = WithStage(r.config, stage);
+        c.set_seq_length(seq);
+        c.set_micro_batch_size(b);
+        PlanOptions options{.record_timeline = false, .device_budget_bytes = r.budget_bytes};
+        ZPLAN_ASSIGN_OR_RETURN(Plan p, BuildPlan(r.model, c, options));
+        const ZeroConfig& z = p.config().zero();
+        out << absl::StrFormat("%-6d  %-12d  %-5d  %-17s  %12s  %-4s  %s\n", seq, b, stage,
+                               OffloadLabel(z.offload_optimizer() == OFFLOAD_CPU, z.offload_param() == OFFLOAD_CPU),
+                               Gib(p.device_per_rank().peak_bytes()), p.fits() ? "yes" : "no",
+                               p.device_per_rank().peak_event());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunMaxBatch(const Resolved& r, std::ostream& out) {
+  std::vector<RunConfig> configs;
+  if (r.stage_given) {
+    configs.push_back(r.config);
+  } else {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int offload = 0; offload < (stage == 0 ? 1 : stage == 3 ? 3 : 2); ++offload) {
+        RunConfig c = WithStage(r.config, stage);
+        c.mutable_zero()->set_offload_optimizer(offload >= 1 ? OFFLOAD_CPU : OFFLOAD_NONE);
+        c.mutable_zero()->set_offload_param(offload == 2 ? OFFLOAD_CPU : OFFLOAD_NONE);
+        configs.push_back(c);
+      }
+    }
+  }
+  ZPLAN_ASSIGN_OR_RETURN(Plan first, BuildPlan(r.model, configs.front(), {.record_timeline = false}));
+  out << Header(first) << "\n";
+  out << absl::StrFormat("%-5s  %-17s  %30s  %28s\n", "stage", "offload",
+                         absl::StrCat("max micro-batch (seq ", ResolveRunConfig(r.config).seq_length(), ")"),
+                         absl::StrCat("max seq (micro-batch ", ResolveRunConfig(r.config).micro_batch_size(), ")"));
+  for (const RunConfig& c : configs) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t batch, MaxMicroBatch(r.model, c, r.budget_bytes));
+    ZPLAN_ASSIGN_OR_RETURN(int64_t seq, MaxSeqLength(r.model, c, r.budget_bytes));
+    out << absl::StrFormat("%-5d  %-17s  %30d  %28d\n", c.zero().stage(),
+                           OffloadLabel(c.zero().offload_optimizer() == OFFLOAD_CPU,
+                                        c.zero().offload_param() == OFFLOAD_CPU),
+                           batch, seq);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string TimelineTraceJson(const Plan& plan) {
+  static const std::pair<Component, const char*> kTracks[] = {
+      {COMPONENT_PARAMS, "params"},           {COMPONENT_GRADS, "grads"},
+      {COMPONENT_MASTER_PARAMS, "master"},    {COMPONENT_OPTIMIZER_STATES, "optimizer"},
+      {COMPONENT_ACTIVATIONS, "activations"}, {COMPONENT_LOGITS, "logits"},
+      {COMPONENT_BUFFERS, "buffers"},         {COMPONENT_TEMPORARIES, "temporaries"}};
+  static const char* kPhases[] = {"", "init", "forward", "loss", "backward", "optimizer step"};
+  std::map<Component, int64_t> live;
+  std::vector<std::string> events;
+  events.push_back(R"json({"name":"process_name","ph":"M","pid":1,"args":{"name":"zplan rank 0 (GiB)"}})json");
+  Phase phase = PHASE_UNSPECIFIED;
+  int phase_start = 0;
+  const int n = plan.timeline_size();
+  for (int i = 0; i <= n; ++i) {
+    const Phase next = i < n ? plan.timeline(i).phase() : PHASE_UNSPECIFIED;
+    if (next != phase || i == n) {
+      if (phase != PHASE_UNSPECIFIED) {
+        events.push_back(absl::StrFormat(R"json({"name":"%s","ph":"X","pid":1,"tid":1,"ts":%d,"dur":%d})json",
+                                         kPhases[phase], phase_start, std::max(1, i - phase_start)));
+      }
+      phase = next;
+      phase_start = i;
+    }
+    if (i == n) break;
+    const MemoryEvent& e = plan.timeline(i);
+    live[e.component()] += e.kind() == MemoryEvent::ALLOC ? e.bytes() : -e.bytes();
+    std::vector<std::string> args;
+    for (const auto& [component, name] : kTracks) {
+      args.push_back(absl::StrFormat(R"("%s":%.6f)", name, ToGiB(live[component])));
+    }
+    events.push_back(absl::StrFormat(R"json({"name":"device memory","ph":"C","pid":1,"ts":%d,"args":{%s}})json", i,
+                                     absl::StrJoin(args, ",")));
+  }
+  return absl::StrCat("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", absl::StrJoin(events, ",\n"), "\n]}\n");
+}
+
+absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
+  if (o.command != "" && o.command != "max-batch" && o.command != "sweep" && o.command != "show") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown command \"", o.command, "\"; commands: max-batch, sweep, show (or none)"));
+  }
+  if (o.format != "table" && o.format != "json" && o.format != "textproto") {
+    return FlagError("format", o.format, "table, json or textproto");
+  }
+  if (o.command == "show") {
+    if (o.plan_path.empty()) return absl::InvalidArgumentError("show: give the plan file, e.g. zplan show plan.pb");
+    ZPLAN_ASSIGN_OR_RETURN(Plan plan, ReadProtoFile<Plan>(o.plan_path));
+    return EmitPlan(plan, o, out);
+  }
+  ZPLAN_ASSIGN_OR_RETURN(Resolved r, Resolve(o));
+  if (o.command == "sweep") return RunSweep(r, out);
+  if (o.command == "max-batch") return RunMaxBatch(r, out);
+
+  PlanOptions options{.record_timeline = true, .device_budget_bytes = r.budget_bytes};
+  if (r.stage_given) {
+    ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, r.config, options));
+    ZPLAN_RETURN_IF_ERROR(EmitPlan(plan, o, out));
+    return WriteOutputs(plan, o);
+  }
+  if (o.format != "table") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format ", o.format, ": the grid has 8 plans; give --zero-stage to print one"));
+  }
+  ZPLAN_ASSIGN_OR_RETURN(std::vector<GridRow> rows, StageGrid(r.model, r.config, options));
+  PrintGrid(rows, out);
+  if (!o.out.empty() || !o.timeline.empty()) {
+    const int best = RecommendedRow(rows);
+    if (best < 0) {
+      return absl::FailedPreconditionError(
+          "--out: no configuration fits, so there is no plan to write; give --zero-stage to write one anyway");
+    }
+    RunConfig c = WithStage(r.config, rows[best].stage);
+    c.mutable_zero()->set_offload_optimizer(rows[best].offload_optimizer ? OFFLOAD_CPU : OFFLOAD_NONE);
+    c.mutable_zero()->set_offload_param(rows[best].offload_param ? OFFLOAD_CPU : OFFLOAD_NONE);
+    ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, c, options));
+    ZPLAN_RETURN_IF_ERROR(WriteOutputs(plan, o));
+    out << "wrote the recommended plan" << (o.out.empty() ? "" : " to " + o.out) << "\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zplan
