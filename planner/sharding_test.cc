@@ -1,0 +1,43 @@
+#include "planner/sharding.h"
+
+#include "gtest/gtest.h"
+#include "planner/inventory.h"
+#include "planner/model_spec.h"
+
+namespace zplan {
+namespace {
+
+TEST(ShardingTest, FlatShardPadsToAlignmentTimesWorld) {
+  EXPECT_EQ(FlatShardElements(100, 8), 14);   // padded to 112 = 7 * 16
+  EXPECT_EQ(FlatShardElements(16, 8), 2);     // already aligned
+  EXPECT_EQ(FlatShardElements(1, 1), 2);      // 2-element alignment even alone
+}
+
+TEST(ShardingTest, EveryElementIsOwnedExactlyOnce) {
+  auto model = LoadPreset("gpt2");
+  const auto params = ParameterInventory(*model);
+  for (int64_t world : {1, 2, 3, 8, 64, 1000}) {
+    const ShardLayout layout = ComputeShardLayout(params, world, 100'000);
+    EXPECT_EQ(layout.total_elements, 124'439'808);
+    EXPECT_GE(layout.flat_padded_elements, layout.total_elements);
+    EXPECT_LT(layout.flat_padded_elements - layout.total_elements, kFlatAlignmentElements * world);
+    // Stage 3: each parameter padded to a multiple of world.
+    EXPECT_GE(layout.stage3_grad_shard_elements * world, layout.total_elements);
+    EXPECT_LT(layout.stage3_grad_shard_elements * world - layout.total_elements,
+              static_cast<int64_t>(params.size()) * world);
+  }
+}
+
+TEST(ShardingTest, PersistenceThresholdKeepsSmallParametersWhole) {
+  auto model = LoadPreset("gpt2");
+  const auto params = ParameterInventory(*model);
+  const ShardLayout all = ComputeShardLayout(params, 8, 0);
+  EXPECT_EQ(all.stage3_persistent_elements, 0);
+  const ShardLayout some = ComputeShardLayout(params, 8, 100'000);
+  // Biases and norms (<= 100k elements) stay whole; the 768x768 and larger matrices shard.
+  EXPECT_GT(some.stage3_persistent_elements, 0);
+  EXPECT_LT(some.stage3_persistent_elements, 1'000'000);
+}
+
+}  // namespace
+}  // namespace zplan
