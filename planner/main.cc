@@ -1,6 +1,9 @@
 // zplan: what-if memory planning for ZeRO training. Flags -> ZplanOptions ->
 // RunZplan -> exit code (0 ok, 2 bad input, 1 other errors).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -46,6 +49,11 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  // Under `bazel run`, resolve relative paths against the user's directory.
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr && chdir(dir) != 0) {
+    std::cerr << "zplan: cannot enter " << dir << "\n";
+    return 1;
+  }
   absl::SetProgramUsageMessage(
       "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb]\n"
       "zplan show plan.pb [--format json|textproto|table]");
