@@ -20,6 +20,9 @@ inline double ToGiB(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
 // "12.34 GiB", "512.0 MiB" or "64 B": the largest unit that keeps >= 1.
 std::string FormatBytes(int64_t bytes);
 
+// 1235814400 -> "1,235,814,400".
+std::string FormatCount(int64_t value);
+
 // Ceiling division for non-negative values.
 inline constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline constexpr int64_t RoundUp(int64_t a, int64_t multiple) {

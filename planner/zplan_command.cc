@@ -178,15 +178,6 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
 
 std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f", ToGiB(bytes)); }
 
-// 1235814400 -> "1,235,814,400".
-std::string Thousands(int64_t value) {
-  std::string digits = absl::StrCat(value < 0 ? -value : value), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return value < 0 ? "-" + out : out;
-}
 
 std::string Header(const Plan& plan) {
   const RunConfig& c = plan.config();
@@ -195,12 +186,12 @@ std::string Header(const Plan& plan) {
   return absl::StrFormat(
       "zplan: %s (%s parameters), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
       "       %d node(s) x %d x %s (%s)\n",
-      plan.model().name(), Thousands(plan.total_params()), c.seq_length(), c.micro_batch_size(),
+      plan.model().name(), FormatCount(plan.total_params()), c.seq_length(), c.micro_batch_size(),
       c.gradient_accumulation_steps(), precision,
       plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "SDPA",
       c.activation_checkpointing() ? ", activation checkpointing" : "", c.cluster().num_nodes(),
       c.cluster().gpus_per_node(), plan.gpu().name(),
-      plan.gpu().capacity_bytes() > 0 ? absl::StrCat(Thousands(plan.gpu().capacity_bytes() / kMiB), " MiB")
+      plan.gpu().capacity_bytes() > 0 ? absl::StrCat(FormatCount(plan.gpu().capacity_bytes() / kMiB), " MiB")
                                       : std::string("host RAM"));
 }
 
