@@ -16,6 +16,13 @@
 ABSL_FLAG(std::string, model, "", "preset: 1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, ... (default 1b)");
 ABSL_FLAG(std::string, hf_config, "", "Hugging Face config.json instead of --model");
 ABSL_FLAG(std::string, params, "", "bare parameter count (standard shape), e.g. 7.5e9");
+ABSL_FLAG(std::string, layers, "", "explicit dimension: transformer blocks");
+ABSL_FLAG(std::string, hidden, "", "explicit dimension: hidden size");
+ABSL_FLAG(std::string, heads, "", "explicit dimension: attention heads");
+ABSL_FLAG(std::string, kv_heads, "", "explicit dimension: key/value heads (GQA)");
+ABSL_FLAG(std::string, head_dim, "", "explicit dimension: head width");
+ABSL_FLAG(std::string, ffn, "", "explicit dimension: FFN inner width");
+ABSL_FLAG(std::string, vocab, "", "explicit dimension: vocabulary (0 = none)");
 ABSL_FLAG(std::string, ds_config, "", "DeepSpeed ds_config.json; the flags below override it");
 ABSL_FLAG(std::string, seq, "", "sequence length in tokens (default 2048; list in sweep)");
 ABSL_FLAG(std::string, micro_batch, "", "micro-batch per GPU (default 1; list in sweep)");
@@ -71,6 +78,13 @@ int main(int argc, char** argv) {
   o.model = absl::GetFlag(FLAGS_model);
   o.hf_config = absl::GetFlag(FLAGS_hf_config);
   o.params = absl::GetFlag(FLAGS_params);
+  o.layers = absl::GetFlag(FLAGS_layers);
+  o.hidden = absl::GetFlag(FLAGS_hidden);
+  o.heads = absl::GetFlag(FLAGS_heads);
+  o.kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  o.head_dim = absl::GetFlag(FLAGS_head_dim);
+  o.ffn = absl::GetFlag(FLAGS_ffn);
+  o.vocab = absl::GetFlag(FLAGS_vocab);
   o.ds_config = absl::GetFlag(FLAGS_ds_config);
   o.seq = absl::GetFlag(FLAGS_seq);
   o.micro_batch = absl::GetFlag(FLAGS_micro_batch);

@@ -1,14 +1,18 @@
 #include "planner/memory_model.h"
 
 #include <algorithm>
+#include <array>
+#include <numeric>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
 #include "planner/run_config.h"
+#include "planner/status_macros.h"
 
 namespace zplan {
 namespace {
@@ -27,45 +31,162 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
   return total;
 }
 
-// A candidate peak: live tensor bytes by component at one moment.
+// Live tensor bytes by component at one moment of the step (no protos: the
+// closed form runs millions of times per second in searches).
+enum Slot { kParams, kGrads, kMaster, kOptimizer, kActivations, kLogits, kBuffers, kTemps, kSlots };
+using Live = std::array<int64_t, kSlots>;
+
 struct Moment {
-  std::string label;
-  MemoryBreakdown live;
+  Live live{};
+  const char* label = "";   // printf format with one %d when layer >= 0
+  int layer = -1;
+  int64_t Total() const { return std::accumulate(live.begin(), live.end(), int64_t{0}); }
 };
 
-// Resident bytes plus what every moment of the step shares.
-MemoryBreakdown Resident(const StepSizes& s) {
-  MemoryBreakdown b;
-  b.set_params_bytes(s.params_resident);
-  b.set_grads_bytes(s.grads_resident);
-  b.set_master_params_bytes(s.master_resident);
-  b.set_optimizer_states_bytes(s.optimizer_resident);
-  b.set_buffers_bytes(s.buckets_resident);
-  return b;
+Live Resident(const StepSizes& s) {
+  Live l{};
+  l[kParams] = s.params_resident;
+  l[kGrads] = s.grads_resident;
+  l[kMaster] = s.master_resident;
+  l[kOptimizer] = s.optimizer_resident;
+  l[kBuffers] = s.buckets_resident;
+  return l;
 }
 
-void AddTo(MemoryBreakdown* b, Component component, int64_t bytes) {
-  switch (component) {
-    case COMPONENT_PARAMS: b->set_params_bytes(b->params_bytes() + bytes); break;
-    case COMPONENT_GRADS: b->set_grads_bytes(b->grads_bytes() + bytes); break;
-    case COMPONENT_ACTIVATIONS: b->set_activations_bytes(b->activations_bytes() + bytes); break;
-    case COMPONENT_LOGITS: b->set_logits_bytes(b->logits_bytes() + bytes); break;
-    case COMPONENT_BUFFERS: b->set_buffers_bytes(b->buffers_bytes() + bytes); break;
-    case COMPONENT_TEMPORARIES: b->set_temporaries_bytes(b->temporaries_bytes() + bytes); break;
-    default: break;
+// The moments where a step can peak, in step order; the first largest wins
+// (the simulator breaks ties the same way).
+Moment BestMoment(const StepSizes& s) {
+  Moment best;
+  int64_t best_total = -1;
+  auto consider = [&](const Live& live, const char* label, int layer = -1) {
+    const int64_t total = std::accumulate(live.begin(), live.end(), int64_t{0});
+    if (total > best_total) {
+      best_total = total;
+      best.live = live;
+      best.label = label;
+      best.layer = layer;
+    }
+  };
+  const int last = s.num_layers - 1;
+  // Gradients produced in backward are kept (stage 0/1 without accumulation)
+  // or are temporaries moved into a bucket / added into resident gradients.
+  const Slot produced = s.grads_kept_on_production ? kGrads : kTemps;
+  auto saved_through = [&](int i) { return (s.checkpointing ? s.block_input : s.block_saved) * (i + 1); };
+  Live base = Resident(s);
+  base[kActivations] += s.input_ids;
+
+  // 1. Forward: the last block at its widest (activations only grow).
+  {
+    Live l = base;
+    l[kParams] += s.block_gather;
+    if (s.checkpointing) {
+      l[kActivations] += s.block_input * (last + 1);
+      l[kTemps] += s.block_nograd_peak;
+    } else {
+      l[kActivations] += saved_through(last);
+      l[kTemps] += s.block_fwd_transient;
+    }
+    consider(l, "forward, layer %d", last);
   }
+
+  // 2. Loss: logits, fp32 upcast, log-softmax and their gradients.
+  Live loss = base;
+  loss[kActivations] += saved_through(last) + s.final_norm_saved;
+  loss[kParams] += s.embed_gather;
+  if (s.has_vocab) {
+    const int64_t lw = s.logits_working, l32 = s.logits_fp32;
+    auto with_logits = [&](int64_t bytes) {
+      Live l = loss;
+      l[kLogits] += bytes;
+      return l;
+    };
+    if (s.mixed) consider(with_logits(lw + l32), "loss forward, fp32 upcast of logits");
+    consider(with_logits(2 * l32), "loss forward, log-softmax");
+    consider(with_logits(3 * l32), "loss backward, log-softmax gradient");
+    if (s.mixed) consider(with_logits(l32 + lw), "loss backward, logits gradient cast");
+    Live l = with_logits(lw);
+    l[kTemps] += s.act_grad;
+    l[produced] += s.head_grad;
+    consider(l, "backward, LM head weight gradient");
+  }
+
+  // Final norm backward: gradients w.r.t. its output and its input.
+  {
+    Live l = base;
+    l[kActivations] += saved_through(last) + s.final_norm_saved;
+    l[kTemps] += 2 * s.act_grad;
+    l[produced] += s.final_norm_grads;
+    if (s.grads_kept_on_production || s.tied) l[produced] += s.head_grad;
+    consider(l, "backward, final norm");
+  }
+
+  // 3. Backward through block i: recompute (checkpointing), then gradients.
+  // Everything is linear in i, so the last and first blocks bound the rest.
+  const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
+  for (int i : {last, 0}) {
+    Live l = base;
+    l[kTemps] += s.act_grad;
+    l[kParams] += s.block_gather;
+    if (s.grads_kept_on_production) {
+      l[kGrads] += grads_before_blocks + s.block_grads * (last - i);
+    } else if (s.tied) {
+      l[kTemps] += s.head_grad;  // held for the embedding's contribution
+    }
+    if (s.checkpointing) {
+      l[kActivations] += s.block_input * (i + 1);
+      Live recompute = l;
+      recompute[kActivations] += s.block_saved;
+      recompute[kTemps] += s.block_fwd_transient;
+      consider(recompute, "backward, layer %d, recompute", i);
+      l[kActivations] += s.block_saved;
+    } else {
+      l[kActivations] += saved_through(i);
+    }
+    l[kTemps] += s.block_bwd_transient;
+    l[s.grads_kept_on_production ? kGrads : kTemps] +=
+        s.grads_kept_on_production ? s.block_grads : s.block_max_param_grad;
+    consider(l, "backward, layer %d, weight gradients", i);
+    if (s.num_layers == 1) break;
+  }
+
+  // 4. Embedding backward: the embedding's gradient contribution.
+  if (s.has_vocab) {
+    Live l = base;
+    l[kTemps] += s.act_grad;
+    l[kParams] += s.embed_gather;
+    if (s.grads_kept_on_production) {
+      l[kGrads] += grads_before_blocks + s.block_grads * s.num_layers;
+    } else if (s.tied) {
+      l[kTemps] += s.head_grad;
+    }
+    l[(s.grads_kept_on_production && !s.tied) ? kGrads : kTemps] += s.embed_grad;
+    l[produced] += s.pos_grad;
+    consider(l, "backward, embedding gradient");
+  }
+
+  // 5. After backward: every gradient, the reduce bucket, then the step.
+  Live after = Resident(s);
+  if (s.grads_kept_on_production) after[kGrads] += s.shards.total_elements * (s.mixed ? 2 : 4);
+  Live reduce = after;
+  reduce[kTemps] += s.reduce_temp;
+  consider(reduce, "gradient reduction bucket");
+  Live step = after;
+  step[kTemps] += s.step_upcast;
+  consider(step, "optimizer step, fp32 gradient upcast");
+  return best;
 }
 
-// Gradients produced so far are GRADS when kept, otherwise a TEMPORARY.
-Component ProducedGradComponent(const StepSizes& s) {
-  return s.grads_kept_on_production ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
+int64_t AllocatorBand(const StepSizes& s, int64_t tensor_bytes) {
+  return static_cast<int64_t>(std::llround(s.allocator_band_fraction * static_cast<double>(tensor_bytes)));
 }
 
 }  // namespace
 
-absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,
-                                           const GpuSpec& gpu) {
-  StepSizes s;
+absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
+                                            const GpuSpec& gpu) {
+  StepSizer sizer;
+  sizer.model_ = model;
+  StepSizes& s = sizer.base_;
   const ZeroConfig& zero = config.zero();
   s.stage = zero.stage();
   s.world_size = WorldSize(config);
@@ -88,8 +209,8 @@ absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConf
 
   const DType dtype = WorkingDtype(config.precision());
   const int64_t w = DTypeBytes(dtype);
-  const int64_t b = config.micro_batch_size();
-  const int64_t seq = config.seq_length();
+  sizer.dtype_bytes_ = w;
+  sizer.working_dtype_ = dtype;
   const int64_t h = model.hidden_size();
   const int64_t vocab = model.vocab_size();
 
@@ -132,17 +253,14 @@ absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConf
     block_param_elements += NumElements(t);
     largest = std::max(largest, NumElements(t));
   }
-  s.block_saved = SumBytes(BlockSavedActivations(model, b, seq, dtype, 0));
-  s.block_input = b * seq * h * w;
-  s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype);
-  // Under no_grad a block frees each intermediate after its last use; the FFN
-  // branch (gate, up and their product, or up and GELU) is the widest point.
-  const int64_t ffn_live = (model.ffn_type() == FFN_SWIGLU ? 3 : 2) * b * seq * model.ffn_hidden_size() * w;
-  const int64_t attn_live =
-      b * seq * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w +
-      (model.attention_impl() == ATTENTION_EAGER ? 2 * b * model.num_attention_heads() * seq * seq * w : 0);
-  s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
-  s.block_bwd_transient = BlockBackwardTransientBytes(model, b, seq, dtype);
+  // Saved activations are linear in b*s plus (eager) b*s*s: fit both terms
+  // from the inventory at s = 1 and s = 2, and check a third point.
+  const int64_t f1 = SumBytes(BlockSavedActivations(model, 1, 1, dtype, 0));
+  const int64_t f2 = SumBytes(BlockSavedActivations(model, 1, 2, dtype, 0));
+  sizer.saved_per_token_sq_ = (f2 - 2 * f1) / 2;
+  sizer.saved_per_token_ = f1 - sizer.saved_per_token_sq_;
+  ZPLAN_CHECK(SumBytes(BlockSavedActivations(model, 3, 5, dtype, 0)) ==
+              sizer.saved_per_token_ * 15 + sizer.saved_per_token_sq_ * 75);
   s.block_grads = block_param_elements * w;
   s.block_max_param_grad = largest * w;
   if (s.stage == 3) {
@@ -158,16 +276,10 @@ absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConf
   }
 
   // Model ends.
-  s.input_ids = 2 * b * seq * kTokenIdBytes;
-  s.act_grad = b * seq * h * w;
-  const int64_t norm_stats = model.norm_type() == NORM_LAYERNORM ? 2 : 1;
-  s.final_norm_saved = 2 * b * seq * h * w + norm_stats * b * seq * 4;
   s.final_norm_grads = (model.norm_type() == NORM_LAYERNORM ? 2 : 1) * h * w;
   if (s.has_vocab) {
     s.head_grad = vocab * h * w;
     s.embed_grad = vocab * h * w;
-    s.logits_working = b * seq * vocab * w;
-    s.logits_fp32 = b * seq * vocab * 4;
     if (s.stage == 3 && vocab * h > zero.stage3_param_persistence_threshold()) {
       s.embed_gather = vocab * h * w;
     }
@@ -201,7 +313,42 @@ absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConf
   const bool sharded_init = s.stage == 3 && zero.zero_init();
   s.host_init_per_rank =
       (sharded_init ? sh.stage3_shard_elements + sh.stage3_persistent_elements : total) * 4;
+  return sizer;
+}
+
+StepSizes StepSizer::For(int64_t b, int64_t seq) const {
+  StepSizes s = base_;
+  const ModelSpec& model = model_;
+  const DType dtype = static_cast<DType>(working_dtype_);
+  const int64_t w = dtype_bytes_;
+  const int64_t h = model.hidden_size();
+  const int64_t tokens = b * seq;
+  s.block_saved = saved_per_token_ * tokens + saved_per_token_sq_ * tokens * seq;
+  s.block_input = tokens * h * w;
+  s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype);
+  // Under no_grad a block frees each intermediate after its last use; the FFN
+  // branch (gate, up and their product, or up and GELU) is the widest point.
+  const int64_t ffn_live = (model.ffn_type() == FFN_SWIGLU ? 3 : 2) * tokens * model.ffn_hidden_size() * w;
+  const int64_t attn_live =
+      tokens * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w +
+      (model.attention_impl() == ATTENTION_EAGER ? 2 * b * model.num_attention_heads() * seq * seq * w : 0);
+  s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
+  s.block_bwd_transient = BlockBackwardTransientBytes(model, b, seq, dtype);
+  s.input_ids = 2 * tokens * kTokenIdBytes;
+  s.act_grad = tokens * h * w;
+  const int64_t norm_stats = model.norm_type() == NORM_LAYERNORM ? 2 : 1;
+  s.final_norm_saved = 2 * tokens * h * w + norm_stats * tokens * 4;
+  if (s.has_vocab) {
+    s.logits_working = tokens * model.vocab_size() * w;
+    s.logits_fp32 = tokens * model.vocab_size() * 4;
+  }
   return s;
+}
+
+absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,
+                                           const GpuSpec& gpu) {
+  ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(model, config, gpu));
+  return sizer.For(config.micro_batch_size(), config.seq_length());
 }
 
 int64_t LiveTensorBytes(const MemoryBreakdown& b) {
@@ -213,141 +360,29 @@ int64_t LiveTensorBytes(const MemoryBreakdown& b) {
 void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
   const int64_t tensors = LiveTensorBytes(*b);
   b->set_runtime_bytes(s.runtime);
-  b->set_allocator_bytes(static_cast<int64_t>(std::llround(s.allocator_band_fraction * tensors)));
+  b->set_allocator_bytes(AllocatorBand(s, tensors));
   b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
 }
 
 MemoryBreakdown ClosedFormDevicePeak(const StepSizes& s) {
-  std::vector<Moment> moments;
-  const int last = s.num_layers - 1;
-  const Component produced = ProducedGradComponent(s);
-
-  // Saved activations of blocks 0..i at the end of their forward.
-  auto saved_through = [&](int i) {
-    return (s.checkpointing ? s.block_input : s.block_saved) * (i + 1);
-  };
-  auto forward_base = [&] {
-    MemoryBreakdown b = Resident(s);
-    AddTo(&b, COMPONENT_ACTIVATIONS, s.input_ids);
-    return b;
-  };
-
-  // 1. Forward: the last block at its widest (activations only grow).
-  {
-    MemoryBreakdown b = forward_base();
-    AddTo(&b, COMPONENT_PARAMS, s.block_gather);
-    if (s.checkpointing) {
-      AddTo(&b, COMPONENT_ACTIVATIONS, s.block_input * (last + 1));
-      AddTo(&b, COMPONENT_TEMPORARIES, s.block_nograd_peak);
-    } else {
-      AddTo(&b, COMPONENT_ACTIVATIONS, saved_through(last));
-      AddTo(&b, COMPONENT_TEMPORARIES, s.block_fwd_transient);
-    }
-    moments.push_back({absl::StrCat("forward, layer ", last), b});
-  }
-
-  // 2. Loss: logits, fp32 upcast, log-softmax and their gradients.
-  MemoryBreakdown loss_base = forward_base();
-  AddTo(&loss_base, COMPONENT_ACTIVATIONS, saved_through(last) + s.final_norm_saved);
-  AddTo(&loss_base, COMPONENT_PARAMS, s.embed_gather);
-  if (s.has_vocab) {
-    const int64_t lw = s.logits_working, l32 = s.logits_fp32;
-    auto loss_moment = [&](const std::string& label, int64_t logits) {
-      MemoryBreakdown b = loss_base;
-      AddTo(&b, COMPONENT_LOGITS, logits);
-      moments.push_back({label, b});
-    };
-    if (s.mixed) loss_moment("loss forward, fp32 upcast of logits", lw + l32);
-    loss_moment("loss forward, log-softmax", l32 + l32);
-    loss_moment("loss backward, log-softmax gradient", 3 * l32);
-    if (s.mixed) loss_moment("loss backward, logits gradient cast", l32 + lw);
-    MemoryBreakdown b = loss_base;
-    AddTo(&b, COMPONENT_LOGITS, lw);
-    AddTo(&b, COMPONENT_TEMPORARIES, s.act_grad);
-    AddTo(&b, produced, s.head_grad);
-    moments.push_back({"backward, LM head weight gradient", b});
-  }
-
-  // Final norm backward: gradients w.r.t. its output and its input.
-  {
-    MemoryBreakdown b = forward_base();
-    AddTo(&b, COMPONENT_ACTIVATIONS, saved_through(last) + s.final_norm_saved);
-    AddTo(&b, COMPONENT_TEMPORARIES, 2 * s.act_grad);
-    AddTo(&b, produced, s.final_norm_grads);
-    if (s.grads_kept_on_production || s.tied) AddTo(&b, produced, s.head_grad);
-    moments.push_back({"backward, final norm", b});
-  }
-
-  // 3. Backward through block i: recompute (checkpointing), then gradients.
-  // Everything is linear in i, so the first and last blocks bound the rest.
-  const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
-  for (int i : {last, 0}) {
-    MemoryBreakdown b = forward_base();
-    AddTo(&b, COMPONENT_TEMPORARIES, s.act_grad);
-    AddTo(&b, COMPONENT_PARAMS, s.block_gather);
-    if (s.grads_kept_on_production) {
-      AddTo(&b, COMPONENT_GRADS, grads_before_blocks + s.block_grads * (last - i));
-    } else if (s.tied) {
-      AddTo(&b, COMPONENT_TEMPORARIES, s.head_grad);  // held for the embedding's contribution
-    }
-    if (s.checkpointing) {
-      AddTo(&b, COMPONENT_ACTIVATIONS, s.block_input * (i + 1));
-      MemoryBreakdown recompute = b;
-      AddTo(&recompute, COMPONENT_ACTIVATIONS, s.block_saved);
-      AddTo(&recompute, COMPONENT_TEMPORARIES, s.block_fwd_transient);
-      moments.push_back({absl::StrCat("backward, layer ", i, ", recompute"), recompute});
-      AddTo(&b, COMPONENT_ACTIVATIONS, s.block_saved);
-    } else {
-      AddTo(&b, COMPONENT_ACTIVATIONS, saved_through(i));
-    }
-    AddTo(&b, COMPONENT_TEMPORARIES, s.block_bwd_transient);
-    if (s.grads_kept_on_production) {
-      AddTo(&b, COMPONENT_GRADS, s.block_grads);
-    } else {
-      AddTo(&b, COMPONENT_TEMPORARIES, s.block_max_param_grad);
-    }
-    moments.push_back({absl::StrCat("backward, layer ", i, ", weight gradients"), b});
-    if (s.num_layers == 1) break;
-  }
-
-  // 4. Embedding backward: the embedding's gradient contribution.
-  if (s.has_vocab) {
-    MemoryBreakdown b = forward_base();
-    AddTo(&b, COMPONENT_TEMPORARIES, s.act_grad);
-    AddTo(&b, COMPONENT_PARAMS, s.embed_gather);
-    if (s.grads_kept_on_production) {
-      AddTo(&b, COMPONENT_GRADS, grads_before_blocks + s.block_grads * s.num_layers);
-    } else if (s.tied) {
-      AddTo(&b, COMPONENT_TEMPORARIES, s.head_grad);
-    }
-    AddTo(&b, (s.grads_kept_on_production && !s.tied) ? COMPONENT_GRADS : COMPONENT_TEMPORARIES,
-          s.embed_grad);
-    AddTo(&b, produced, s.pos_grad);
-    moments.push_back({"backward, embedding gradient", b});
-  }
-
-  // 5. After backward: every gradient, the reduce bucket, then the step.
-  MemoryBreakdown after = Resident(s);
-  if (s.grads_kept_on_production) AddTo(&after, COMPONENT_GRADS, s.shards.total_elements * (s.mixed ? 2 : 4));
-  {
-    MemoryBreakdown b = after;
-    AddTo(&b, COMPONENT_TEMPORARIES, s.reduce_temp);
-    moments.push_back({"gradient reduction bucket", b});
-  }
-  {
-    MemoryBreakdown b = after;
-    AddTo(&b, COMPONENT_TEMPORARIES, s.step_upcast);
-    moments.push_back({"optimizer step, fp32 gradient upcast", b});
-  }
-
-  const Moment* best = &moments.front();
-  for (const Moment& m : moments) {
-    if (LiveTensorBytes(m.live) > LiveTensorBytes(best->live)) best = &m;
-  }
-  MemoryBreakdown result = best->live;
-  result.set_peak_event(best->label);
+  const Moment m = BestMoment(s);
+  MemoryBreakdown result;
+  result.set_params_bytes(m.live[kParams]);
+  result.set_grads_bytes(m.live[kGrads]);
+  result.set_master_params_bytes(m.live[kMaster]);
+  result.set_optimizer_states_bytes(m.live[kOptimizer]);
+  result.set_activations_bytes(m.live[kActivations]);
+  result.set_logits_bytes(m.live[kLogits]);
+  result.set_buffers_bytes(m.live[kBuffers]);
+  result.set_temporaries_bytes(m.live[kTemps]);
+  result.set_peak_event(absl::StrReplaceAll(m.label, {{"%d", absl::StrCat(m.layer)}}));
   FinishDeviceBreakdown(s, &result);
   return result;
+}
+
+int64_t ClosedFormPeakBytes(const StepSizes& s) {
+  const int64_t tensors = BestMoment(s).Total();
+  return tensors + s.runtime + AllocatorBand(s, tensors);
 }
 
 int64_t ModelStatesBytes(const StepSizes& s) {

@@ -117,14 +117,41 @@ struct StepSizes {
   int64_t host_init_per_rank = 0;    // model construction peak tensors
 };
 
-// Sizes for one rank. kInvalidArgument when the combination is impossible
-// (e.g. offload_optimizer at stage 0).
+// Computes StepSizes for many micro-batches and sequence lengths of one
+// (model, config, GPU): the inventory, sharding and the activation scaling
+// are worked out once in Create; For() is arithmetic only, which is what
+// max-batch searches and sweeps run in their inner loop.
+class StepSizer {
+ public:
+  // kInvalidArgument when the combination is impossible (e.g.
+  // offload_optimizer at stage 0). Inputs must be resolved and validated.
+  static absl::StatusOr<StepSizer> Create(const ModelSpec& model, const RunConfig& config,
+                                          const GpuSpec& gpu);
+
+  StepSizes For(int64_t micro_batch, int64_t seq_length) const;
+
+ private:
+  StepSizer() = default;
+  ModelSpec model_;
+  StepSizes base_;                   // fields independent of batch and sequence
+  int64_t dtype_bytes_ = 2;
+  int working_dtype_ = 0;            // DType of activations
+  // Saved block activations = per_token * b*s + per_token_sq * b*s*s (eager
+  // attention probabilities), fitted once from the inventory.
+  int64_t saved_per_token_ = 0;
+  int64_t saved_per_token_sq_ = 0;
+};
+
+// Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).
 absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,
                                            const GpuSpec& gpu);
 
 // The device breakdown at the step's peak, with peak_event set. Runtime and
 // the allocator band are included in peak_bytes.
 MemoryBreakdown ClosedFormDevicePeak(const StepSizes& sizes);
+
+// ClosedFormDevicePeak(sizes).peak_bytes() without building the breakdown.
+int64_t ClosedFormPeakBytes(const StepSizes& sizes);
 
 // Model states per rank on the device and host together (params + grads +
 // master + optimizer), steady state: the ZeRO paper's quantity.

@@ -147,7 +147,7 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
 
 absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config) {
   ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
-  return ClosedFormDevicePeak(p.sizes).peak_bytes();
+  return ClosedFormPeakBytes(p.sizes);
 }
 
 absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
@@ -157,11 +157,10 @@ absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& c
     return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
   }
   const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
-  RunConfig trial = p.config;
+  ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(p.model, p.config, p.gpu));
+  const int64_t seq = p.config.seq_length();
   return LargestFitting(kMaxSearchMicroBatch, [&](int64_t b) -> absl::StatusOr<bool> {
-    trial.set_micro_batch_size(b);
-    ZPLAN_ASSIGN_OR_RETURN(StepSizes sizes, ComputeStepSizes(p.model, trial, p.gpu));
-    return ClosedFormDevicePeak(sizes).peak_bytes() <= budget;
+    return ClosedFormPeakBytes(sizer.For(b, seq)) <= budget;
   });
 }
 
@@ -172,11 +171,10 @@ absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& co
     return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
   }
   const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
-  RunConfig trial = p.config;
+  ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(p.model, p.config, p.gpu));
+  const int64_t b = p.config.micro_batch_size();
   return LargestFitting(kMaxSearchSeqLength, [&](int64_t seq) -> absl::StatusOr<bool> {
-    trial.set_seq_length(seq);
-    ZPLAN_ASSIGN_OR_RETURN(StepSizes sizes, ComputeStepSizes(p.model, trial, p.gpu));
-    return ClosedFormDevicePeak(sizes).peak_bytes() <= budget;
+    return ClosedFormPeakBytes(sizer.For(b, seq)) <= budget;
   });
 }
 

@@ -78,6 +78,7 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
     SCOPED_TRACE(Describe(c) + " closed-form peak at \"" + closed.peak_event() +
                  "\", simulator at \"" + sim.peak_event() + "\"");
     ASSERT_EQ(sim.peak_bytes(), closed.peak_bytes());
+    ASSERT_EQ(ClosedFormPeakBytes(*sizes), closed.peak_bytes());
     EXPECT_EQ(sim.params_bytes(), closed.params_bytes());
     EXPECT_EQ(sim.grads_bytes(), closed.grads_bytes());
     EXPECT_EQ(sim.master_params_bytes(), closed.master_params_bytes());

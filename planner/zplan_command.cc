@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -75,7 +76,7 @@ absl::StatusOr<int64_t> ParseGiB(absl::string_view flag, absl::string_view text)
   return static_cast<int64_t>(gib * kGiB);
 }
 
-absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
+absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
   const int given = !o.model.empty() + !o.hf_config.empty() + !o.params.empty();
   if (given > 1) {
     return absl::InvalidArgumentError("--model, --hf-config and --params are alternatives; give one");
@@ -85,7 +86,48 @@ absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
     ZPLAN_ASSIGN_OR_RETURN(int64_t params, ParseInt("params", o.params, 1));
     return ModelSpecForParams(params);
   }
+  if (absl::EndsWith(o.model, ".textproto")) {
+    ZPLAN_ASSIGN_OR_RETURN(ModelSpec spec, ReadProtoFile<ModelSpec>(o.model));
+    if (spec.name().empty()) spec.set_name(o.model);
+    return spec;
+  }
   return LoadPreset(o.model.empty() ? "1b" : o.model);
+}
+
+absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
+  ZPLAN_ASSIGN_OR_RETURN(ModelSpec spec, BaseModel(o));
+  struct Dimension {
+    const char* flag;
+    const std::string& value;
+    void (ModelSpec::*set)(int64_t);
+    int64_t min_value;
+  };
+  const Dimension dims[] = {
+      {"layers", o.layers, &ModelSpec::set_num_layers, 1},
+      {"hidden", o.hidden, &ModelSpec::set_hidden_size, 1},
+      {"heads", o.heads, &ModelSpec::set_num_attention_heads, 1},
+      {"kv-heads", o.kv_heads, &ModelSpec::set_num_kv_heads, 1},
+      {"head-dim", o.head_dim, &ModelSpec::set_head_dim, 1},
+      {"ffn", o.ffn, &ModelSpec::set_ffn_hidden_size, 1},
+      {"vocab", o.vocab, &ModelSpec::set_vocab_size, 0},
+  };
+  bool changed = false;
+  for (const Dimension& d : dims) {
+    if (d.value.empty()) continue;
+    ZPLAN_ASSIGN_OR_RETURN(int64_t v, ParseInt(d.flag, d.value, d.min_value));
+    (spec.*d.set)(v);
+    changed = true;
+  }
+  if (changed) {
+    // A new width or head count invalidates the derived defaults.
+    if (o.kv_heads.empty() && !o.heads.empty()) spec.set_num_kv_heads(0);
+    if (o.head_dim.empty() && (!o.hidden.empty() || !o.heads.empty())) spec.set_head_dim(0);
+    spec.set_name(absl::StrCat(spec.name(), "+dims"));
+    spec.set_source(absl::StrCat(spec.source(), " Dimensions overridden on the command line."));
+    spec = ResolveModelSpec(std::move(spec));
+  }
+  ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(ResolveModelSpec(spec)));
+  return spec;
 }
 
 // ds_config first, then flags (flags win). Stages and micro-batches may be

@@ -39,9 +39,12 @@ struct ZplanOptions {
   std::string command;          // "", "max-batch", "sweep" or "show"
   std::string plan_path;        // for "show"
   // Model: exactly one of these (preset default "1b").
-  std::string model;            // preset name
+  std::string model;            // preset name, or a ModelSpec .textproto file
   std::string hf_config;        // path to a Hugging Face config.json
   std::string params;           // bare parameter count, e.g. "7.5e9"
+  // Explicit dimensions, applied on top of the model above (so
+  // "--layers 48 --hidden 6144 ..." describes a new shape from the 1b preset).
+  std::string layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
   // Run configuration; empty = not given.
   std::string ds_config;        // DeepSpeed JSON, applied before the flags below
   std::string seq;              // tokens per sequence (list in sweep mode)

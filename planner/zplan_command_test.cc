@@ -170,6 +170,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadInput{"unknown_preset", [](ZplanOptions* o) { o->model = "gpt5"; }, "presets: 1b, "},
         BadInput{"heads_not_dividing", WriteBadHf, "heads do not divide hidden_size"},
+        BadInput{"dims_heads_not_dividing", [](ZplanOptions* o) { o->hidden = "1000"; o->heads = "3"; },
+                 "heads do not divide hidden_size"},
+        BadInput{"dims_zero_layers", [](ZplanOptions* o) { o->layers = "0"; }, "--layers: must be >= 1"},
         BadInput{"stage_4", [](ZplanOptions* o) { o->zero_stage = "4"; }, "--zero-stage"},
         BadInput{"zero_seq", [](ZplanOptions* o) { o->seq = "0"; }, "--seq: must be >= 1"},
         BadInput{"negative_batch", [](ZplanOptions* o) { o->micro_batch = "-2"; }, "--micro-batch"},
@@ -189,6 +192,23 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"bad_precision", [](ZplanOptions* o) { o->precision = "int8"; }, "--precision"},
         BadInput{"bf16_on_volta", [](ZplanOptions* o) { o->gpu = "v100-32gb"; }, "no bf16"}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return std::string(info.param.name); });
+
+TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {
+  ZplanOptions o = Base();
+  o.zero_stage = "3";
+  o.layers = "32";
+  o.hidden = "4096";
+  o.heads = "32";
+  o.kv_heads = "8";
+  o.ffn = "14336";
+  o.vocab = "128256";
+  o.format = "textproto";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  // The Llama-3-8B shape with the 1b preset's tied embeddings: 8.03B - 0.525B.
+  EXPECT_NE(text.find("total_params: 7504924672"), std::string::npos);
+  EXPECT_NE(text.find("head_dim: 128"), std::string::npos);
+}
 
 TEST(ZplanCommandTest, FailedRunLeavesExistingPlanUntouched) {
   ZplanOptions o = Base();
