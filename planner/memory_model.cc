@@ -385,6 +385,31 @@ int64_t ClosedFormPeakBytes(const StepSizes& s) {
   return tensors + s.runtime + AllocatorBand(s, tensors);
 }
 
+MemoryBreakdown ScaledBreakdown(const MemoryBreakdown& b, int64_t factor) {
+  MemoryBreakdown out = b;
+  const auto* descriptor = out.GetDescriptor();
+  const auto* reflection = out.GetReflection();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const auto* field = descriptor->field(i);
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT64) {
+      reflection->SetInt64(&out, field, reflection->GetInt64(out, field) * factor);
+    }
+  }
+  return out;
+}
+
+void AddBreakdown(const MemoryBreakdown& from, MemoryBreakdown* to) {
+  to->set_params_bytes(to->params_bytes() + from.params_bytes());
+  to->set_grads_bytes(to->grads_bytes() + from.grads_bytes());
+  to->set_master_params_bytes(to->master_params_bytes() + from.master_params_bytes());
+  to->set_optimizer_states_bytes(to->optimizer_states_bytes() + from.optimizer_states_bytes());
+  to->set_activations_bytes(to->activations_bytes() + from.activations_bytes());
+  to->set_logits_bytes(to->logits_bytes() + from.logits_bytes());
+  to->set_buffers_bytes(to->buffers_bytes() + from.buffers_bytes());
+  to->set_temporaries_bytes(to->temporaries_bytes() + from.temporaries_bytes());
+  to->set_peak_bytes(LiveTensorBytes(*to) + to->runtime_bytes() + to->allocator_bytes());
+}
+
 int64_t ModelStatesBytes(const StepSizes& s) {
   const int64_t w = s.mixed ? 2 : 4;
   const ShardLayout& sh = s.shards;

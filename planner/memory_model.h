@@ -164,6 +164,13 @@ MemoryBreakdown HostPerRank(const StepSizes& sizes);
 // sets peak_bytes to the total.
 void FinishDeviceBreakdown(const StepSizes& sizes, MemoryBreakdown* breakdown);
 
+// Every byte field of `b` times `factor` (e.g. one rank -> one node).
+MemoryBreakdown ScaledBreakdown(const MemoryBreakdown& b, int64_t factor);
+
+// Adds the tensor components of `from` into `to` and recomputes peak_bytes
+// as its tensors + runtime + allocator (CPU ranks: device tensors are host RAM).
+void AddBreakdown(const MemoryBreakdown& from, MemoryBreakdown* to);
+
 // Sum of the tensor components (everything except runtime and allocator).
 int64_t LiveTensorBytes(const MemoryBreakdown& breakdown);
 

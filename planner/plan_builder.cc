@@ -89,31 +89,11 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   // Host: each rank's process, plus (CPU ranks) its tensors.
   MemoryBreakdown host_rank = HostPerRank(s);
   if (s.cpu_ranks) {
-    host_rank.set_params_bytes(host_rank.params_bytes() + device.params_bytes());
-    host_rank.set_grads_bytes(host_rank.grads_bytes() + device.grads_bytes());
-    host_rank.set_master_params_bytes(host_rank.master_params_bytes() + device.master_params_bytes());
-    host_rank.set_optimizer_states_bytes(host_rank.optimizer_states_bytes() + device.optimizer_states_bytes());
-    host_rank.set_activations_bytes(device.activations_bytes());
-    host_rank.set_logits_bytes(device.logits_bytes());
-    host_rank.set_buffers_bytes(device.buffers_bytes());
-    host_rank.set_temporaries_bytes(device.temporaries_bytes());
-    host_rank.set_peak_bytes(LiveTensorBytes(host_rank) + host_rank.runtime_bytes());
+    AddBreakdown(device, &host_rank);
     host_rank.set_peak_event(device.peak_event());
   }
-  MemoryBreakdown host_node;
   const int64_t local = s.ranks_per_node;
-  host_node.set_params_bytes(host_rank.params_bytes() * local);
-  host_node.set_grads_bytes(host_rank.grads_bytes() * local);
-  host_node.set_master_params_bytes(host_rank.master_params_bytes() * local);
-  host_node.set_optimizer_states_bytes(host_rank.optimizer_states_bytes() * local);
-  host_node.set_activations_bytes(host_rank.activations_bytes() * local);
-  host_node.set_logits_bytes(host_rank.logits_bytes() * local);
-  host_node.set_buffers_bytes(host_rank.buffers_bytes() * local);
-  host_node.set_temporaries_bytes(host_rank.temporaries_bytes() * local);
-  host_node.set_runtime_bytes(host_rank.runtime_bytes() * local);
-  host_node.set_pinned_bytes(host_rank.pinned_bytes() * local);
-  host_node.set_peak_bytes(host_rank.peak_bytes() * local);
-  host_node.set_peak_event(host_rank.peak_event());
+  MemoryBreakdown host_node = ScaledBreakdown(host_rank, local);
   *plan.mutable_device_per_rank() = s.cpu_ranks ? MemoryBreakdown() : device;
   if (s.cpu_ranks) plan.mutable_device_per_rank()->set_peak_event("CPU ranks: see host");
   *plan.mutable_host_per_node() = host_node;
@@ -150,32 +130,30 @@ absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig&
   return ClosedFormPeakBytes(p.sizes);
 }
 
-absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
-                                      int64_t budget_bytes) {
+// Largest micro-batch (search_batch) or sequence length that fits, the other fixed.
+absl::StatusOr<int64_t> LargestFittingShape(const ModelSpec& model, const RunConfig& config,
+                                            int64_t budget_bytes, bool search_batch) {
   ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
   if (p.gpu.capacity_bytes() == 0 && budget_bytes == 0) {
     return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
   }
   const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
   ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(p.model, p.config, p.gpu));
-  const int64_t seq = p.config.seq_length();
-  return LargestFitting(kMaxSearchMicroBatch, [&](int64_t b) -> absl::StatusOr<bool> {
-    return ClosedFormPeakBytes(sizer.For(b, seq)) <= budget;
-  });
+  const int64_t b = p.config.micro_batch_size(), seq = p.config.seq_length();
+  return LargestFitting(search_batch ? kMaxSearchMicroBatch : kMaxSearchSeqLength,
+                        [&](int64_t n) -> absl::StatusOr<bool> {
+                          return ClosedFormPeakBytes(search_batch ? sizer.For(n, seq) : sizer.For(b, n)) <= budget;
+                        });
+}
+
+absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
+                                      int64_t budget_bytes) {
+  return LargestFittingShape(model, config, budget_bytes, /*search_batch=*/true);
 }
 
 absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& config,
                                      int64_t budget_bytes) {
-  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
-  if (p.gpu.capacity_bytes() == 0 && budget_bytes == 0) {
-    return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
-  }
-  const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
-  ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(p.model, p.config, p.gpu));
-  const int64_t b = p.config.micro_batch_size();
-  return LargestFitting(kMaxSearchSeqLength, [&](int64_t seq) -> absl::StatusOr<bool> {
-    return ClosedFormPeakBytes(sizer.For(b, seq)) <= budget;
-  });
+  return LargestFittingShape(model, config, budget_bytes, /*search_batch=*/false);
 }
 
 absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const RunConfig& config,
