@@ -112,7 +112,8 @@ int64_t CountParameters(const ModelSpec& spec) {
 //   qk-norm      q and k before the norm, fp32 rstd per head
 //   RoPE         nothing (multiplies by constant cos/sin)
 //   attention    SDPA: q, k, v (rotated), output, fp32 logsumexp [b,a,s]
-//                eager: q, k, v, probabilities [b,a,s,s], output
+//                eager: q, k and v expanded to all heads, causal mask [s,s],
+//                probabilities [b,a,s,s], output
 //   o_proj       attention output (the same tensor as above)
 //   residual     nothing
 //   mlp norm     residual stream h1, rstd; FFN input n2            [b,s,h]
@@ -143,12 +144,17 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     act("attn.k_norm.rstd", {b, s, kv}, DTYPE_FP32);
   }
   act("attn.q", {b, a, s, d}, dtype);
-  act("attn.k", {b, kv, s, d}, dtype);
-  act("attn.v", {b, kv, s, d}, dtype);
   if (spec.attention_impl() == ATTENTION_EAGER) {
+    // The matmuls keep k and v expanded to every query head (repeat_interleave
+    // for GQA), the causal mask and the probabilities.
+    act("attn.k", {b, a, s, d}, dtype);
+    act("attn.v", {b, a, s, d}, dtype);
+    act("attn.causal_mask", {s, s}, DTYPE_BOOL);
     act("attn.probs", {b, a, s, s}, dtype);
     if (spec.dropout() > 0) act("attn.probs_dropout_mask", {b, a, s, s}, DTYPE_BOOL);
   } else {
+    act("attn.k", {b, kv, s, d}, dtype);
+    act("attn.v", {b, kv, s, d}, dtype);
     act("attn.logsumexp", {b, a, s}, DTYPE_FP32);
   }
   act("attn.output", {b, s, a * d}, dtype);

@@ -73,7 +73,7 @@ Moment BestMoment(const StepSizes& s) {
   const Slot produced = s.grads_kept_on_production ? kGrads : kTemps;
   auto saved_through = [&](int i) { return (s.checkpointing ? s.block_input : s.block_saved) * (i + 1); };
   Live base = Resident(s);
-  base[kActivations] += s.input_ids;
+  base[kActivations] += s.step_inputs;
 
   // 1. Forward: the last block at its widest (activations only grow).
   {
@@ -253,14 +253,15 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     block_param_elements += NumElements(t);
     largest = std::max(largest, NumElements(t));
   }
-  // Saved activations are linear in b*s plus (eager) b*s*s: fit both terms
-  // from the inventory at s = 1 and s = 2, and check a third point.
-  const int64_t f1 = SumBytes(BlockSavedActivations(model, 1, 1, dtype, 0));
-  const int64_t f2 = SumBytes(BlockSavedActivations(model, 1, 2, dtype, 0));
-  sizer.saved_per_token_sq_ = (f2 - 2 * f1) / 2;
-  sizer.saved_per_token_ = f1 - sizer.saved_per_token_sq_;
-  ZPLAN_CHECK(SumBytes(BlockSavedActivations(model, 3, 5, dtype, 0)) ==
-              sizer.saved_per_token_ * 15 + sizer.saved_per_token_sq_ * 75);
+  // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
+  // causal mask): fit the three terms from the inventory, check a fourth point.
+  auto saved = [&](int64_t b, int64_t seq) { return SumBytes(BlockSavedActivations(model, b, seq, dtype, 0)); };
+  const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f21 = saved(2, 1);
+  sizer.saved_per_seq_sq_ = 2 * f11 - f21;
+  sizer.saved_per_token_sq_ = (f12 - 2 * sizer.saved_per_seq_sq_ - 2 * f11) / 2;
+  sizer.saved_per_token_ = f11 - sizer.saved_per_seq_sq_ - sizer.saved_per_token_sq_;
+  ZPLAN_CHECK(saved(3, 5) == sizer.saved_per_token_ * 15 + sizer.saved_per_token_sq_ * 75 +
+                                 sizer.saved_per_seq_sq_ * 25);
   s.block_grads = block_param_elements * w;
   s.block_max_param_grad = largest * w;
   if (s.stage == 3) {
@@ -323,7 +324,7 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
   const int64_t w = dtype_bytes_;
   const int64_t h = model.hidden_size();
   const int64_t tokens = b * seq;
-  s.block_saved = saved_per_token_ * tokens + saved_per_token_sq_ * tokens * seq;
+  s.block_saved = saved_per_token_ * tokens + saved_per_token_sq_ * tokens * seq + saved_per_seq_sq_ * seq * seq;
   s.block_input = tokens * h * w;
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype);
   // Under no_grad a block frees each intermediate after its last use; the FFN
@@ -334,7 +335,9 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
       (model.attention_impl() == ATTENTION_EAGER ? 2 * b * model.num_attention_heads() * seq * seq * w : 0);
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
   s.block_bwd_transient = BlockBackwardTransientBytes(model, b, seq, dtype);
-  s.input_ids = 2 * tokens * kTokenIdBytes;
+  s.step_inputs = 2 * tokens * kTokenIdBytes;
+  // cos and sin [s, head_dim] in the working dtype, shared by every layer.
+  if (model.position_embedding() == POSITION_ROPE) s.step_inputs += 2 * seq * model.head_dim() * w;
   s.act_grad = tokens * h * w;
   const int64_t norm_stats = model.norm_type() == NORM_LAYERNORM ? 2 : 1;
   s.final_norm_saved = 2 * tokens * h * w + norm_stats * tokens * 4;

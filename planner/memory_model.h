@@ -89,7 +89,7 @@ struct StepSizes {
   int64_t block_gather = 0;          // stage 3: gathered block + prefetch
 
   // Model ends.
-  int64_t input_ids = 0;             // ids + targets
+  int64_t step_inputs = 0;           // ids + targets + RoPE cos/sin tables
   int64_t act_grad = 0;              // gradient carried between blocks, b·s·h
   int64_t final_norm_saved = 0;
   int64_t final_norm_grads = 0;
@@ -137,9 +137,10 @@ class StepSizer {
   int64_t dtype_bytes_ = 2;
   int working_dtype_ = 0;            // DType of activations
   // Saved block activations = per_token * b*s + per_token_sq * b*s*s (eager
-  // attention probabilities), fitted once from the inventory.
+  // probabilities) + per_seq_sq * s*s (causal mask), fitted from the inventory.
   int64_t saved_per_token_ = 0;
   int64_t saved_per_token_sq_ = 0;
+  int64_t saved_per_seq_sq_ = 0;
 };
 
 // Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).

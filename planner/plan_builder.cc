@@ -94,8 +94,9 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   }
   const int64_t local = s.ranks_per_node;
   MemoryBreakdown host_node = ScaledBreakdown(host_rank, local);
-  *plan.mutable_device_per_rank() = s.cpu_ranks ? MemoryBreakdown() : device;
-  if (s.cpu_ranks) plan.mutable_device_per_rank()->set_peak_event("CPU ranks: see host");
+  // On CPU ranks "device" is the rank's tensors in host RAM: what zrun's
+  // counting allocator measures. The fit is judged on the host.
+  *plan.mutable_device_per_rank() = device;
   *plan.mutable_host_per_node() = host_node;
   plan.set_host_init_peak_bytes_per_node((s.host_init_per_rank + s.host_process) * local);
 

@@ -108,7 +108,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   r.Alloc(COMPONENT_BUFFERS, s.buckets_resident, PHASE_INIT, -1, "reduce buckets");
 
   // Forward.
-  const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.input_ids, PHASE_FORWARD, -1, "token ids and targets");
+  const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.step_inputs, PHASE_FORWARD, -1, "token ids, targets, RoPE tables");
   if (s.has_vocab) {
     const int g = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_FORWARD, -1, "embedding gathered");
     r.Free(g, PHASE_FORWARD, -1, "embedding released");

@@ -1,0 +1,284 @@
+#include "executor/transformer.h"
+
+#include <cmath>
+
+#include <ATen/Functions.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/generated/variable_factories.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "planner/inventory.h"
+#include "planner/model_spec.h"
+#include "planner/status_macros.h"
+
+namespace zplan {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr double kNormEps = 1e-6;
+constexpr double kInitStd = 0.02;        // GPT-2 / Llama initialiser
+constexpr double kRopeTheta = 10000.0;
+
+// RMSNorm over the last dimension that saves only its input and fp32 rstd,
+// as the planner's inventory says (ATen's composite version would also keep
+// fp32 copies of the input).
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    const at::Tensor rstd = at::rsqrt(x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true).add_(kNormEps));
+    ctx->save_for_backward({x, weight, rstd.squeeze(-1)});
+    return (x.to(at::kFloat) * rstd).to(x.scalar_type()) * weight;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor rstd = saved[2].unsqueeze(-1);
+    const at::Tensor xhat = x.to(at::kFloat) * rstd;
+    const at::Tensor gy = grads[0].to(at::kFloat);
+    std::vector<int64_t> reduce_dims(static_cast<size_t>(x.dim() - 1));
+    for (int64_t i = 0; i < x.dim() - 1; ++i) reduce_dims[static_cast<size_t>(i)] = i;
+    const at::Tensor grad_weight = (gy * xhat).sum(reduce_dims).to(weight.scalar_type());
+    const at::Tensor gxhat = gy * weight.to(at::kFloat);
+    const at::Tensor grad_x = (rstd * (gxhat - xhat * (gxhat * xhat).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
+    return {grad_x, grad_weight};
+  }
+};
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
+}
+
+// Runs one block without keeping its activations, saving only its input;
+// backward recomputes the block with grad enabled (DeepSpeed / HF style
+// per-block activation checkpointing).
+struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
+  // Parameters are not inputs: the reentrant backward below accumulates their
+  // gradients itself, as torch.utils.checkpoint(use_reentrant=True) does.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
+                            const at::Tensor& cos, const at::Tensor& sin, const BlockHooks* hooks) {
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
+    ctx->saved_data["layer"] = layer;
+    ctx->save_for_backward({x, cos, sin});
+    return BlockForward(model, static_cast<int>(layer), x, cos, sin);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads);
+
+  static at::Tensor BlockForward(const Transformer* model, int layer, const at::Tensor& x, const at::Tensor& cos,
+                                 const at::Tensor& sin);
+};
+
+}  // namespace
+
+// Friend-free access to the private Block through a small bridge.
+struct TransformerBridge {
+  static at::Tensor Block(const Transformer* m, int layer, const at::Tensor& x, const at::Tensor& cos,
+                          const at::Tensor& sin) {
+    return m->Block(layer, x, cos, sin);
+  }
+};
+
+namespace {
+
+at::Tensor CheckpointedBlock::BlockForward(const Transformer* model, int layer, const at::Tensor& x,
+                                           const at::Tensor& cos, const at::Tensor& sin) {
+  return TransformerBridge::Block(model, layer, x, cos, sin);
+}
+
+variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list grads) {
+  const auto saved = ctx->get_saved_variables();
+  const auto* model = reinterpret_cast<const Transformer*>(ctx->saved_data["model"].toInt());
+  const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
+  const int layer = static_cast<int>(ctx->saved_data["layer"].toInt());
+  at::Tensor x = saved[0].detach().requires_grad_(true);
+  if (hooks != nullptr && hooks->before_block) hooks->before_block(layer);
+  at::Tensor y;
+  {
+    at::AutoGradMode enable(true);
+    y = BlockForward(model, layer, x, saved[1], saved[2]);
+  }
+  torch::autograd::backward({y}, {grads[0]});
+  if (hooks != nullptr && hooks->after_block) hooks->after_block(layer);
+  return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+}
+
+}  // namespace
+
+absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::ScalarType dtype, uint64_t seed,
+                                                at::Device device) {
+  const ModelSpec spec = ResolveModelSpec(spec_in);
+  ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  Transformer model;
+  model.spec_ = spec;
+  model.dtype_ = dtype;
+  model.device_ = device;
+  const std::vector<TensorSpec> inventory = ParameterInventory(spec);
+  for (size_t i = 0; i < inventory.size(); ++i) {
+    const TensorSpec& t = inventory[i];
+    std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+    at::Tensor value;
+    const std::string& name = t.name();
+    const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (is_norm && !is_bias) {
+      value = at::ones(shape, at::kFloat);
+    } else if (is_bias) {
+      value = at::zeros(shape, at::kFloat);
+    } else {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + i);
+      value = at::empty(shape, at::kFloat).normal_(0.0, kInitStd, generator);
+    }
+    value = value.to(device, dtype).detach().requires_grad_(true);
+    model.index_[name] = model.parameters_.size();
+    model.parameters_.emplace_back(name, std::move(value));
+  }
+  return model;
+}
+
+const at::Tensor& Transformer::Param(const std::string& name) const {
+  auto it = index_.find(name);
+  ZPLAN_CHECK(it != index_.end());  // names come from the same inventory
+  return parameters_[it->second].second;
+}
+
+absl::Status Transformer::CheckAgainstInventory(const std::vector<TensorSpec>& inventory) const {
+  if (inventory.size() != parameters_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("model has ", parameters_.size(), " parameters, the plan lists ",
+                                                      inventory.size(), "; regenerate the plan with this zplan"));
+  }
+  for (size_t i = 0; i < inventory.size(); ++i) {
+    const auto& [name, tensor] = parameters_[i];
+    const std::vector<int64_t> want(inventory[i].shape().begin(), inventory[i].shape().end());
+    if (name != inventory[i].name() || tensor.sizes().vec() != want) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter ", i, ": model has ", name, " [", absl::StrJoin(tensor.sizes().vec(), ","), "], the plan lists ",
+          inventory[i].name(), " [", absl::StrJoin(want, ","), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  const std::string p = absl::StrCat("layers.", layer, ".");
+  const int64_t b = x.size(0), s = x.size(1);
+  const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = spec_.head_dim();
+  const bool layernorm = spec_.norm_type() == NORM_LAYERNORM;
+  auto norm = [&](const at::Tensor& in, const std::string& name) {
+    if (layernorm) {
+      return at::layer_norm(in, {in.size(-1)}, Param(name + ".weight"), Param(name + ".bias"), kNormEps);
+    }
+    return RmsNormFunction::apply(in, Param(name + ".weight"));
+  };
+  auto linear = [&](const at::Tensor& in, const std::string& name, bool bias) {
+    return bias ? at::linear(in, Param(name + ".weight"), Param(name + ".bias"))
+                : at::linear(in, Param(name + ".weight"));
+  };
+
+  const at::Tensor n1 = norm(x, p + "attn_norm");
+  const bool qkv_bias = spec_.attention_qkv_bias();
+  at::Tensor q = linear(n1, p + "attn.q_proj", qkv_bias).view({b, s, a, d});
+  at::Tensor k = linear(n1, p + "attn.k_proj", qkv_bias).view({b, s, kv, d});
+  at::Tensor v = linear(n1, p + "attn.v_proj", qkv_bias).view({b, s, kv, d});
+  if (spec_.qk_norm()) {
+    q = RmsNormFunction::apply(q, Param(p + "attn.q_norm.weight"));
+    k = RmsNormFunction::apply(k, Param(p + "attn.k_norm.weight"));
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  if (spec_.position_embedding() == POSITION_ROPE) {
+    q = q * cos + RotateHalf(q) * sin;
+    k = k * cos + RotateHalf(k) * sin;
+  }
+  at::Tensor attn;
+  const double dropout = spec_.dropout();
+  if (spec_.attention_impl() == ATTENTION_EAGER) {
+    const at::Tensor kk = kv == a ? k : k.repeat_interleave(a / kv, 1);
+    const at::Tensor vv = kv == a ? v : v.repeat_interleave(a / kv, 1);
+    at::Tensor scores = at::matmul(q, kk.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d)));
+    const at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu_(1);
+    scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+    at::Tensor probs = at::softmax(scores, -1);
+    scores.reset();
+    if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
+    attn = at::matmul(probs, vv);
+  } else {
+    attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true,
+                                            /*scale=*/std::nullopt, /*enable_gqa=*/kv != a);
+  }
+  at::Tensor out = linear(attn.transpose(1, 2).reshape({b, s, a * d}), p + "attn.o_proj", spec_.attention_out_bias());
+  if (dropout > 0) out = at::dropout(out, dropout, true);
+  at::Tensor h = x + out;
+
+  const at::Tensor n2 = norm(h, p + "mlp_norm");
+  const bool mlp_bias = spec_.mlp_bias();
+  at::Tensor mlp;
+  if (spec_.ffn_type() == FFN_SWIGLU) {
+    const at::Tensor gate = linear(n2, p + "mlp.gate_proj", mlp_bias);
+    const at::Tensor up = linear(n2, p + "mlp.up_proj", mlp_bias);
+    mlp = linear(at::silu(gate) * up, p + "mlp.down_proj", mlp_bias);
+  } else {
+    mlp = linear(at::gelu(linear(n2, p + "mlp.up_proj", mlp_bias), "tanh"), p + "mlp.down_proj", mlp_bias);
+  }
+  if (dropout > 0) mlp = at::dropout(mlp, dropout, true);
+  return h + mlp;
+}
+
+at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, bool checkpointing,
+                             const BlockHooks& hooks) const {
+  const int64_t b = ids.size(0), s = ids.size(1), h = spec_.hidden_size(), d = spec_.head_dim();
+  const auto options = at::TensorOptions().device(device_);
+  // Rotary tables [s, d] in the working dtype, shared by every layer.
+  at::Tensor cos, sin;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor inv_freq =
+        at::pow(kRopeTheta, at::arange(0, d, 2, options.dtype(at::kFloat)).div(static_cast<double>(d))).reciprocal();
+    const at::Tensor angles = at::outer(at::arange(s, options.dtype(at::kFloat)), inv_freq);
+    const at::Tensor emb = at::cat({angles, angles}, -1);
+    cos = emb.cos().to(dtype_);
+    sin = emb.sin().to(dtype_);
+  }
+  at::Tensor x;
+  if (spec_.vocab_size() > 0) {
+    x = at::embedding(Param("embed_tokens.weight"), ids);
+  } else {
+    // Continuous inputs (e.g. patch embeddings); requires_grad so that
+    // checkpointed blocks still run their backward.
+    x = at::full({b, s, h}, 0.01, options.dtype(dtype_)).requires_grad_(true);
+  }
+  if (spec_.position_embedding() == POSITION_LEARNED) {
+    x = x + at::embedding(Param("embed_positions.weight"), at::arange(s, options.dtype(at::kLong)));
+  }
+  for (int layer = 0; layer < spec_.num_layers(); ++layer) {
+    if (checkpointing) {
+      if (hooks.before_block) hooks.before_block(layer);
+      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), cos, sin, &hooks);
+      if (hooks.after_block) hooks.after_block(layer);
+    } else {
+      if (hooks.before_block) hooks.before_block(layer);
+      x = Block(layer, x, cos, sin);
+      if (hooks.after_block) hooks.after_block(layer);
+    }
+  }
+  const at::Tensor final_norm = spec_.norm_type() == NORM_LAYERNORM
+                                    ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
+                                    : RmsNormFunction::apply(x, Param("final_norm.weight"));
+  x.reset();
+  if (spec_.vocab_size() == 0) return final_norm.to(at::kFloat).pow(2).mean();
+  const at::Tensor& head = spec_.tie_word_embeddings() ? Param("embed_tokens.weight") : Param("lm_head.weight");
+  at::Tensor logits32;
+  {
+    // The working-dtype logits die here, before log-softmax allocates.
+    const at::Tensor logits = at::linear(final_norm, head);
+    logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+  }
+  return at::cross_entropy_loss(logits32.view({b * s, spec_.vocab_size()}), targets.reshape({b * s}));
+}
+
+}  // namespace zplan

@@ -1,0 +1,85 @@
+// File: transformer.h
+// The decoder-only transformer of a ModelSpec, in ATen, for zrun.
+//
+// Parameters are created in the planner's inventory order with the same names
+// and shapes (planner/inventory.h); CheckAgainstInventory() proves it before
+// step 0. Initialisation is deterministic per parameter (seed + index, fp32 on
+// the CPU, then cast), so every world size and ZeRO stage starts from the same
+// weights and must produce the same losses.
+//
+// The forward pass is written so that autograd keeps what the planner's
+// activation inventory lists, no more: RMSNorm is a custom function saving
+// its input and fp32 rstd; RoPE multiplies by constant tables; SDPA or eager
+// attention; the LM head's working-dtype logits are released before the fp32
+// log-softmax. With checkpointing each block keeps only its input and is
+// recomputed in backward.
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(spec, at::kBFloat16, 1234, at::kCPU));
+//   at::Tensor loss = model.Loss(ids, targets, /*checkpointing=*/false);
+//   loss.backward();
+#ifndef ZPLAN_EXECUTOR_TRANSFORMER_H_
+#define ZPLAN_EXECUTOR_TRANSFORMER_H_
+
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/inventory.pb.h"
+#include "proto/model.pb.h"
+
+namespace zplan {
+
+// Called around each block's forward with its index, so a ZeRO-3 engine can
+// gather parameters before and release them after (also on recompute).
+struct BlockHooks {
+  std::function<void(int layer)> before_block;
+  std::function<void(int layer)> after_block;
+};
+
+class Transformer {
+ public:
+  friend struct TransformerBridge;
+  // kInvalidArgument for a spec that fails ValidateModelSpec.
+  static absl::StatusOr<Transformer> Create(const ModelSpec& spec, at::ScalarType dtype, uint64_t seed,
+                                            at::Device device);
+
+  // (name, tensor) in inventory order; tensors are leaves with requires_grad.
+  const std::vector<std::pair<std::string, at::Tensor>>& parameters() const { return parameters_; }
+  std::vector<std::pair<std::string, at::Tensor>>& mutable_parameters() { return parameters_; }
+
+  // kFailedPrecondition naming the first parameter whose name or shape
+  // differs from the inventory, or a count mismatch.
+  absl::Status CheckAgainstInventory(const std::vector<TensorSpec>& inventory) const;
+
+  // Mean next-token cross-entropy (fp32 scalar) of ids [b, s] against
+  // targets [b, s] (int64). Without a vocabulary (vocab_size 0) ids are
+  // ignored and the model runs on deterministic inputs; the loss is the mean
+  // square of the final norm's output.
+  at::Tensor Loss(const at::Tensor& ids, const at::Tensor& targets, bool checkpointing,
+                  const BlockHooks& hooks = {}) const;
+
+  const ModelSpec& spec() const { return spec_; }
+  at::ScalarType dtype() const { return dtype_; }
+
+ private:
+  Transformer() = default;
+  const at::Tensor& Param(const std::string& name) const;
+  at::Tensor Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+
+  ModelSpec spec_;
+  at::ScalarType dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
+  std::vector<std::pair<std::string, at::Tensor>> parameters_;
+  std::unordered_map<std::string, size_t> index_;  // name -> position in parameters_
+};
+
+}  // namespace zplan
+
+#endif  // ZPLAN_EXECUTOR_TRANSFORMER_H_
