@@ -1,0 +1,164 @@
+#include "executor/trainer.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "executor/counting_allocator.h"
+#include "executor/transformer.h"
+#include "executor/zero_engine.h"
+#include "planner/proto_io.h"
+#include "planner/status_macros.h"
+
+namespace zplan {
+namespace {
+
+constexpr double kMinLrRatio = 0.1;  // cosine decays to 10% of the peak
+
+double LearningRate(const OptimizerConfig& opt, int64_t step, int64_t total) {
+  if (step < opt.warmup_steps()) return opt.learning_rate() * (step + 1) / opt.warmup_steps();
+  const double progress = static_cast<double>(step - opt.warmup_steps()) /
+                          std::max<int64_t>(1, total - opt.warmup_steps());
+  return opt.learning_rate() * (kMinLrRatio + (1 - kMinLrRatio) * 0.5 * (1 + std::cos(M_PI * progress)));
+}
+
+int64_t HostRss(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  const std::string prefix = absl::StrCat(field, ":");
+  while (std::getline(status, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size())) * 1024;  // kB
+  }
+  return 0;
+}
+
+// Token batches: deterministic synthetic ids, or windows of a uint16 file.
+class TokenSource {
+ public:
+  static absl::StatusOr<TokenSource> Open(const std::string& path, int64_t vocab) {
+    TokenSource source;
+    source.vocab_ = std::max<int64_t>(vocab, 1);
+    if (path.empty()) return source;
+    ZPLAN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+    if (bytes.size() < 4 || bytes.size() % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--data ", path, ": expected uint16 token ids (even size, >= 2 tokens)"));
+    }
+    source.tokens_ = at::empty({static_cast<int64_t>(bytes.size() / 2)}, at::kShort);
+    std::memcpy(source.tokens_.data_ptr(), bytes.data(), bytes.size());
+    source.tokens_ = source.tokens_.to(at::kLong).bitwise_and(0xFFFF);
+    if (source.tokens_.max().item<int64_t>() >= source.vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat("--data ", path, ": token id ", source.tokens_.max().item<int64_t>(),
+                                                     " is outside the model's vocabulary ", source.vocab_));
+    }
+    return source;
+  }
+
+  // ids and targets [b, s], on `device`.
+  std::pair<at::Tensor, at::Tensor> Batch(int64_t b, int64_t s, uint64_t seed, at::Device device) const {
+    at::Tensor window;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    if (tokens_.defined()) {
+      const int64_t span = tokens_.numel() - s - 1;
+      at::Tensor starts = at::randint(std::max<int64_t>(span, 1), {b}, gen, at::TensorOptions().dtype(at::kLong));
+      std::vector<at::Tensor> rows;
+      for (int64_t i = 0; i < b; ++i) rows.push_back(tokens_.narrow(0, starts[i].item<int64_t>() % (span + 1), s + 1));
+      window = at::stack(rows);
+    } else {
+      window = at::randint(vocab_, {b, s + 1}, gen, at::TensorOptions().dtype(at::kLong));
+    }
+    return {window.narrow(1, 0, s).contiguous().to(device), window.narrow(1, 1, s).contiguous().to(device)};
+  }
+
+ private:
+  int64_t vocab_ = 1;
+  at::Tensor tokens_;
+};
+
+void Sample(RankReport* report, Phase phase, int32_t step) {
+  const CpuMemoryStats stats = GetCpuMemoryStats();
+  PhaseSample* s = report->add_samples();
+  s->set_phase(phase);
+  s->set_step(step);
+  s->set_allocated_bytes(stats.current_bytes);
+  s->set_peak_allocated_bytes(stats.peak_bytes);
+  s->set_host_rss_bytes(HostRss("VmRSS"));
+  s->set_host_hwm_bytes(HostRss("VmHWM"));
+}
+
+at::ScalarType Dtype(Precision p) {
+  return p == PRECISION_FP32 ? at::kFloat : p == PRECISION_FP16 ? at::kHalf : at::kBFloat16;
+}
+
+absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* comm, const TrainOptions& options) {
+  const RunConfig& config = plan.config();
+  if (plan.gpu().key() != "cpu") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan targets ", plan.gpu().name(), " but this zrun runs CPU ranks only so far; plan with --gpu cpu"));
+  }
+  const at::Device device(at::kCPU);
+  ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(plan.model(), Dtype(config.precision()),
+                                                                static_cast<uint64_t>(config.seed()), device));
+  const std::vector<TensorSpec> inventory(plan.parameters().begin(), plan.parameters().end());
+  ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));
+  ZPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine, ZeroEngine::Create(&model, comm, config));
+  ZPLAN_ASSIGN_OR_RETURN(TokenSource data, TokenSource::Open(options.data_path, plan.model().vocab_size()));
+
+  RankReport report;
+  report.set_rank(comm->rank());
+  char hostname[256] = {0};
+  gethostname(hostname, sizeof(hostname) - 1);
+  report.set_hostname(hostname);
+  const int64_t steps = options.steps > 0 ? options.steps : std::max<int64_t>(2, config.train_steps());
+  const int64_t accum = config.gradient_accumulation_steps();
+  const int64_t b = config.micro_batch_size(), s = config.seq_length();
+  Sample(&report, PHASE_INIT, -1);
+  for (int64_t step = 0; step < steps; ++step) {
+    if (step == 1) ResetCpuPeak();  // step 0 warms up: the optimizer state appears in it
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
+      auto [ids, targets] = data.Batch(b, s, seed, device);
+      at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing());
+      if (step > 0) Sample(&report, PHASE_FORWARD, static_cast<int32_t>(step));
+      loss_sum += loss.item<double>();
+      (loss * engine->loss_scale()).backward();
+      loss.reset();
+      ZPLAN_RETURN_IF_ERROR(engine->AfterBackward(micro == accum - 1));
+      if (step > 0) Sample(&report, PHASE_BACKWARD, static_cast<int32_t>(step));
+    }
+    ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(LearningRate(config.optimizer(), step, steps)));
+    if (step > 0) Sample(&report, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
+    at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::kDouble);
+    ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
+    report.add_losses(mean_loss.item<double>() / comm->world_size());
+    (void)result;
+  }
+  // Measured breakdown: the peak over steady-state steps (all tensors), and
+  // what stays resident between steps.
+  const CpuMemoryStats stats = GetCpuMemoryStats();
+  MemoryBreakdown* measured = report.mutable_measured_device();
+  measured->set_peak_bytes(stats.peak_bytes);
+  MemoryBreakdown* host = report.mutable_measured_host();
+  host->set_peak_bytes(HostRss("VmHWM"));
+  return report;
+}
+
+}  // namespace
+
+absl::StatusOr<RankReport> TrainRank(const Plan& plan, Collectives* comm, const TrainOptions& options) {
+  // LibTorch reports errors as c10::Error; this is the one place they become a Status.
+  try {
+    return TrainRankUnguarded(plan, comm, options);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("rank ", comm->rank(), ": LibTorch: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("rank ", comm->rank(), ": ", e.what()));
+  }
+}
+
+}  // namespace zplan

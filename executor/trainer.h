@@ -1,0 +1,37 @@
+// File: trainer.h
+// Trains one rank of a plan for real and measures its memory (DESIGN §4).
+//
+// The model is built from the plan's ModelSpec and checked against the plan's
+// parameter inventory before step 0; the ZeRO engine follows the plan's
+// RunConfig. Step 0 is a warm-up (it creates the optimizer's state); the
+// allocator peak is reset after it, so measured peaks are steady-state steps,
+// as the planner predicts. Per-phase samples (after forward, backward, step)
+// are kept for every measured step. Data are deterministic synthetic tokens
+// (seeded by step, micro-step and rank) unless a uint16 token file is given.
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(RankReport r, TrainRank(plan, comm.get(), {.steps = 4}));
+#ifndef ZPLAN_EXECUTOR_TRAINER_H_
+#define ZPLAN_EXECUTOR_TRAINER_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "executor/collectives.h"
+#include "proto/plan.pb.h"
+#include "proto/report.pb.h"
+
+namespace zplan {
+
+struct TrainOptions {
+  int64_t steps = 0;           // 0 = the plan's train_steps
+  std::string data_path;       // uint16 token ids; empty = synthetic
+};
+
+// kFailedPrecondition when the model does not match the plan's inventory or
+// the device is unavailable; kUnavailable when a peer fails.
+absl::StatusOr<RankReport> TrainRank(const Plan& plan, Collectives* comm, const TrainOptions& options);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_EXECUTOR_TRAINER_H_

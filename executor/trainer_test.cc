@@ -1,0 +1,116 @@
+#include "executor/trainer.h"
+
+#include <thread>
+#include <vector>
+
+#include "executor/counting_allocator.h"
+#include "gtest/gtest.h"
+#include "planner/model_spec.h"
+#include "planner/plan_builder.h"
+
+namespace zplan {
+namespace {
+
+ModelSpec TinyModel() {
+  ModelSpec spec;
+  spec.set_name("tiny");
+  spec.set_num_layers(2);
+  spec.set_hidden_size(64);
+  spec.set_num_attention_heads(4);
+  spec.set_num_kv_heads(2);
+  spec.set_ffn_hidden_size(160);
+  spec.set_ffn_type(FFN_SWIGLU);
+  spec.set_vocab_size(256);
+  spec.set_norm_type(NORM_RMSNORM);
+  spec.set_attention_impl(ATTENTION_SDPA);
+  return ResolveModelSpec(spec);
+}
+
+Plan MakePlan(int stage, bool offload, bool ckpt, int world, Precision precision, int64_t accum = 1) {
+  RunConfig config;
+  config.mutable_cluster()->set_gpu("cpu");
+  config.mutable_cluster()->set_gpus_per_node(world);
+  config.mutable_zero()->set_stage(stage);
+  config.mutable_zero()->set_offload_optimizer(offload ? OFFLOAD_CPU : OFFLOAD_NONE);
+  config.mutable_zero()->set_reduce_bucket_elements(3000);  // several buckets, some gradients larger
+  config.mutable_zero()->set_sub_group_elements(5000);
+  config.set_activation_checkpointing(ckpt);
+  config.set_precision(precision);
+  config.set_micro_batch_size(2);
+  config.set_seq_length(16);
+  config.set_gradient_accumulation_steps(accum);
+  config.mutable_optimizer()->set_learning_rate(3e-3);
+  config.mutable_optimizer()->set_gradient_clipping(1.0);
+  config.set_seed(5);
+  auto plan = BuildPlan(TinyModel(), config, {.record_timeline = false});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+// Losses of rank 0 after running every rank on its own thread over Gloo.
+std::vector<double> Train(const Plan& plan, int64_t steps) {
+  const int world = static_cast<int>(plan.config().cluster().gpus_per_node());
+  auto port = FindFreePort();
+  std::vector<std::vector<double>> losses(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RankInfo info{r, world, r, world, "127.0.0.1", *port};
+      auto comm = CreateCollectives(info, CollectiveBackend::kGloo, absl::Seconds(60));
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      auto report = TrainRank(plan, comm->get(), {.steps = steps});
+      ASSERT_TRUE(report.ok()) << report.status();
+      losses[r].assign(report->losses().begin(), report->losses().end());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < world; ++r) EXPECT_EQ(losses[r], losses[0]) << "ranks disagree on the mean loss";
+  return losses[0];
+}
+
+void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>& want, double rtol,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], rtol * std::abs(want[i])) << what << " step " << i;
+  }
+}
+
+TEST(TrainerTest, StagesMatchStageZeroLossesFp32) {
+  InstallCountingCpuAllocator();
+  constexpr int64_t kSteps = 20;
+  for (int world : {1, 2, 4}) {
+    const std::vector<double> baseline = Train(MakePlan(0, false, false, world, PRECISION_FP32), kSteps);
+    for (int stage : {1, 2}) {
+      for (bool offload : {false, true}) {
+        for (bool ckpt : {false, true}) {
+          const std::string what = "world " + std::to_string(world) + " stage " + std::to_string(stage) +
+                                   (offload ? " offload" : "") + (ckpt ? " ckpt" : "");
+          ExpectSameLosses(Train(MakePlan(stage, offload, ckpt, world, PRECISION_FP32), kSteps), baseline, 1e-5, what);
+        }
+      }
+    }
+  }
+}
+
+TEST(TrainerTest, StagesMatchStageZeroLossesBf16WithAccumulation) {
+  InstallCountingCpuAllocator();
+  const std::vector<double> baseline = Train(MakePlan(0, false, false, 2, PRECISION_BF16, 2), 8);
+  for (int stage : {1, 2}) {
+    ExpectSameLosses(Train(MakePlan(stage, stage == 2, true, 2, PRECISION_BF16, 2), 8), baseline, 1e-2,
+                     "bf16 stage " + std::to_string(stage));
+  }
+}
+
+TEST(TrainerTest, RejectsModelThatDoesNotMatchThePlan) {
+  Plan plan = MakePlan(0, false, false, 1, PRECISION_FP32);
+  plan.mutable_parameters(2)->set_name("layers.0.attn.wrong");
+  RankInfo info;
+  auto comm = CreateCollectives(info, CollectiveBackend::kEmulated, absl::Seconds(1));
+  auto report = TrainRank(plan, comm->get(), {.steps = 1});
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(report.status().message().find("layers.0.attn.wrong"), std::string::npos) << report.status();
+}
+
+}  // namespace
+}  // namespace zplan

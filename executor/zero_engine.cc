@@ -1,0 +1,294 @@
+#include "executor/zero_engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "absl/strings/str_cat.h"
+#include "planner/run_config.h"
+#include "planner/sharding.h"
+#include "planner/status_macros.h"
+
+namespace zplan {
+namespace {
+
+// DeepSpeed's dynamic loss scaler defaults (fp16.initial_scale_power 16,
+// loss_scale_window 1000).
+constexpr double kInitialLossScale = 65536.0;
+constexpr int kLossScaleWindow = 1000;
+
+// Fires after AccumulateGrad has written a parameter's .grad (as DDP's reducer does).
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(ZeroEngine* engine, size_t slot) : engine_(engine), slot_(slot) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    engine_->OnGradReady(slot_);
+    return outputs;
+  }
+
+ private:
+  ZeroEngine* engine_;
+  size_t slot_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* model, Collectives* comm,
+                                                               const RunConfig& config) {
+  const ZeroConfig& zero = config.zero();
+  if (zero.stage() == 3) {
+    return absl::UnimplementedError("zrun: ZeRO stage 3 is not implemented yet; plan stage 0, 1 or 2");
+  }
+  if (zero.offload_optimizer() == OFFLOAD_CPU && zero.stage() == 0) {
+    return absl::InvalidArgumentError("zero.offload_optimizer: optimizer offload needs ZeRO stage >= 1");
+  }
+  std::unique_ptr<ZeroEngine> e(new ZeroEngine);
+  e->model_ = model;
+  e->comm_ = comm;
+  e->config_ = config;
+  e->stage_ = zero.stage();
+  e->mixed_ = config.precision() != PRECISION_FP32;
+  e->fp16_ = config.precision() == PRECISION_FP16;
+  e->offload_ = zero.offload_optimizer() == OFFLOAD_CPU;
+  e->loss_scale_ = e->fp16_ ? kInitialLossScale : 1.0;
+  const int world = comm->world_size();
+
+  int64_t total = 0;
+  for (auto& [name, param] : model->mutable_parameters()) {
+    e->slots_.push_back({name, param, param.numel(), total});
+    total += param.numel();
+  }
+  ZPLAN_CHECK(!e->slots_.empty());
+  e->device_ = e->slots_.front().param.device();
+  e->dtype_ = e->slots_.front().param.scalar_type();
+  const auto options = at::TensorOptions().dtype(e->dtype_).device(e->device_);
+
+  // Parameters become views of one flat buffer, padded so every rank's shard
+  // has the same size (planner/sharding.h).
+  const int64_t shard = e->stage_ == 0 ? total : FlatShardElements(total, world);
+  const int64_t padded = e->stage_ == 0 ? total : shard * world;
+  e->flat_params_ = at::zeros({padded}, options);
+  {
+    at::NoGradGuard no_grad;
+    for (Slot& slot : e->slots_) {
+      at::Tensor view = e->flat_params_.narrow(0, slot.flat_offset, slot.numel).view(slot.param.sizes());
+      view.copy_(slot.param);
+      slot.param.set_data(view);
+    }
+  }
+  e->owned_begin_ = e->stage_ == 0 ? 0 : comm->rank() * shard;
+  e->owned_numel_ = shard;
+
+  // Master weights and Adam states for the owned elements (host with offload).
+  const at::Device state_device = e->offload_ ? at::Device(at::kCPU) : e->device_;
+  const bool pin = e->offload_ && zero.pin_memory() && e->device_.is_cuda();
+  auto fp32_state = [&] {
+    at::Tensor t = at::zeros({shard}, at::TensorOptions().dtype(at::kFloat).device(state_device));
+    return pin ? t.pin_memory() : t;
+  };
+  // With offload the host always holds fp32 master weights (also in fp32
+  // training: the device copy is the working copy).
+  if (e->mixed_ || e->offload_) {
+    e->master_ = fp32_state();
+    e->master_.copy_(e->flat_params_.narrow(0, e->owned_begin_, shard));
+  }
+  e->exp_avg_ = fp32_state();
+  e->exp_avg_sq_ = fp32_state();
+  e->step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(state_device));
+  if (e->offload_) e->host_grads_ = fp32_state();
+
+  if (e->stage_ == 2) {
+    if (!e->offload_) e->grad_shard_ = at::zeros({shard}, options);
+    if (zero.contiguous_gradients()) {
+      for (int i = 0; i < (zero.overlap_comm() ? 2 : 1); ++i) {
+        e->buckets_.push_back(at::empty({zero.reduce_bucket_elements()}, options));
+      }
+    }
+    for (size_t i = 0; i < e->slots_.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(e->slots_[i].param);
+      acc->add_post_hook(std::make_unique<GradReadyHook>(e.get(), i));
+      e->accumulators_.push_back(std::move(acc));  // the graph holds accumulators weakly
+    }
+  }
+  return e;
+}
+
+ZeroEngine::~ZeroEngine() = default;
+
+double ZeroEngine::loss_scale() const {
+  return loss_scale_ / static_cast<double>(config_.gradient_accumulation_steps());
+}
+
+void ZeroEngine::AccumulateOwned(int64_t begin, const at::Tensor& values) {
+  const int64_t lo = std::max(begin, owned_begin_);
+  const int64_t hi = std::min(begin + values.numel(), owned_begin_ + owned_numel_);
+  if (lo >= hi) return;
+  const at::Tensor part = values.narrow(0, lo - begin, hi - lo);
+  at::Tensor& dst = offload_ ? host_grads_ : grad_shard_;
+  const double scale = 1.0 / comm_->world_size();
+  if (offload_) {
+    dst.narrow(0, lo - owned_begin_, hi - lo).add_(part.to(at::kCPU, at::kFloat), scale);
+  } else {
+    dst.narrow(0, lo - owned_begin_, hi - lo).add_(part, scale);
+  }
+}
+
+absl::Status ZeroEngine::ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill) {
+  at::Tensor used = bucket.narrow(0, 0, fill);
+  ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(used));
+  for (const Segment& seg : segments) {
+    const Slot& slot = slots_[seg.slot];
+    AccumulateOwned(slot.flat_offset, used.narrow(0, seg.bucket_offset, slot.numel));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::FlushBucket() {
+  if (bucket_fill_ == 0) return absl::OkStatus();
+  absl::Status status = ReduceBucket(buckets_[current_bucket_], segments_, bucket_fill_);
+  segments_.clear();
+  bucket_fill_ = 0;
+  current_bucket_ = (current_bucket_ + 1) % buckets_.size();
+  return status;
+}
+
+void ZeroEngine::OnGradReady(size_t index) {
+  Slot& slot = slots_[index];
+  at::Tensor grad = slot.param.grad();
+  if (!grad.defined() || !hook_status_.ok()) return;
+  at::NoGradGuard no_grad;
+  const int64_t capacity = buckets_.empty() ? 0 : buckets_.front().numel();
+  absl::Status status;
+  if (slot.numel > capacity) {
+    // Larger than a bucket (or no buckets): reduce the gradient itself.
+    at::Tensor flat = grad.view(-1);
+    status = comm_->AllReduceSum(flat);
+    if (status.ok()) AccumulateOwned(slot.flat_offset, flat);
+  } else {
+    if (bucket_fill_ + slot.numel > capacity) status = FlushBucket();
+    if (status.ok()) {
+      buckets_[current_bucket_].narrow(0, bucket_fill_, slot.numel).copy_(grad.view(-1));
+      segments_.push_back({index, bucket_fill_});
+      bucket_fill_ += slot.numel;
+    }
+  }
+  if (!status.ok()) hook_status_ = status;
+  slot.param.mutable_grad() = at::Tensor();  // the gradient now lives in the bucket
+}
+
+absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
+  if (stage_ == 2) {
+    ZPLAN_RETURN_IF_ERROR(hook_status_);
+    return FlushBucket();
+  }
+  if (!last_micro_step) return absl::OkStatus();
+  // Stages 0/1: all-reduce every gradient through one flat bucket, in order.
+  at::NoGradGuard no_grad;
+  const int64_t total = flat_params_.numel();
+  const int64_t capacity = std::min(config_.zero().reduce_bucket_elements(), total);
+  at::Tensor bucket = at::empty({capacity}, flat_params_.options());
+  const double scale = 1.0 / comm_->world_size();
+  size_t first = 0;
+  while (first < slots_.size()) {
+    size_t last = first;
+    int64_t fill = 0;
+    while (last < slots_.size() && (fill + slots_[last].numel <= capacity || last == first)) {
+      fill += slots_[last].numel;
+      ++last;
+    }
+    if (fill > capacity) {  // one gradient larger than the bucket: reduce it in place
+      at::Tensor flat = slots_[first].param.grad().view(-1);
+      ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(flat));
+      flat.mul_(scale);
+    } else {
+      int64_t offset = 0;
+      for (size_t i = first; i < last; ++i) {
+        bucket.narrow(0, offset, slots_[i].numel).copy_(slots_[i].param.grad().view(-1));
+        offset += slots_[i].numel;
+      }
+      at::Tensor used = bucket.narrow(0, 0, fill);
+      ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(used));
+      offset = 0;
+      for (size_t i = first; i < last; ++i) {
+        slots_[i].param.grad().view(-1).copy_(used.narrow(0, offset, slots_[i].numel)).mul_(scale);
+        offset += slots_[i].numel;
+      }
+    }
+    first = last;
+  }
+  return absl::OkStatus();
+}
+
+at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
+  const int64_t len = end - begin;
+  if (offload_ && stage_ == 2) return host_grads_.narrow(0, begin, len);
+  if (stage_ == 2) return grad_shard_.narrow(0, begin, len).to(at::kFloat);
+  // Stages 0/1: gather the owned range from the per-parameter gradients,
+  // into the host fp32 gradient buffer with offload, else a temporary.
+  at::Tensor out = offload_ ? host_grads_.narrow(0, begin, len).zero_()
+                            : at::zeros({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  const int64_t lo = owned_begin_ + begin, hi = owned_begin_ + end;
+  for (const Slot& slot : slots_) {
+    const int64_t a = std::max(lo, slot.flat_offset), b = std::min(hi, slot.flat_offset + slot.numel);
+    if (a >= b || !slot.param.grad().defined()) continue;
+    out.narrow(0, a - lo, b - a).copy_(slot.param.grad().view(-1).narrow(0, a - slot.flat_offset, b - a));
+  }
+  return out;
+}
+
+absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
+  at::NoGradGuard no_grad;
+  const OptimizerConfig& opt = config_.optimizer();
+  const int64_t chunk = std::min(config_.zero().sub_group_elements(), owned_numel_);
+  // Global gradient norm: this rank's owned elements, summed over ranks
+  // (stage 0 owns everything, so no reduction).
+  at::Tensor sum_sq = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  for (int64_t c = 0; c < owned_numel_; c += chunk) {
+    sum_sq += OwnedGradFp32(c, std::min(c + chunk, owned_numel_)).pow(2).sum().to(device_);
+  }
+  if (stage_ > 0) ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(sum_sq));
+  StepResult result;
+  result.grad_norm = std::sqrt(sum_sq.item<double>()) / loss_scale_;
+  if (fp16_ && !std::isfinite(result.grad_norm)) {
+    result.skipped = true;
+    loss_scale_ = std::max(1.0, loss_scale_ / 2);
+    good_steps_ = 0;
+  } else {
+    double multiplier = 1.0 / loss_scale_;
+    if (opt.gradient_clipping() > 0 && result.grad_norm > opt.gradient_clipping()) {
+      multiplier *= opt.gradient_clipping() / (result.grad_norm + 1e-6);
+    }
+    step_count_ += 1;
+    const at::Device state_device = master_.defined() ? master_.device() : exp_avg_.device();
+    for (int64_t c = 0; c < owned_numel_; c += chunk) {
+      const int64_t len = std::min(chunk, owned_numel_ - c);
+      at::Tensor grad = OwnedGradFp32(c, c + len);
+      if (grad.device() != state_device) grad = grad.to(state_device);
+      if (multiplier != 1.0) grad = grad.mul(multiplier);
+      at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : flat_params_.narrow(0, owned_begin_ + c, len);
+      at::_fused_adamw_({weights}, {grad}, {exp_avg_.narrow(0, c, len)}, {exp_avg_sq_.narrow(0, c, len)}, {},
+                        {step_count_}, learning_rate, opt.beta1(), opt.beta2(), opt.weight_decay(), opt.eps(),
+                        /*amsgrad=*/false, /*maximize=*/false);
+      if (master_.defined()) {
+        flat_params_.narrow(0, owned_begin_ + c, len).copy_(weights);
+      }
+    }
+    if (fp16_ && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;
+  }
+  // Every rank gets everyone's updated shard.
+  if (stage_ > 0) {
+    const at::Tensor mine = flat_params_.narrow(0, owned_begin_, owned_numel_).clone();
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(mine, flat_params_));
+  }
+  // Gradients: per-parameter ones are released; shards are zeroed.
+  for (Slot& slot : slots_) slot.param.mutable_grad() = at::Tensor();
+  if (grad_shard_.defined()) grad_shard_.zero_();
+  if (host_grads_.defined()) host_grads_.zero_();
+  return result;
+}
+
+}  // namespace zplan

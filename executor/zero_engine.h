@@ -1,0 +1,124 @@
+// File: zero_engine.h
+// ZeRO data parallelism with DeepSpeed's semantics, over a Transformer and a
+// Collectives (DESIGN §4). It owns the parameter layout, gradient reduction
+// and the optimizer, and allocates exactly what the planner's memory model
+// (planner/memory_model.h) accounts for:
+//   stage 0  parameters in one flat padded buffer; gradients per parameter,
+//            all-reduced after backward through one reduce_bucket_size bucket;
+//            fp32 master and Adam states for every element.
+//   stage 1  as stage 0, but master and Adam states only for this rank's
+//            shard of the flat buffer (sharding.h's padding rule); updated
+//            shards are all-gathered back into the flat parameters.
+//   stage 2  as stage 1, and gradients leave backward as they are produced:
+//            each is copied into a persistent reduce bucket (two with
+//            overlap_comm), its .grad freed, and full buckets are reduced
+//            into this rank's gradient shard.
+//   offload_optimizer=cpu  master, Adam states and an fp32 gradient shard live
+//            on the host; Adam (at::_fused_adamw_) runs on the CPU and the
+//            updated shard is copied back.
+// Stage 3 is not implemented yet (kUnimplemented from Create).
+// Mixed precision keeps working-dtype parameters and gradients and fp32
+// master weights; fp16 adds dynamic loss scaling; fp32 updates the
+// parameters directly. Gradients are averaged over ranks and accumulation
+// steps. The optimizer upcasts gradients one sub_group_size chunk at a time.
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(&model, comm.get(), config));
+//   for (micro...) { (loss * engine->loss_scale()).backward(); ZPLAN_RETURN_IF_ERROR(engine->AfterBackward()); }
+//   ZPLAN_ASSIGN_OR_RETURN(StepResult r, engine->Step(lr));
+#ifndef ZPLAN_EXECUTOR_ZERO_ENGINE_H_
+#define ZPLAN_EXECUTOR_ZERO_ENGINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "executor/collectives.h"
+#include "executor/transformer.h"
+#include "proto/run_config.pb.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace zplan {
+
+struct StepResult {
+  double grad_norm = 0;      // global L2 norm before clipping (unscaled)
+  bool skipped = false;      // fp16 overflow: no update, loss scale lowered
+};
+
+class ZeroEngine {
+ public:
+  // `config` must be resolved (ResolveRunConfig). kInvalidArgument for
+  // impossible combinations, kUnimplemented for stage 3.
+  static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(Transformer* model, Collectives* comm,
+                                                            const RunConfig& config);
+  ~ZeroEngine();
+
+  // Multiply the loss by this before backward (fp16 loss scale / accumulation).
+  double loss_scale() const;
+
+  // After each micro-step's backward: stage 2 flushes its last bucket; on the
+  // last micro-step of the window stages 0/1 reduce their gradients.
+  absl::Status AfterBackward(bool last_micro_step);
+
+  // Clip, update, and make every rank's parameters current again.
+  absl::StatusOr<StepResult> Step(double learning_rate);
+
+  // Stage-2 gradient hooks (public for the hook object; not part of the API).
+  void OnGradReady(size_t slot);
+
+ private:
+  struct Slot {
+    std::string name;
+    at::Tensor param;
+    int64_t numel = 0;
+    int64_t flat_offset = 0;  // into the flat parameter buffer
+  };
+  struct Segment {            // a gradient's place in a bucket
+    size_t slot;
+    int64_t bucket_offset;
+  };
+
+  ZeroEngine() = default;
+  absl::Status ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill);
+  absl::Status FlushBucket();
+  // Adds the reduced gradient of flat range [begin, begin + values.numel()) to
+  // this rank's shard (stage 2 / offload), scaled by 1 / (world * accum).
+  void AccumulateOwned(int64_t begin, const at::Tensor& values);
+  // The fp32 gradient of owned elements [begin, end) (a temporary, or a view).
+  at::Tensor OwnedGradFp32(int64_t begin, int64_t end);
+
+  Transformer* model_ = nullptr;
+  Collectives* comm_ = nullptr;
+  RunConfig config_;
+  int stage_ = 0;
+  bool mixed_ = true;
+  bool fp16_ = false;
+  bool offload_ = false;
+  at::Device device_ = at::kCPU;
+  at::ScalarType dtype_ = at::kFloat;
+  std::vector<Slot> slots_;
+  at::Tensor flat_params_;      // [padded] working dtype; parameters are views
+  int64_t owned_begin_ = 0, owned_numel_ = 0;
+  at::Tensor master_, exp_avg_, exp_avg_sq_, step_count_;  // fp32 [owned]
+  at::Tensor grad_shard_;       // stage 2: working dtype [owned] on device, or fp32 on host (offload)
+  at::Tensor host_grads_;       // offload: fp32 [owned] on host
+  std::vector<at::Tensor> buckets_;  // stage 2 IPG buckets
+  size_t current_bucket_ = 0;
+  int64_t bucket_fill_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  absl::Status hook_status_;
+  double loss_scale_ = 1.0;
+  int good_steps_ = 0;
+};
+
+}  // namespace zplan
+
+#endif  // ZPLAN_EXECUTOR_ZERO_ENGINE_H_
