@@ -240,16 +240,28 @@ at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   return out;
 }
 
+at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
+  auto squared = [](const at::Tensor& g) {
+    return at::linalg_vector_norm(g, 2, std::nullopt, false, at::kFloat).pow(2).reshape({1});
+  };
+  if (stage_ == 2) return squared(offload_ ? host_grads_ : grad_shard_).to(device_);
+  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  const int64_t lo = owned_begin_, hi = owned_begin_ + owned_numel_;
+  for (const Slot& slot : slots_) {
+    const int64_t a = std::max(lo, slot.flat_offset), b = std::min(hi, slot.flat_offset + slot.numel);
+    if (a >= b || !slot.param.grad().defined()) continue;
+    total += squared(slot.param.grad().view(-1).narrow(0, a - slot.flat_offset, b - a));
+  }
+  return total;
+}
+
 absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   at::NoGradGuard no_grad;
   const OptimizerConfig& opt = config_.optimizer();
   const int64_t chunk = std::min(config_.zero().sub_group_elements(), owned_numel_);
   // Global gradient norm: this rank's owned elements, summed over ranks
-  // (stage 0 owns everything, so no reduction).
-  at::Tensor sum_sq = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  for (int64_t c = 0; c < owned_numel_; c += chunk) {
-    sum_sq += OwnedGradFp32(c, std::min(c + chunk, owned_numel_)).pow(2).sum().to(device_);
-  }
+  // (stage 0 owns everything). Reductions accumulate in fp32 without copies.
+  at::Tensor sum_sq = OwnedGradSquaredNorm();
   if (stage_ > 0) ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(sum_sq));
   StepResult result;
   result.grad_norm = std::sqrt(sum_sq.item<double>()) / loss_scale_;

@@ -91,6 +91,8 @@ class ZeroEngine {
   // Adds the reduced gradient of flat range [begin, begin + values.numel()) to
   // this rank's shard (stage 2 / offload), scaled by 1 / (world * accum).
   void AccumulateOwned(int64_t begin, const at::Tensor& values);
+  // Sum of squares of this rank's owned gradient elements, [1] fp32.
+  at::Tensor OwnedGradSquaredNorm();
   // The fp32 gradient of owned elements [begin, end) (a temporary, or a view).
   at::Tensor OwnedGradFp32(int64_t begin, int64_t end);
 

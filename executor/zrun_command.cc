@@ -1,0 +1,254 @@
+#include "executor/zrun_command.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "executor/collectives.h"
+#include "executor/trainer.h"
+#include "planner/proto_io.h"
+#include "planner/run_config.h"
+#include "planner/status_macros.h"
+#include "planner/units.h"
+
+namespace zplan {
+namespace {
+
+std::vector<pid_t>* g_children = nullptr;  // for forwarding Ctrl-C
+
+void ForwardSignal(int signal) {
+  if (g_children == nullptr) return;
+  for (pid_t pid : *g_children) kill(pid, signal);
+}
+
+int ExitCodeFor(const absl::Status& status) {
+  return absl::IsInvalidArgument(status) || absl::IsFailedPrecondition(status) || absl::IsNotFound(status)
+             ? kExitBadInput
+             : kExitError;
+}
+
+// Rank 0: every rank's report in, verdict and outputs out.
+int FinishAsRankZero(const Plan& plan, const ZrunOptions& options, const std::string& backend,
+                     const std::vector<std::string>& serialized, std::ostream& out, std::ostream& err) {
+  Report report;
+  report.set_plan_path(options.plan_path);
+  report.set_backend(backend);
+  report.set_device("cpu");
+  for (const std::string& bytes : serialized) {
+    if (!report.add_ranks()->ParseFromString(bytes)) {
+      err << "zrun: a rank sent an unreadable report\n";
+      return kExitError;
+    }
+  }
+  JudgeReport(plan, &report);
+  if (absl::Status s = WriteProtoFile(options.report_path, report); !s.ok()) {
+    err << "zrun: " << s.message() << "\n";
+    return kExitError;
+  }
+  out << FormatReport(plan, report);
+  return report.passed() ? kExitOk : kExitBudget;
+}
+
+int RunRank(const Plan& plan, const RankInfo& info, CollectiveBackend backend, const ZrunOptions& options,
+            std::ostream& out, std::ostream& err) {
+  auto comm = CreateCollectives(info, backend, absl::Seconds(options.timeout_seconds));
+  if (!comm.ok()) {
+    err << "zrun rank " << info.rank << ": " << comm.status().message() << "\n";
+    return kExitError;
+  }
+  auto report = TrainRank(plan, comm->get(), {options.steps, options.data_path});
+  if (!report.ok()) {
+    err << "zrun rank " << info.rank << ": " << report.status().message() << "\n";
+    return ExitCodeFor(report.status());
+  }
+  auto gathered = (*comm)->GatherToRankZero("reports", report->SerializeAsString());
+  if (!gathered.ok()) {
+    err << "zrun rank " << info.rank << ": " << gathered.status().message() << "\n";
+    return kExitError;
+  }
+  if (info.rank != 0 && backend != CollectiveBackend::kEmulated) return kExitOk;
+  return FinishAsRankZero(plan, options, (*comm)->name(), *gathered, out, err);
+}
+
+// Starts one process per rank and waits; the first failure stops the rest.
+int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<std::string>& argv,
+               std::ostream& err) {
+  const int world = static_cast<int>(WorldSize(plan.config()));
+  auto port = FindFreePort();
+  if (!port.ok()) {
+    err << "zrun: " << port.status().message() << "\n";
+    return kExitError;
+  }
+  std::vector<pid_t> children;
+  std::map<pid_t, int> rank_of;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      err << "zrun: fork failed\n";
+      ForwardSignal(SIGTERM);
+      return kExitError;
+    }
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(*port).c_str(), 1);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(options.self_path.c_str(), args.data());
+      _exit(127);
+    }
+    children.push_back(pid);
+    rank_of[pid] = r;
+  }
+  g_children = &children;
+  signal(SIGINT, ForwardSignal);
+  signal(SIGTERM, ForwardSignal);
+  int rank0_code = kExitError;
+  int first_failure = 0;
+  for (int remaining = world; remaining > 0; --remaining) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    const int rank = rank_of[pid];
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (rank == 0) rank0_code = code;
+    const bool verdict = rank == 0 && (code == kExitOk || code == kExitBudget);
+    if (code != kExitOk && !verdict && first_failure == 0) {
+      first_failure = code;
+      err << "zrun: rank " << rank << " "
+          << (WIFSIGNALED(status) ? absl::StrCat("was killed by signal ", WTERMSIG(status))
+                                  : absl::StrCat("exited with code ", code))
+          << "; stopping the other ranks\n";
+      ForwardSignal(SIGTERM);
+    }
+  }
+  g_children = nullptr;
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  if (first_failure != 0) return first_failure == kExitBadInput ? kExitBadInput : kExitError;
+  return rank0_code;
+}
+
+}  // namespace
+
+absl::Status ValidatePlanForExecution(const Plan& plan, const std::string& path) {
+  auto missing = [&](absl::string_view field) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": plan field ", field, " is missing; write the plan with zplan --out"));
+  };
+  if (plan.planner_version().empty()) return missing("planner_version");
+  if (!plan.has_model() || plan.model().num_layers() <= 0) return missing("model");
+  if (!plan.has_config()) return missing("config");
+  if (plan.parameters_size() == 0) return missing("parameters");
+  if (plan.total_params() <= 0) return missing("total_params");
+  if (WorldSize(plan.config()) <= 0) return missing("config.cluster");
+  if (plan.config().micro_batch_size() <= 0 || plan.config().seq_length() <= 0) {
+    return missing("config.micro_batch_size / config.seq_length");
+  }
+  return absl::OkStatus();
+}
+
+void JudgeReport(const Plan& plan, Report* report) {
+  const double tolerance = plan.budget().tolerance();
+  const int64_t device_budget = plan.gpu().capacity_bytes() > 0 ? plan.budget().device_bytes_per_rank() : 0;
+  bool passed = true;
+  for (const RankReport& rank : report->ranks()) {
+    const int64_t predicted = plan.device_per_rank().peak_bytes();
+    const int64_t measured = rank.measured_device().peak_bytes();
+    const double error = predicted > 0 ? static_cast<double>(measured - predicted) / predicted : 0;
+    if (tolerance > 0 && std::fabs(error) > tolerance) {
+      passed = false;
+      report->add_failures(absl::StrFormat("rank %d: peak %s measured vs %s planned (%+.1f%%, tolerance %.1f%%)",
+                                           rank.rank(), FormatBytes(measured), FormatBytes(predicted), 100 * error,
+                                           100 * tolerance));
+    }
+    if (device_budget > 0 && measured > device_budget) {
+      passed = false;
+      report->add_failures(absl::StrFormat("rank %d: peak %s exceeds the budget %s", rank.rank(),
+                                           FormatBytes(measured), FormatBytes(device_budget)));
+    }
+  }
+  report->set_passed(passed);
+}
+
+std::string FormatReport(const Plan& plan, const Report& report) {
+  std::string out = absl::StrFormat("zrun: %s, %d rank(s) over %s, ZeRO-%d\n\n", plan.model().name(),
+                                    report.ranks_size(), report.backend(), plan.config().zero().stage());
+  absl::StrAppend(&out, absl::StrFormat("%-5s  %16s  %16s  %8s  %14s\n", "rank", "planned peak", "measured peak",
+                                        "error", "host VmHWM"));
+  for (const RankReport& rank : report.ranks()) {
+    const int64_t predicted = plan.device_per_rank().peak_bytes();
+    const int64_t measured = rank.measured_device().peak_bytes();
+    absl::StrAppend(&out, absl::StrFormat("%-5d  %16s  %16s  %+7.2f%%  %14s\n", rank.rank(), FormatBytes(predicted),
+                                          FormatBytes(measured),
+                                          predicted > 0 ? 100.0 * (measured - predicted) / predicted : 0.0,
+                                          FormatBytes(rank.measured_host().peak_bytes())));
+  }
+  if (!report.ranks().empty()) {
+    absl::StrAppend(&out, "\nlosses:");
+    for (double loss : report.ranks(0).losses()) absl::StrAppend(&out, absl::StrFormat(" %.4f", loss));
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, report.passed() ? "verdict: pass\n" : "verdict: FAIL\n");
+  for (const std::string& failure : report.failures()) absl::StrAppend(&out, "  ", failure, "\n");
+  return out;
+}
+
+int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
+  Plan plan;
+  absl::Status status = ReadProtoFile(options.plan_path, &plan);
+  if (status.ok()) status = ValidatePlanForExecution(plan, options.plan_path);
+  if (!status.ok()) {
+    err << "zrun: " << status.message() << "\n";
+    return kExitBadInput;
+  }
+  const int world = static_cast<int>(WorldSize(plan.config()));
+  if (options.emulate_rank >= 0) {
+    if (options.emulate_rank >= world) {
+      err << "zrun: --emulate-rank " << options.emulate_rank << " is outside the plan's world of " << world
+          << " ranks\n";
+      return kExitBadInput;
+    }
+    RankInfo info{options.emulate_rank, world, options.emulate_rank % static_cast<int>(plan.config().cluster().gpus_per_node()),
+                  static_cast<int>(plan.config().cluster().gpus_per_node()), "127.0.0.1", 0};
+    return RunRank(plan, info, CollectiveBackend::kEmulated, options, out, err);
+  }
+  auto env = RankInfoFromEnvironment();
+  if (!env.ok()) {
+    err << "zrun: " << env.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (env->has_value()) {
+    const RankInfo& info = **env;
+    if (info.world_size != world) {
+      err << "zrun: WORLD_SIZE=" << info.world_size << " but the plan has " << world << " ranks ("
+          << plan.config().cluster().num_nodes() << " node(s) x " << plan.config().cluster().gpus_per_node()
+          << "); re-plan with zplan --gpus/--nodes or launch " << world << " ranks\n";
+      return kExitBadInput;
+    }
+    return RunRank(plan, info, CollectiveBackend::kGloo, options, out, err);
+  }
+  if (world == 1) return RunRank(plan, RankInfo{}, CollectiveBackend::kGloo, options, out, err);
+  if (plan.config().cluster().num_nodes() > 1) {
+    err << "zrun: the plan spans " << plan.config().cluster().num_nodes()
+        << " nodes; start one zrun per rank with torchrun or srun (RANK/WORLD_SIZE/...), or use --emulate-rank\n";
+    return kExitBadInput;
+  }
+  std::vector<std::string> argv = {options.self_path, options.plan_path, "--report=" + options.report_path,
+                                   absl::StrCat("--steps=", options.steps),
+                                   absl::StrCat("--timeout=", options.timeout_seconds)};
+  if (!options.data_path.empty()) argv.push_back("--data=" + options.data_path);
+  return SpawnRanks(plan, options, argv, err);
+}
+
+}  // namespace zplan
