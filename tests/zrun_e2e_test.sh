@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# End-to-end: zplan writes CPU plans, zrun runs them every way it can be
+# launched, and fails clearly on bad input and dead ranks.
+set -uo pipefail
+ZPLAN="$TEST_SRCDIR/zplan/planner/zplan"
+ZRUN="$TEST_SRCDIR/zplan/executor/zrun"
+T="${TEST_TMPDIR:-$(mktemp -d)}"
+cd "$T"
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "ok: $*"; }
+
+# Small buckets so stage 2's buffers do not hide the sharding.
+cat > ds.json <<'JSON'
+{"zero_optimization": {"reduce_bucket_size": 200000, "sub_group_size": 1000000}}
+JSON
+plan() {  # plan OUT GPUS STAGE [extra flags]
+  local out=$1 gpus=$2 stage=$3; shift 3
+  "$ZPLAN" --gpu cpu --model debug-tiny --gpus "$gpus" --zero-stage "$stage" --seq 128 --micro-batch 2 \
+    --ds-config ds.json --out "$out" "$@" > /dev/null || fail "zplan $out"
+}
+peak() { "$ZPLAN" show "$1" --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["device_per_rank"]["peak_bytes"])'; }
+measured() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(len(r["ranks"]), max(int(x["measured_device"]["peak_bytes"]) for x in r["ranks"]))' "$1"; }
+
+# 1. Self-spawned ranks (world 2): every rank reports, within tolerance.
+plan w2.pb 2 2
+"$ZRUN" w2.pb --steps 3 --report w2.json > w2.out 2>&1; rc=$?
+[[ $rc == 0 ]] && pass "self-spawned world 2" || { cat w2.out; fail "self-spawned world 2 exit $rc"; }
+read -r ranks _ < <(measured w2.json)
+[[ $ranks == 2 ]] || fail "report has $ranks ranks, want 2"
+grep -q "verdict: pass" w2.out || fail "no pass verdict in the table"
+
+# 2. Launched by a harness with torchrun's variables.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$ZRUN" w2.pb --steps 3 --report tr.json > "tr$r.out" 2>&1 &
+  pids[$r]=$!
+done
+wait "${pids[0]}"; rc0=$?; wait "${pids[1]}"; rc1=$?
+[[ $rc0 == 0 && $rc1 == 0 ]] && pass "torchrun-style launch" || { cat tr0.out tr1.out; fail "torchrun-style exit $rc0/$rc1"; }
+read -r ranks _ < <(measured tr.json)
+[[ $ranks == 2 ]] || fail "torchrun report has $ranks ranks"
+
+# 3. Emulated ranks of a world-64 plan, one process each.
+plan w64.pb 64 2
+for r in 0 63; do
+  "$ZRUN" w64.pb --steps 2 --emulate-rank $r --report "e$r.json" > "e$r.out" 2>&1; rc=$?
+  [[ $rc == 0 ]] && pass "emulated rank $r of 64" || { cat "e$r.out"; fail "emulated rank $r exit $rc"; }
+done
+
+# 4. Per-rank memory falls with world size as the plan says (stage 2).
+prev=""
+for w in 1 2 4; do
+  plan "s$w.pb" $w 2
+  "$ZRUN" "s$w.pb" --steps 2 --report "s$w.json" > "s$w.out" 2>&1 || { cat "s$w.out"; fail "stage 2 world $w"; }
+  read -r _ m < <(measured "s$w.json"); p=$(peak "s$w.pb")
+  echo "stage 2 world $w: planned $p measured $m"
+  [[ -z $prev || $m -lt $prev ]] || fail "world $w measured $m not below $prev"
+  prev=$m
+done
+
+# 5. Bad input: not a plan, world size mismatch, rank outside the world.
+printf 'not a plan' > bad.pb
+"$ZRUN" bad.pb > bad.out 2>&1; rc=$?
+[[ $rc == 2 ]] && grep -q "bad.pb" bad.out && pass "corrupt plan" || { cat bad.out; fail "corrupt plan exit $rc"; }
+RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$ZRUN" w2.pb > mm.out 2>&1; rc=$?
+[[ $rc == 2 ]] && grep -q "WORLD_SIZE=3 but the plan has 2" mm.out && pass "world mismatch" || { cat mm.out; fail "world mismatch exit $rc"; }
+"$ZRUN" w64.pb --emulate-rank 64 > er.out 2>&1; rc=$?
+[[ $rc == 2 ]] && pass "emulated rank outside the world" || fail "emulate-rank 64 exit $rc"
+
+# 6. A rank killed mid-run: every process ends, with a clear error, in bounded time.
+plan long.pb 2 1
+start=$(date +%s)
+"$ZRUN" long.pb --steps 100000 --timeout 20 --report long.json > kill.out 2>&1 &
+parent=$!
+for _ in $(seq 100); do children=$(pgrep -P $parent | wc -l); [[ $children == 2 ]] && break; sleep 0.1; done
+sleep 2
+victim=$(pgrep -P $parent | tail -1)
+kill -9 "$victim"
+wait $parent; rc=$?
+elapsed=$(( $(date +%s) - start ))
+left=$(pgrep -P $parent | wc -l)
+if [[ $rc != 0 && $elapsed -lt 60 && $left == 0 ]] && grep -q "was killed by signal 9" kill.out; then
+  pass "killed rank stops the job (exit $rc after ${elapsed}s)"
+else
+  cat kill.out; fail "killed rank: exit $rc after ${elapsed}s, $left processes left"
+fi
+[[ -e long.json ]] && fail "a report was written by a failed run"
+
+echo "$failures failure(s)"
+exit $(( failures > 0 ))
