@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -123,7 +124,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     for (int64_t micro = 0; micro < accum; ++micro) {
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       auto [ids, targets] = data.Batch(b, s, seed, device);
-      at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing());
+      at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing(), engine->hooks());
       if (step > 0) Sample(&report, PHASE_FORWARD, static_cast<int32_t>(step));
       loss_sum += loss.item<double>();
       (loss * engine->loss_scale()).backward();
@@ -155,7 +156,10 @@ absl::StatusOr<RankReport> TrainRank(const Plan& plan, Collectives* comm, const 
   try {
     return TrainRankUnguarded(plan, comm, options);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("rank ", comm->rank(), ": LibTorch: ", e.what_without_backtrace()));
+    // ZRUN_BACKTRACE=1 keeps LibTorch's C++ stack in the message.
+    const bool backtrace = std::getenv("ZRUN_BACKTRACE") != nullptr;
+    return absl::InternalError(
+        absl::StrCat("rank ", comm->rank(), ": LibTorch: ", backtrace ? e.what() : e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("rank ", comm->rank(), ": ", e.what()));
   }

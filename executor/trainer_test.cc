@@ -26,12 +26,15 @@ ModelSpec TinyModel() {
   return ResolveModelSpec(spec);
 }
 
-Plan MakePlan(int stage, bool offload, bool ckpt, int world, Precision precision, int64_t accum = 1) {
+Plan MakePlan(int stage, bool offload, bool ckpt, int world, Precision precision, int64_t accum = 1,
+              bool offload_param = false) {
   RunConfig config;
   config.mutable_cluster()->set_gpu("cpu");
   config.mutable_cluster()->set_gpus_per_node(world);
   config.mutable_zero()->set_stage(stage);
   config.mutable_zero()->set_offload_optimizer(offload ? OFFLOAD_CPU : OFFLOAD_NONE);
+  config.mutable_zero()->set_offload_param(offload_param ? OFFLOAD_CPU : OFFLOAD_NONE);
+  config.mutable_zero()->set_stage3_param_persistence_threshold(100);  // norms stay whole
   config.mutable_zero()->set_reduce_bucket_elements(3000);  // several buckets, some gradients larger
   config.mutable_zero()->set_sub_group_elements(5000);
   config.set_activation_checkpointing(ckpt);
@@ -81,12 +84,15 @@ TEST(TrainerTest, StagesMatchStageZeroLossesFp32) {
   constexpr int64_t kSteps = 20;
   for (int world : {1, 2, 4}) {
     const std::vector<double> baseline = Train(MakePlan(0, false, false, world, PRECISION_FP32), kSteps);
-    for (int stage : {1, 2}) {
-      for (bool offload : {false, true}) {
+    for (int stage : {1, 2, 3}) {
+      for (int offload = 0; offload <= (stage == 3 ? 2 : 1); ++offload) {
         for (bool ckpt : {false, true}) {
           const std::string what = "world " + std::to_string(world) + " stage " + std::to_string(stage) +
-                                   (offload ? " offload" : "") + (ckpt ? " ckpt" : "");
-          ExpectSameLosses(Train(MakePlan(stage, offload, ckpt, world, PRECISION_FP32), kSteps), baseline, 1e-5, what);
+                                   (offload >= 1 ? " offload" : "") + (offload == 2 ? "+params" : "") +
+                                   (ckpt ? " ckpt" : "");
+          ExpectSameLosses(
+              Train(MakePlan(stage, offload >= 1, ckpt, world, PRECISION_FP32, 1, offload == 2), kSteps), baseline,
+              1e-5, what);
         }
       }
     }
@@ -96,8 +102,8 @@ TEST(TrainerTest, StagesMatchStageZeroLossesFp32) {
 TEST(TrainerTest, StagesMatchStageZeroLossesBf16WithAccumulation) {
   InstallCountingCpuAllocator();
   const std::vector<double> baseline = Train(MakePlan(0, false, false, 2, PRECISION_BF16, 2), 8);
-  for (int stage : {1, 2}) {
-    ExpectSameLosses(Train(MakePlan(stage, stage == 2, true, 2, PRECISION_BF16, 2), 8), baseline, 1e-2,
+  for (int stage : {1, 2, 3}) {
+    ExpectSameLosses(Train(MakePlan(stage, stage == 2, stage != 3, 2, PRECISION_BF16, 2), 8), baseline, 1e-2,
                      "bf16 stage " + std::to_string(stage));
   }
 }

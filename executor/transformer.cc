@@ -53,6 +53,36 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
 }
 
+// Identity in forward; in backward runs a hook first (gather the part's
+// parameters before autograd reaches the part's own nodes).
+struct BeforeBackward : public torch::autograd::Function<BeforeBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const BlockHooks* hooks, int64_t part) {
+    ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
+    ctx->saved_data["part"] = part;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
+    hooks->before_backward(static_cast<int>(ctx->saved_data["part"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// Identity in forward; in backward runs a hook after the part's nodes have
+// produced the gradient of its input (release the part's parameters).
+struct AfterBackward : public torch::autograd::Function<AfterBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const BlockHooks* hooks, int64_t part) {
+    ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
+    ctx->saved_data["part"] = part;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
+    hooks->after_backward(static_cast<int>(ctx->saved_data["part"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
 // Runs one block without keeping its activations, saving only its input;
 // backward recomputes the block with grad enabled (DeepSpeed / HF style
 // per-block activation checkpointing).
@@ -96,14 +126,14 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
   const int layer = static_cast<int>(ctx->saved_data["layer"].toInt());
   at::Tensor x = saved[0].detach().requires_grad_(true);
-  if (hooks != nullptr && hooks->before_block) hooks->before_block(layer);
+  if (hooks != nullptr && hooks->active()) hooks->before_backward(layer);
   at::Tensor y;
   {
     at::AutoGradMode enable(true);
     y = BlockForward(model, layer, x, saved[1], saved[2]);
   }
   torch::autograd::backward({y}, {grads[0]});
-  if (hooks != nullptr && hooks->after_block) hooks->after_block(layer);
+  if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
   return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 }
 
@@ -245,6 +275,7 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
     sin = emb.sin().to(dtype_);
   }
   at::Tensor x;
+  if (hooks.active()) hooks.before_forward(-1);
   if (spec_.vocab_size() > 0) {
     x = at::embedding(Param("embed_tokens.weight"), ids);
   } else {
@@ -255,27 +286,45 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   if (spec_.position_embedding() == POSITION_LEARNED) {
     x = x + at::embedding(Param("embed_positions.weight"), at::arange(s, options.dtype(at::kLong)));
   }
+  // Released after forward; gathered again before the embedding's backward
+  // (its gradient is accumulated into the full-shaped parameter).
+  if (hooks.active()) {
+    hooks.after_forward(-1);
+    x = BeforeBackward::apply(x, &hooks, -1);
+  }
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
+    if (hooks.active()) hooks.before_forward(layer);
     if (checkpointing) {
-      if (hooks.before_block) hooks.before_block(layer);
       x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), cos, sin, &hooks);
-      if (hooks.after_block) hooks.after_block(layer);
+    } else if (hooks.active()) {
+      x = AfterBackward::apply(x, &hooks, layer);
+      x = BeforeBackward::apply(Block(layer, x, cos, sin), &hooks, layer);
     } else {
-      if (hooks.before_block) hooks.before_block(layer);
       x = Block(layer, x, cos, sin);
-      if (hooks.after_block) hooks.after_block(layer);
     }
+    if (hooks.active()) hooks.after_forward(layer);
+  }
+  // Final norm and LM head stay gathered from here until their backward is done.
+  const int head_part = static_cast<int>(spec_.num_layers());
+  if (hooks.active()) {
+    hooks.before_forward(head_part);
+    x = AfterBackward::apply(x, &hooks, head_part);
   }
   const at::Tensor final_norm = spec_.norm_type() == NORM_LAYERNORM
                                     ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
                                     : RmsNormFunction::apply(x, Param("final_norm.weight"));
   x.reset();
-  if (spec_.vocab_size() == 0) return final_norm.to(at::kFloat).pow(2).mean();
+  if (spec_.vocab_size() == 0) {
+    at::Tensor out = final_norm;
+    if (hooks.active()) out = BeforeBackward::apply(out, &hooks, head_part);
+    return out.to(at::kFloat).pow(2).mean();
+  }
   const at::Tensor& head = spec_.tie_word_embeddings() ? Param("embed_tokens.weight") : Param("lm_head.weight");
   at::Tensor logits32;
   {
     // The working-dtype logits die here, before log-softmax allocates.
-    const at::Tensor logits = at::linear(final_norm, head);
+    at::Tensor logits = at::linear(final_norm, head);
+    if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
     logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
   }
   return at::cross_entropy_loss(logits32.view({b * s, spec_.vocab_size()}), targets.reshape({b * s}));

@@ -36,11 +36,16 @@
 
 namespace zplan {
 
-// Called around each block's forward with its index, so a ZeRO-3 engine can
-// gather parameters before and release them after (also on recompute).
+// Callbacks around each part's forward and backward, so a ZeRO-3 engine can
+// gather parameters before use and release them after. Parts are -1 (token
+// embedding), 0..L-1 (blocks) and L (final norm + LM head). Unset callbacks
+// cost nothing; the model then inserts no extra autograd nodes.
 struct BlockHooks {
-  std::function<void(int layer)> before_block;
-  std::function<void(int layer)> after_block;
+  std::function<void(int part)> before_forward;
+  std::function<void(int part)> after_forward;
+  std::function<void(int part)> before_backward;
+  std::function<void(int part)> after_backward;
+  bool active() const { return static_cast<bool>(before_forward); }
 };
 
 class Transformer {

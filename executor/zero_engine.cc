@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "planner/run_config.h"
 #include "planner/sharding.h"
@@ -35,16 +37,27 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
   size_t slot_;
 };
 
+// Which part of the model a parameter belongs to: -1 embeddings, blocks, L head.
+int PartOf(const std::string& name, int num_layers) {
+  if (absl::StartsWith(name, "embed_")) return -1;
+  if (absl::StartsWith(name, "layers.")) {
+    int layer = 0;
+    const std::string rest = name.substr(7, name.find('.', 7) - 7);
+    if (absl::SimpleAtoi(rest, &layer)) return layer;
+  }
+  return num_layers;  // final_norm, lm_head
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* model, Collectives* comm,
                                                                const RunConfig& config) {
   const ZeroConfig& zero = config.zero();
-  if (zero.stage() == 3) {
-    return absl::UnimplementedError("zrun: ZeRO stage 3 is not implemented yet; plan stage 0, 1 or 2");
-  }
   if (zero.offload_optimizer() == OFFLOAD_CPU && zero.stage() == 0) {
     return absl::InvalidArgumentError("zero.offload_optimizer: optimizer offload needs ZeRO stage >= 1");
+  }
+  if (zero.offload_param() == OFFLOAD_CPU && zero.stage() != 3) {
+    return absl::InvalidArgumentError("zero.offload_param: parameter offload needs ZeRO stage 3");
   }
   std::unique_ptr<ZeroEngine> e(new ZeroEngine);
   e->model_ = model;
@@ -56,63 +69,136 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   e->offload_ = zero.offload_optimizer() == OFFLOAD_CPU;
   e->loss_scale_ = e->fp16_ ? kInitialLossScale : 1.0;
   const int world = comm->world_size();
+  const int rank = comm->rank();
+  const int num_layers = static_cast<int>(model->spec().num_layers());
 
   int64_t total = 0;
   for (auto& [name, param] : model->mutable_parameters()) {
-    e->slots_.push_back({name, param, param.numel(), total});
-    total += param.numel();
+    Slot slot;
+    slot.name = name;
+    slot.param = param;
+    slot.shape = param.sizes().vec();
+    slot.numel = param.numel();
+    slot.flat_offset = total;
+    total += slot.numel;
+    e->slots_.push_back(std::move(slot));
   }
   ZPLAN_CHECK(!e->slots_.empty());
   e->device_ = e->slots_.front().param.device();
   e->dtype_ = e->slots_.front().param.scalar_type();
   const auto options = at::TensorOptions().dtype(e->dtype_).device(e->device_);
 
-  // Parameters become views of one flat buffer, padded so every rank's shard
-  // has the same size (planner/sharding.h).
-  const int64_t shard = e->stage_ == 0 ? total : FlatShardElements(total, world);
-  const int64_t padded = e->stage_ == 0 ? total : shard * world;
-  e->flat_params_ = at::zeros({padded}, options);
-  {
-    at::NoGradGuard no_grad;
+  // Ownership: stage 0 owns everything; stages 1/2 a slice of the flat
+  // buffer; stage 3 a ceil(numel / N) chunk of every parameter.
+  if (e->stage_ < 3) {
+    const int64_t shard = e->stage_ == 0 ? total : FlatShardElements(total, world);
+    e->owned_begin_ = e->stage_ == 0 ? 0 : rank * shard;
+    e->owned_numel_ = shard;
     for (Slot& slot : e->slots_) {
-      at::Tensor view = e->flat_params_.narrow(0, slot.flat_offset, slot.numel).view(slot.param.sizes());
+      slot.own_lo = std::clamp(e->owned_begin_ - slot.flat_offset, int64_t{0}, slot.numel);
+      slot.own_hi = std::clamp(e->owned_begin_ + shard - slot.flat_offset, int64_t{0}, slot.numel);
+      slot.own_dst = slot.flat_offset + slot.own_lo - e->owned_begin_;
+    }
+  } else {
+    int64_t offset = 0;
+    for (Slot& slot : e->slots_) {
+      slot.shard_numel = Stage3ShardElements(slot.numel, world);
+      slot.persistent = slot.numel <= zero.stage3_param_persistence_threshold();
+      slot.own_lo = std::min(rank * slot.shard_numel, slot.numel);
+      slot.own_hi = std::min((rank + 1) * slot.shard_numel, slot.numel);
+      slot.own_dst = offset;
+      offset += slot.shard_numel;
+    }
+    e->owned_numel_ = offset;
+  }
+
+  // Gradient hooks (stages 2/3). AccumulateGrad records its parameter's shape
+  // when created, so create them while every parameter is still whole.
+  if (e->stage_ >= 2) {
+    for (size_t i = 0; i < e->slots_.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(e->slots_[i].param);
+      acc->add_post_hook(std::make_unique<GradReadyHook>(e.get(), i));
+      e->accumulators_.push_back(std::move(acc));  // the graph holds accumulators weakly
+    }
+  }
+
+  at::NoGradGuard no_grad;
+  if (e->stage_ < 3) {
+    // Parameters become views of one flat buffer, padded so every rank's
+    // shard has the same size (planner/sharding.h).
+    const int64_t padded = e->stage_ == 0 ? total : e->owned_numel_ * world;
+    e->flat_params_ = at::zeros({padded}, options);
+    for (Slot& slot : e->slots_) {
+      at::Tensor view = e->flat_params_.narrow(0, slot.flat_offset, slot.numel).view(slot.shape);
       view.copy_(slot.param);
       slot.param.set_data(view);
     }
+  } else {
+    // Every parameter's owned chunk lives in one buffer; partitioned
+    // parameters are then released, persistent ones stay whole.
+    const bool offload_param = zero.offload_param() == OFFLOAD_CPU;
+    at::Tensor shards = at::zeros({e->owned_numel_}, options.device(offload_param ? at::kCPU : e->device_));
+    e->flat_shards_ = offload_param && zero.pin_memory() && e->device_.is_cuda() ? shards.pin_memory() : shards;
+    e->parts_.resize(static_cast<size_t>(num_layers) + 2);
+    for (size_t i = 0; i < e->slots_.size(); ++i) {
+      Slot& slot = e->slots_[i];
+      e->flat_shards_.narrow(0, slot.own_dst, slot.own_hi - slot.own_lo)
+          .copy_(slot.param.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+      e->parts_[PartOf(slot.name, num_layers) + 1].push_back(i);
+      slot.gathered = true;
+    }
+    // A tied LM head uses the embedding matrix.
+    if (model->spec().tie_word_embeddings() && model->spec().vocab_size() > 0) {
+      e->parts_[num_layers + 1].push_back(0);
+    }
+    for (int part = -1; part <= num_layers; ++part) e->Release(part);
   }
-  e->owned_begin_ = e->stage_ == 0 ? 0 : comm->rank() * shard;
-  e->owned_numel_ = shard;
 
   // Master weights and Adam states for the owned elements (host with offload).
   const at::Device state_device = e->offload_ ? at::Device(at::kCPU) : e->device_;
   const bool pin = e->offload_ && zero.pin_memory() && e->device_.is_cuda();
   auto fp32_state = [&] {
-    at::Tensor t = at::zeros({shard}, at::TensorOptions().dtype(at::kFloat).device(state_device));
+    at::Tensor t = at::zeros({e->owned_numel_}, at::TensorOptions().dtype(at::kFloat).device(state_device));
     return pin ? t.pin_memory() : t;
   };
   // With offload the host always holds fp32 master weights (also in fp32
   // training: the device copy is the working copy).
   if (e->mixed_ || e->offload_) {
     e->master_ = fp32_state();
-    e->master_.copy_(e->flat_params_.narrow(0, e->owned_begin_, shard));
+    if (e->stage_ < 3) {
+      e->master_.copy_(e->flat_params_.narrow(0, e->owned_begin_, e->owned_numel_));
+    } else {
+      e->master_.copy_(e->flat_shards_);
+    }
   }
   e->exp_avg_ = fp32_state();
   e->exp_avg_sq_ = fp32_state();
   e->step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(state_device));
   if (e->offload_) e->host_grads_ = fp32_state();
 
-  if (e->stage_ == 2) {
-    if (!e->offload_) e->grad_shard_ = at::zeros({shard}, options);
+  if (e->stage_ >= 2) {
+    if (!e->offload_) e->grad_shard_ = at::zeros({e->owned_numel_}, options);
     if (zero.contiguous_gradients()) {
       for (int i = 0; i < (zero.overlap_comm() ? 2 : 1); ++i) {
         e->buckets_.push_back(at::empty({zero.reduce_bucket_elements()}, options));
       }
     }
-    for (size_t i = 0; i < e->slots_.size(); ++i) {
-      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(e->slots_[i].param);
-      acc->add_post_hook(std::make_unique<GradReadyHook>(e.get(), i));
-      e->accumulators_.push_back(std::move(acc));  // the graph holds accumulators weakly
-    }
+  }
+  if (e->stage_ == 3) {
+    ZeroEngine* engine = e.get();
+    auto fail = [engine](absl::Status s) {
+      if (!s.ok() && engine->hook_status_.ok()) engine->hook_status_ = s;
+    };
+    e->hooks_.before_forward = [engine, fail, num_layers](int part) {
+      fail(engine->GatherWithPrefetch(part, part >= 0 && part + 1 < num_layers ? part + 1 : -2));
+    };
+    e->hooks_.after_forward = [engine, num_layers](int part) {
+      if (part != num_layers) engine->Release(part);  // the head stays until its backward
+    };
+    e->hooks_.before_backward = [engine, fail, num_layers](int part) {
+      fail(engine->GatherWithPrefetch(part, part >= 1 && part < num_layers ? part - 1 : -2));
+    };
+    e->hooks_.after_backward = [engine](int part) { engine->Release(part); };
   }
   return e;
 }
@@ -123,17 +209,58 @@ double ZeroEngine::loss_scale() const {
   return loss_scale_ / static_cast<double>(config_.gradient_accumulation_steps());
 }
 
-void ZeroEngine::AccumulateOwned(int64_t begin, const at::Tensor& values) {
-  const int64_t lo = std::max(begin, owned_begin_);
-  const int64_t hi = std::min(begin + values.numel(), owned_begin_ + owned_numel_);
-  if (lo >= hi) return;
-  const at::Tensor part = values.narrow(0, lo - begin, hi - lo);
-  at::Tensor& dst = offload_ ? host_grads_ : grad_shard_;
+absl::Status ZeroEngine::Gather(int part) {
+  at::NoGradGuard no_grad;
+  const int world = comm_->world_size();
+  for (size_t index : parts_[part + 1]) {
+    Slot& slot = slots_[index];
+    if (slot.persistent || slot.gathered) continue;
+    at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
+    const at::Tensor shard = flat_shards_.narrow(0, slot.own_dst, slot.shard_numel).to(device_);
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(shard, full));
+    slot.param.set_data(full.narrow(0, 0, slot.numel).view(slot.shape));
+    slot.gathered = true;
+  }
+  return absl::OkStatus();
+}
+
+void ZeroEngine::Release(int part) {
+  for (size_t index : parts_[part + 1]) {
+    Slot& slot = slots_[index];
+    if (slot.persistent || !slot.gathered) continue;
+    slot.param.set_data(at::empty({0}, at::TensorOptions().dtype(dtype_).device(device_)));
+    slot.gathered = false;
+  }
+}
+
+absl::Status ZeroEngine::GatherWithPrefetch(int part, int next) {
+  ZPLAN_RETURN_IF_ERROR(Gather(part));
+  if (next < -1) return absl::OkStatus();
+  // Prefetch the next block when it fits the prefetch bucket and, with the
+  // current one, the live-parameter cap (DeepSpeed's stage-3 knobs).
+  auto partitioned = [&](int p) {
+    int64_t n = 0;
+    for (size_t index : parts_[p + 1]) n += slots_[index].persistent ? 0 : slots_[index].numel;
+    return n;
+  };
+  const ZeroConfig& zero = config_.zero();
+  const int64_t next_elements = partitioned(next);
+  if (next_elements <= zero.stage3_prefetch_bucket_elements() &&
+      partitioned(part) + next_elements <= zero.stage3_max_live_parameters()) {
+    return Gather(next);
+  }
+  return absl::OkStatus();
+}
+
+void ZeroEngine::AccumulateOwned(const Slot& slot, const at::Tensor& full_grad) {
+  const int64_t len = slot.own_hi - slot.own_lo;
+  if (len <= 0) return;
+  const at::Tensor part = full_grad.narrow(0, slot.own_lo, len);
   const double scale = 1.0 / comm_->world_size();
   if (offload_) {
-    dst.narrow(0, lo - owned_begin_, hi - lo).add_(part.to(at::kCPU, at::kFloat), scale);
+    host_grads_.narrow(0, slot.own_dst, len).add_(part.to(at::kCPU, at::kFloat), scale);
   } else {
-    dst.narrow(0, lo - owned_begin_, hi - lo).add_(part, scale);
+    grad_shard_.narrow(0, slot.own_dst, len).add_(part, scale);
   }
 }
 
@@ -142,7 +269,7 @@ absl::Status ZeroEngine::ReduceBucket(at::Tensor& bucket, const std::vector<Segm
   ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(used));
   for (const Segment& seg : segments) {
     const Slot& slot = slots_[seg.slot];
-    AccumulateOwned(slot.flat_offset, used.narrow(0, seg.bucket_offset, slot.numel));
+    AccumulateOwned(slot, used.narrow(0, seg.bucket_offset, slot.numel));
   }
   return absl::OkStatus();
 }
@@ -165,13 +292,13 @@ void ZeroEngine::OnGradReady(size_t index) {
   absl::Status status;
   if (slot.numel > capacity) {
     // Larger than a bucket (or no buckets): reduce the gradient itself.
-    at::Tensor flat = grad.view(-1);
+    at::Tensor flat = grad.reshape(-1);
     status = comm_->AllReduceSum(flat);
-    if (status.ok()) AccumulateOwned(slot.flat_offset, flat);
+    if (status.ok()) AccumulateOwned(slot, flat);
   } else {
     if (bucket_fill_ + slot.numel > capacity) status = FlushBucket();
     if (status.ok()) {
-      buckets_[current_bucket_].narrow(0, bucket_fill_, slot.numel).copy_(grad.view(-1));
+      buckets_[current_bucket_].narrow(0, bucket_fill_, slot.numel).copy_(grad.reshape(-1));
       segments_.push_back({index, bucket_fill_});
       bucket_fill_ += slot.numel;
     }
@@ -181,10 +308,9 @@ void ZeroEngine::OnGradReady(size_t index) {
 }
 
 absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
-  if (stage_ == 2) {
-    ZPLAN_RETURN_IF_ERROR(hook_status_);
-    return FlushBucket();
-  }
+  ZPLAN_RETURN_IF_ERROR(hook_status_);
+  if (stage_ == 3) Release(-1);  // the embedding, gathered for its backward
+  if (stage_ >= 2) return FlushBucket();
   if (!last_micro_step) return absl::OkStatus();
   // Stages 0/1: all-reduce every gradient through one flat bucket, in order.
   at::NoGradGuard no_grad;
@@ -225,17 +351,19 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
 
 at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   const int64_t len = end - begin;
-  if (offload_ && stage_ == 2) return host_grads_.narrow(0, begin, len);
-  if (stage_ == 2) return grad_shard_.narrow(0, begin, len).to(at::kFloat);
+  if (stage_ >= 2) {
+    return offload_ ? host_grads_.narrow(0, begin, len) : grad_shard_.narrow(0, begin, len).to(at::kFloat);
+  }
   // Stages 0/1: gather the owned range from the per-parameter gradients,
   // into the host fp32 gradient buffer with offload, else a temporary.
   at::Tensor out = offload_ ? host_grads_.narrow(0, begin, len).zero_()
                             : at::zeros({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  const int64_t lo = owned_begin_ + begin, hi = owned_begin_ + end;
   for (const Slot& slot : slots_) {
-    const int64_t a = std::max(lo, slot.flat_offset), b = std::min(hi, slot.flat_offset + slot.numel);
+    const int64_t a = std::max(begin, slot.own_dst);
+    const int64_t b = std::min(end, slot.own_dst + slot.own_hi - slot.own_lo);
     if (a >= b || !slot.param.grad().defined()) continue;
-    out.narrow(0, a - lo, b - a).copy_(slot.param.grad().view(-1).narrow(0, a - slot.flat_offset, b - a));
+    out.narrow(0, a - begin, b - a)
+        .copy_(slot.param.grad().view(-1).narrow(0, slot.own_lo + a - slot.own_dst, b - a));
   }
   return out;
 }
@@ -244,15 +372,24 @@ at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
   auto squared = [](const at::Tensor& g) {
     return at::linalg_vector_norm(g, 2, std::nullopt, false, at::kFloat).pow(2).reshape({1});
   };
-  if (stage_ == 2) return squared(offload_ ? host_grads_ : grad_shard_).to(device_);
+  if (stage_ >= 2) return squared(offload_ ? host_grads_ : grad_shard_).to(device_);
   at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  const int64_t lo = owned_begin_, hi = owned_begin_ + owned_numel_;
   for (const Slot& slot : slots_) {
-    const int64_t a = std::max(lo, slot.flat_offset), b = std::min(hi, slot.flat_offset + slot.numel);
-    if (a >= b || !slot.param.grad().defined()) continue;
-    total += squared(slot.param.grad().view(-1).narrow(0, a - slot.flat_offset, b - a));
+    if (slot.own_hi <= slot.own_lo || !slot.param.grad().defined()) continue;
+    total += squared(slot.param.grad().view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
   }
   return total;
+}
+
+absl::Status ZeroEngine::RefreshPersistent() {
+  const int world = comm_->world_size();
+  for (Slot& slot : slots_) {
+    if (!slot.persistent) continue;
+    at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel).to(device_), full));
+    slot.param.view(-1).copy_(full.narrow(0, 0, slot.numel));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
@@ -275,26 +412,29 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
       multiplier *= opt.gradient_clipping() / (result.grad_norm + 1e-6);
     }
     step_count_ += 1;
-    const at::Device state_device = master_.defined() ? master_.device() : exp_avg_.device();
+    const at::Device state_device = exp_avg_.device();
+    // The working copy of the owned elements: a slice of the flat parameters
+    // (stages 0-2) or the stage-3 shard buffer.
+    at::Tensor working = stage_ < 3 ? flat_params_.narrow(0, owned_begin_, owned_numel_) : flat_shards_;
     for (int64_t c = 0; c < owned_numel_; c += chunk) {
       const int64_t len = std::min(chunk, owned_numel_ - c);
       at::Tensor grad = OwnedGradFp32(c, c + len);
       if (grad.device() != state_device) grad = grad.to(state_device);
       if (multiplier != 1.0) grad = grad.mul(multiplier);
-      at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : flat_params_.narrow(0, owned_begin_ + c, len);
+      at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : working.narrow(0, c, len);
       at::_fused_adamw_({weights}, {grad}, {exp_avg_.narrow(0, c, len)}, {exp_avg_sq_.narrow(0, c, len)}, {},
                         {step_count_}, learning_rate, opt.beta1(), opt.beta2(), opt.weight_decay(), opt.eps(),
                         /*amsgrad=*/false, /*maximize=*/false);
-      if (master_.defined()) {
-        flat_params_.narrow(0, owned_begin_ + c, len).copy_(weights);
-      }
+      if (master_.defined()) working.narrow(0, c, len).copy_(weights);
     }
     if (fp16_ && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;
   }
-  // Every rank gets everyone's updated shard.
-  if (stage_ > 0) {
+  // Every rank gets everyone's updated elements.
+  if (stage_ == 1 || stage_ == 2) {
     const at::Tensor mine = flat_params_.narrow(0, owned_begin_, owned_numel_).clone();
     ZPLAN_RETURN_IF_ERROR(comm_->AllGather(mine, flat_params_));
+  } else if (stage_ == 3) {
+    ZPLAN_RETURN_IF_ERROR(RefreshPersistent());
   }
   // Gradients: per-parameter ones are released; shards are zeroed.
   for (Slot& slot : slots_) slot.param.mutable_grad() = at::Tensor();

@@ -16,7 +16,14 @@
 //   offload_optimizer=cpu  master, Adam states and an fp32 gradient shard live
 //            on the host; Adam (at::_fused_adamw_) runs on the CPU and the
 //            updated shard is copied back.
-// Stage 3 is not implemented yet (kUnimplemented from Create).
+//   stage 3  as stage 2, and each parameter is partitioned on its own
+//            (ceil(numel / N) elements per rank, sharding.h) except those of
+//            at most stage3_param_persistence_threshold elements, which stay
+//            whole; a part (embedding, block, head) is all-gathered before its
+//            forward and backward and released after, with the next block
+//            prefetched when it fits stage3_prefetch_bucket_size and
+//            stage3_max_live_parameters. offload_param=cpu keeps the
+//            partitions on the host.
 // Mixed precision keeps working-dtype parameters and gradients and fp32
 // master weights; fp16 adds dynamic loss scaling; fp32 updates the
 // parameters directly. Gradients are averaged over ranks and accumulation
@@ -55,7 +62,7 @@ struct StepResult {
 class ZeroEngine {
  public:
   // `config` must be resolved (ResolveRunConfig). kInvalidArgument for
-  // impossible combinations, kUnimplemented for stage 3.
+  // impossible combinations.
   static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(Transformer* model, Collectives* comm,
                                                             const RunConfig& config);
   ~ZeroEngine();
@@ -70,15 +77,26 @@ class ZeroEngine {
   // Clip, update, and make every rank's parameters current again.
   absl::StatusOr<StepResult> Step(double learning_rate);
 
-  // Stage-2 gradient hooks (public for the hook object; not part of the API).
+  // Stage-3 gather/release callbacks for Transformer::Loss (inactive below stage 3).
+  const BlockHooks& hooks() const { return hooks_; }
+
+  // Stage-2/3 gradient hooks (public for the hook object; not part of the API).
   void OnGradReady(size_t slot);
 
  private:
   struct Slot {
     std::string name;
     at::Tensor param;
+    std::vector<int64_t> shape;
     int64_t numel = 0;
-    int64_t flat_offset = 0;  // into the flat parameter buffer
+    int64_t flat_offset = 0;  // stages 0-2: into the flat parameter buffer
+    // The parameter-local elements [own_lo, own_hi) this rank owns, stored at
+    // own_dst in the owned buffers (master, Adam states, gradient shard).
+    int64_t own_lo = 0, own_hi = 0, own_dst = 0;
+    // Stage 3.
+    int64_t shard_numel = 0;  // ceil(numel / world)
+    bool persistent = false;  // kept whole on every rank
+    bool gathered = false;
   };
   struct Segment {            // a gradient's place in a bucket
     size_t slot;
@@ -88,9 +106,13 @@ class ZeroEngine {
   ZeroEngine() = default;
   absl::Status ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill);
   absl::Status FlushBucket();
-  // Adds the reduced gradient of flat range [begin, begin + values.numel()) to
-  // this rank's shard (stage 2 / offload), scaled by 1 / (world * accum).
-  void AccumulateOwned(int64_t begin, const at::Tensor& values);
+  // Adds this rank's part of a reduced full gradient of `slot` to the owned
+  // gradient buffer, averaged over ranks.
+  void AccumulateOwned(const Slot& slot, const at::Tensor& full_grad);
+  absl::Status Gather(int part);
+  void Release(int part);
+  absl::Status GatherWithPrefetch(int part, int next);
+  absl::Status RefreshPersistent();
   // Sum of squares of this rank's owned gradient elements, [1] fp32.
   at::Tensor OwnedGradSquaredNorm();
   // The fp32 gradient of owned elements [begin, end) (a temporary, or a view).
@@ -106,7 +128,10 @@ class ZeroEngine {
   at::Device device_ = at::kCPU;
   at::ScalarType dtype_ = at::kFloat;
   std::vector<Slot> slots_;
-  at::Tensor flat_params_;      // [padded] working dtype; parameters are views
+  at::Tensor flat_params_;      // stages 0-2: [padded] working dtype; parameters are views
+  at::Tensor flat_shards_;      // stage 3: [owned] working dtype (host with offload_param)
+  std::vector<std::vector<size_t>> parts_;  // stage 3: slots of part p at index p + 1
+  BlockHooks hooks_;
   int64_t owned_begin_ = 0, owned_numel_ = 0;
   at::Tensor master_, exp_avg_, exp_avg_sq_, step_count_;  // fp32 [owned]
   at::Tensor grad_shard_;       // stage 2: working dtype [owned] on device, or fp32 on host (offload)
