@@ -48,6 +48,30 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// y = x W^T + b that saves the weight *parameter* itself (at::linear saves a
+// transposed view, which would keep a ZeRO-3-released weight's storage alive
+// until backward). The input is saved as usual; memory is otherwise the same.
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["bias"] = bias.has_value();
+    return bias.has_value() ? at::linear(x, weight, *bias) : at::linear(x, weight);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& g = grads[0];
+    const int64_t out_features = weight.size(0), in_features = weight.size(1);
+    at::Tensor grad_x = at::matmul(g, weight);
+    at::Tensor grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
+    at::Tensor grad_b;
+    if (ctx->saved_data["bias"].toBool()) grad_b = g.reshape({-1, out_features}).sum(0);
+    return {grad_x, grad_w, grad_b};
+  }
+};
+
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
@@ -205,8 +229,8 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     return RmsNormFunction::apply(in, Param(name + ".weight"));
   };
   auto linear = [&](const at::Tensor& in, const std::string& name, bool bias) {
-    return bias ? at::linear(in, Param(name + ".weight"), Param(name + ".bias"))
-                : at::linear(in, Param(name + ".weight"));
+    return LinearFunction::apply(in, Param(name + ".weight"),
+                                 bias ? std::optional<at::Tensor>(Param(name + ".bias")) : std::nullopt);
   };
 
   const at::Tensor n1 = norm(x, p + "attn_norm");
@@ -323,7 +347,7 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   at::Tensor logits32;
   {
     // The working-dtype logits die here, before log-softmax allocates.
-    at::Tensor logits = at::linear(final_norm, head);
+    at::Tensor logits = LinearFunction::apply(final_norm, head, std::nullopt);
     if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
     logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
   }

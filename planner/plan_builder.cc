@@ -78,7 +78,7 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   plan.set_total_params(s.shards.total_elements);
   plan.set_model_states_bytes_per_rank(ModelStatesBytes(s));
 
-  const MemoryBreakdown device = ClosedFormDevicePeak(s);
+  MemoryBreakdown device = ClosedFormDevicePeak(s);
   const SimulatedStep step = SimulateStep(s, options.record_timeline);
   // The simulator and the closed form are tested to agree; a mismatch here is a planner bug.
   ZPLAN_CHECK(step.peak.peak_bytes() == device.peak_bytes());
@@ -86,18 +86,23 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
     for (const MemoryEvent& e : step.events) *plan.add_timeline() = e;
   }
 
-  // Host: each rank's process, plus (CPU ranks) its tensors.
   MemoryBreakdown host_rank = HostPerRank(s);
   if (s.cpu_ranks) {
-    AddBreakdown(device, &host_rank);
-    host_rank.set_peak_event(device.peak_event());
+    // On CPU ranks "device" is all of the rank's tensors, which is what zrun's
+    // counting allocator measures: "offloaded" states live in the same RAM
+    // and are resident for the whole step. Host = those tensors + the process.
+    MemoryBreakdown offloaded = host_rank;
+    offloaded.clear_runtime_bytes();
+    offloaded.clear_pinned_bytes();
+    AddBreakdown(offloaded, &device);
+    host_rank = device;
+    host_rank.set_runtime_bytes(s.host_process);
+    host_rank.set_peak_bytes(LiveTensorBytes(host_rank) + s.host_process);
   }
   const int64_t local = s.ranks_per_node;
-  MemoryBreakdown host_node = ScaledBreakdown(host_rank, local);
-  // On CPU ranks "device" is the rank's tensors in host RAM: what zrun's
-  // counting allocator measures. The fit is judged on the host.
   *plan.mutable_device_per_rank() = device;
-  *plan.mutable_host_per_node() = host_node;
+  *plan.mutable_host_per_node() = ScaledBreakdown(host_rank, local);
+  const MemoryBreakdown& host_node = plan.host_per_node();
   plan.set_host_init_peak_bytes_per_node((s.host_init_per_rank + s.host_process) * local);
 
   for (int64_t rank = 0; rank < s.world_size; ++rank) {
