@@ -49,18 +49,36 @@ for r in 0 63; do
   [[ $rc == 0 ]] && pass "emulated rank $r of 64" || { cat "e$r.out"; fail "emulated rank $r exit $rc"; }
 done
 
-# 4. Per-rank memory falls with world size as the plan says (stage 2).
+# 4. Per-rank memory falls with world size as the plan says (stage 3).
 prev=""
 for w in 1 2 4; do
-  plan "s$w.pb" $w 2
+  plan "s$w.pb" $w 3
   "$ZRUN" "s$w.pb" --steps 2 --report "s$w.json" > "s$w.out" 2>&1 || { cat "s$w.out"; fail "stage 2 world $w"; }
   read -r _ m < <(measured "s$w.json"); p=$(peak "s$w.pb")
-  echo "stage 2 world $w: planned $p measured $m"
+  echo "stage 3 world $w: planned $p measured $m"
   [[ -z $prev || $m -lt $prev ]] || fail "world $w measured $m not below $prev"
+  python3 -c "import sys; p,m=int(sys.argv[1]),int(sys.argv[2]); sys.exit(abs(m-p) > 0.03*p)" "$p" "$m" \
+    || fail "stage 3 world $w: measured $m is not within 3% of planned $p"
   prev=$m
 done
 
-# 5. Bad input: not a plan, world size mismatch, rank outside the world.
+# 5. A learnable token file: a repeating 16-token pattern; the loss must fall.
+python3 -c "
+import struct
+ids = [(i * 7) % 16 for i in range(4096)]
+open('tokens.bin', 'wb').write(struct.pack('<%dH' % len(ids), *ids))"
+plan learn.pb 1 2
+"$ZRUN" learn.pb --steps 30 --data tokens.bin --report learn.json > learn.out 2>&1 || { cat learn.out; fail "token file run"; }
+python3 -c "
+import json, sys
+l = json.load(open('learn.json'))['ranks'][0]['losses']
+print('token-file losses: first %.3f last %.3f' % (l[0], l[-1]))
+sys.exit(not l[-1] < 0.5 * l[0])" && pass "loss falls on a learnable token file" || fail "loss did not fall on the token file"
+printf '\x01' > odd.bin
+"$ZRUN" learn.pb --data odd.bin > odd.out 2>&1; rc=$?
+[[ $rc == 2 ]] && grep -q "uint16" odd.out && pass "malformed token file" || { cat odd.out; fail "odd token file exit $rc"; }
+
+# 6. Bad input: not a plan, world size mismatch, rank outside the world.
 printf 'not a plan' > bad.pb
 "$ZRUN" bad.pb > bad.out 2>&1; rc=$?
 [[ $rc == 2 ]] && grep -q "bad.pb" bad.out && pass "corrupt plan" || { cat bad.out; fail "corrupt plan exit $rc"; }
@@ -69,7 +87,7 @@ RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$ZRUN" w2.
 "$ZRUN" w64.pb --emulate-rank 64 > er.out 2>&1; rc=$?
 [[ $rc == 2 ]] && pass "emulated rank outside the world" || fail "emulate-rank 64 exit $rc"
 
-# 6. A rank killed mid-run: every process ends, with a clear error, in bounded time.
+# 7. A rank killed mid-run: every process ends, with a clear error, in bounded time.
 plan long.pb 2 1
 start=$(date +%s)
 "$ZRUN" long.pb --steps 100000 --timeout 20 --report long.json > kill.out 2>&1 &
