@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include <ATen/ATen.h>
@@ -91,6 +92,45 @@ void Sample(RankReport* report, Phase phase, int32_t step) {
   s->set_host_hwm_bytes(HostRss("VmHWM"));
 }
 
+// ZRUN_FAULT_IN_SAVE=<rank>:<step> makes that rank die halfway through
+// writing that step's shard (tests prove the previous checkpoint survives).
+void MaybeDieMidSave(int rank, int64_t step, const std::string& path, const std::string& bytes) {
+  const char* fault = std::getenv("ZRUN_FAULT_IN_SAVE");
+  if (fault == nullptr || absl::StrCat(rank, ":", step) != fault) return;
+  std::FILE* f = std::fopen((path + ".tmp.partial").c_str(), "wb");
+  if (f != nullptr) {
+    std::fwrite(bytes.data(), 1, bytes.size() / 2, f);
+    std::fclose(f);
+  }
+  std::_Exit(17);
+}
+
+absl::Status SaveCheckpoint(const std::string& dir, int64_t step, const RankReport& report, ZeroEngine& engine,
+                            Collectives* comm) {
+  const std::string step_dir = absl::StrCat(dir, "/step-", step);
+  std::error_code error;
+  std::filesystem::create_directories(step_dir, error);
+  if (error) return absl::PermissionDeniedError(absl::StrCat("--save-dir: cannot create ", step_dir, ": ", error.message()));
+  CheckpointShard shard = engine.SaveState();
+  shard.set_step(step);
+  for (double loss : report.losses()) shard.add_losses(loss);
+  const std::string path = absl::StrCat(step_dir, "/rank-", comm->rank(), ".pb");
+  const std::string bytes = shard.SerializeAsString();
+  MaybeDieMidSave(comm->rank(), step, path, bytes);
+  ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+  ZPLAN_RETURN_IF_ERROR(comm->Barrier());  // every shard is complete before `latest` moves
+  if (comm->rank() == 0) ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(dir + "/latest", absl::StrCat("step-", step, "\n")));
+  return comm->Barrier();
+}
+
+absl::StatusOr<CheckpointShard> LoadCheckpoint(const std::string& dir, int rank) {
+  ZPLAN_ASSIGN_OR_RETURN(std::string latest, ReadFile(dir + "/latest"));
+  while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+  const std::string path = absl::StrCat(dir, "/", latest, "/rank-", rank, ".pb");
+  ZPLAN_ASSIGN_OR_RETURN(CheckpointShard shard, ReadProtoFile<CheckpointShard>(path));
+  return shard;
+}
+
 at::ScalarType Dtype(Precision p) {
   return p == PRECISION_FP32 ? at::kFloat : p == PRECISION_FP16 ? at::kHalf : at::kBFloat16;
 }
@@ -117,27 +157,42 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   const int64_t steps = options.steps > 0 ? options.steps : std::max<int64_t>(2, config.train_steps());
   const int64_t accum = config.gradient_accumulation_steps();
   const int64_t b = config.micro_batch_size(), s = config.seq_length();
+  int64_t first_step = 0;
+  if (!options.resume_dir.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(CheckpointShard shard, LoadCheckpoint(options.resume_dir, comm->rank()));
+    ZPLAN_RETURN_IF_ERROR(engine->LoadState(shard));
+    first_step = shard.step();
+    for (double loss : shard.losses()) report.add_losses(loss);
+  }
   Sample(&report, PHASE_INIT, -1);
-  for (int64_t step = 0; step < steps; ++step) {
-    if (step == 1) ResetCpuPeak();  // step 0 warms up: the optimizer state appears in it
+  const int64_t last_step = options.stop_after > 0 ? std::min(steps, options.stop_after) : steps;
+  for (int64_t step = first_step; step < last_step; ++step) {
+    // The first step warms up (optimizer state appears in it); peaks are
+    // measured over the steps after it.
+    if (step == first_step + 1) ResetCpuPeak();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       auto [ids, targets] = data.Batch(b, s, seed, device);
       at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing(), engine->hooks());
-      if (step > 0) Sample(&report, PHASE_FORWARD, static_cast<int32_t>(step));
+      if (step > first_step) Sample(&report, PHASE_FORWARD, static_cast<int32_t>(step));
       loss_sum += loss.item<double>();
       (loss * engine->loss_scale()).backward();
       loss.reset();
       ZPLAN_RETURN_IF_ERROR(engine->AfterBackward(micro == accum - 1));
-      if (step > 0) Sample(&report, PHASE_BACKWARD, static_cast<int32_t>(step));
+      if (step > first_step) Sample(&report, PHASE_BACKWARD, static_cast<int32_t>(step));
     }
     ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(LearningRate(config.optimizer(), step, steps)));
-    if (step > 0) Sample(&report, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
+    if (step > first_step) Sample(&report, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::kDouble);
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
     report.add_losses(mean_loss.item<double>() / comm->world_size());
     (void)result;
+    const int64_t done = step + 1;
+    if (!options.save_dir.empty() &&
+        (done == last_step || (options.save_every > 0 && done % options.save_every == 0))) {
+      ZPLAN_RETURN_IF_ERROR(SaveCheckpoint(options.save_dir, done, report, *engine, comm));
+    }
   }
   // Measured breakdown: the peak over steady-state steps (all tensors), and
   // what stays resident between steps.

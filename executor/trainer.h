@@ -23,9 +23,18 @@
 
 namespace zplan {
 
+// Checkpoints: every rank writes <save_dir>/step-K/rank-R.pb (temp file +
+// rename); after a barrier rank 0 replaces <save_dir>/latest ("step-K") the
+// same way, so a crash mid-save leaves the previous checkpoint in force.
+// Resuming reads <resume_dir>/latest and continues at step K with the same
+// data and learning-rate schedule, reproducing an uninterrupted run's losses.
 struct TrainOptions {
-  int64_t steps = 0;           // 0 = the plan's train_steps
+  int64_t steps = 0;           // total optimizer steps (0 = the plan's train_steps)
   std::string data_path;       // uint16 token ids; empty = synthetic
+  std::string save_dir;        // empty = no checkpoints
+  int64_t save_every = 0;      // steps between checkpoints; 0 = only after the last
+  std::string resume_dir;      // empty = start from step 0
+  int64_t stop_after = 0;      // stop (and checkpoint) after this step, as a preempted job would
 };
 
 // kFailedPrecondition when the model does not match the plan's inventory or

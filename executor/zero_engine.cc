@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -46,6 +47,29 @@ int PartOf(const std::string& name, int num_layers) {
     if (absl::SimpleAtoi(rest, &layer)) return layer;
   }
   return num_layers;  // final_norm, lm_head
+}
+
+NamedTensor ToNamed(const std::string& name, const at::Tensor& t) {
+  NamedTensor out;
+  out.set_name(name);
+  const at::Tensor host = t.detach().to(at::kCPU).contiguous();
+  out.set_dtype(host.scalar_type() == at::kFloat      ? "float32"
+                : host.scalar_type() == at::kBFloat16 ? "bfloat16"
+                                                      : "float16");
+  for (int64_t d : host.sizes()) out.add_shape(d);
+  out.set_data(host.data_ptr(), host.nbytes());
+  return out;
+}
+
+absl::Status FromNamed(const NamedTensor& in, at::Tensor dst) {
+  if (static_cast<int64_t>(in.data().size()) != dst.nbytes()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint tensor ", in.name(), " has ", in.data().size(),
+                                                      " bytes, this run needs ", dst.nbytes()));
+  }
+  at::Tensor host = at::empty(dst.sizes(), dst.options().device(at::kCPU));
+  std::memcpy(host.data_ptr(), in.data().data(), in.data().size());
+  dst.copy_(host);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -441,6 +465,69 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   if (grad_shard_.defined()) grad_shard_.zero_();
   if (host_grads_.defined()) host_grads_.zero_();
   return result;
+}
+
+CheckpointShard ZeroEngine::SaveState() const {
+  CheckpointShard shard;
+  shard.set_rank(comm_->rank());
+  shard.set_world_size(comm_->world_size());
+  shard.set_stage(stage_);
+  shard.set_precision(config_.precision() == PRECISION_FP32 ? "fp32" : fp16_ ? "fp16" : "bf16");
+  int64_t total = 0;
+  for (const Slot& slot : slots_) total += slot.numel;
+  shard.set_total_params(total);
+  shard.set_loss_scale(loss_scale_);
+  shard.set_good_steps(good_steps_);
+  const at::Tensor working = stage_ < 3 ? flat_params_.narrow(0, owned_begin_, owned_numel_) : flat_shards_;
+  *shard.add_tensors() = ToNamed("working", working);
+  if (master_.defined()) *shard.add_tensors() = ToNamed("master", master_);
+  *shard.add_tensors() = ToNamed("exp_avg", exp_avg_);
+  *shard.add_tensors() = ToNamed("exp_avg_sq", exp_avg_sq_);
+  *shard.add_tensors() = ToNamed("step_count", step_count_.reshape({1}));
+  for (const Slot& slot : slots_) {
+    OwnedSlice* s = shard.add_slices();
+    s->set_param(slot.name);
+    for (int64_t d : slot.shape) s->add_shape(d);
+    s->set_lo(slot.own_lo);
+    s->set_hi(slot.own_hi);
+    s->set_dst(slot.own_dst);
+  }
+  return shard;
+}
+
+absl::Status ZeroEngine::LoadState(const CheckpointShard& shard) {
+  const CheckpointShard mine = SaveState();  // the layout this run expects
+  if (shard.world_size() != mine.world_size() || shard.stage() != mine.stage() ||
+      shard.total_params() != mine.total_params() || shard.precision() != mine.precision() ||
+      shard.rank() != mine.rank()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint of rank ", shard.rank(), "/", shard.world_size(), ", ZeRO-", shard.stage(), ", ",
+        shard.total_params(), " parameters, ", shard.precision(), " does not match this run (rank ", mine.rank(), "/",
+        mine.world_size(), ", ZeRO-", mine.stage(), ", ", mine.total_params(), " parameters, ", mine.precision(),
+        "); resume with the plan it was written for"));
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor working = stage_ < 3 ? flat_params_.narrow(0, owned_begin_, owned_numel_) : flat_shards_;
+  at::Tensor step = step_count_.view({1});
+  for (const NamedTensor& t : shard.tensors()) {
+    at::Tensor dst = t.name() == "working"      ? working
+                     : t.name() == "master"     ? master_
+                     : t.name() == "exp_avg"    ? exp_avg_
+                     : t.name() == "exp_avg_sq" ? exp_avg_sq_
+                     : t.name() == "step_count" ? step
+                                                : at::Tensor();
+    if (!dst.defined()) return absl::FailedPreconditionError("checkpoint has an unknown tensor " + t.name());
+    ZPLAN_RETURN_IF_ERROR(FromNamed(t, dst));
+  }
+  loss_scale_ = shard.loss_scale();
+  good_steps_ = shard.good_steps();
+  if (stage_ == 1 || stage_ == 2) {
+    const at::Tensor owned = flat_params_.narrow(0, owned_begin_, owned_numel_).clone();
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(owned, flat_params_));
+  } else if (stage_ == 3) {
+    ZPLAN_RETURN_IF_ERROR(RefreshPersistent());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace zplan

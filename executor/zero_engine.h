@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "executor/collectives.h"
 #include "executor/transformer.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/run_config.pb.h"
 
 namespace torch::autograd {
@@ -76,6 +77,13 @@ class ZeroEngine {
 
   // Clip, update, and make every rank's parameters current again.
   absl::StatusOr<StepResult> Step(double learning_rate);
+
+  // This rank's optimizer state and working weights (copied to the host),
+  // with the parameter slices they cover; step/losses are the caller's.
+  CheckpointShard SaveState() const;
+  // Restores SaveState()'s output; kFailedPrecondition when it was written
+  // for another world size, stage, model or precision.
+  absl::Status LoadState(const CheckpointShard& shard);
 
   // Stage-3 gather/release callbacks for Transformer::Loss (inactive below stage 3).
   const BlockHooks& hooks() const { return hooks_; }

@@ -62,7 +62,9 @@ int RunRank(const Plan& plan, const RankInfo& info, CollectiveBackend backend, c
     err << "zrun rank " << info.rank << ": " << comm.status().message() << "\n";
     return kExitError;
   }
-  auto report = TrainRank(plan, comm->get(), {options.steps, options.data_path});
+  auto report = TrainRank(plan, comm->get(),
+                          {options.steps, options.data_path, options.save_dir, options.save_every, options.resume_dir,
+                           options.stop_after});
   if (!report.ok()) {
     err << "zrun rank " << info.rank << ": " << report.status().message() << "\n";
     return ExitCodeFor(report.status());
@@ -248,6 +250,10 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
                                    absl::StrCat("--steps=", options.steps),
                                    absl::StrCat("--timeout=", options.timeout_seconds)};
   if (!options.data_path.empty()) argv.push_back("--data=" + options.data_path);
+  if (!options.save_dir.empty()) argv.push_back("--save_dir=" + options.save_dir);
+  if (options.save_every > 0) argv.push_back(absl::StrCat("--save_every=", options.save_every));
+  if (!options.resume_dir.empty()) argv.push_back("--resume=" + options.resume_dir);
+  if (options.stop_after > 0) argv.push_back(absl::StrCat("--stop_after=", options.stop_after));
   return SpawnRanks(plan, options, argv, err);
 }
 

@@ -40,6 +40,10 @@ struct ZrunOptions {
   std::string data_path;                  // uint16 token file; empty = synthetic
   int emulate_rank = -1;                  // >= 0: emulated-rank mode
   double timeout_seconds = 120;           // collectives and rendezvous
+  std::string save_dir;                   // checkpoints (trainer.h)
+  int64_t save_every = 0;
+  std::string resume_dir;
+  int64_t stop_after = 0;
   std::string self_path;                  // this binary, for spawning ranks
 };
 
