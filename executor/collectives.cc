@@ -12,6 +12,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -212,9 +215,11 @@ absl::StatusOr<std::optional<RankInfo>> RankInfoFromEnvironment() {
 absl::StatusOr<std::unique_ptr<Collectives>> CreateCollectives(const RankInfo& info, CollectiveBackend backend,
                                                                absl::Duration timeout) {
   if (backend == CollectiveBackend::kEmulated) return std::unique_ptr<Collectives>(new EmulatedCollectives(info));
+#ifndef USE_C10D_NCCL
   if (backend == CollectiveBackend::kNccl) {
-    return absl::UnimplementedError("NCCL collectives are not built into this zrun yet; use Gloo or emulated ranks");
+    return absl::UnimplementedError("this zrun was built without NCCL; use Gloo or emulated ranks");
   }
+#endif
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> group;
   absl::Status status = Guard("rendezvous", [&] {
@@ -225,6 +230,16 @@ absl::StatusOr<std::unique_ptr<Collectives>> CreateCollectives(const RankInfo& i
     options.timeout = ToChrono(timeout);
     auto tcp = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
     store = c10::make_intrusive<c10d::PrefixStore>("zrun", tcp);
+#ifdef USE_C10D_NCCL
+    if (backend == CollectiveBackend::kNccl) {
+      // One rank per GPU; the current device was set by the caller.
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = ToChrono(timeout);
+      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
+                                                          info.rank, info.world_size, nccl_options);
+      return;
+    }
+#endif
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(ToChrono(timeout));
     // One node: loopback. Several: GLOO_SOCKET_IFNAME or this host's address.
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr) {
@@ -238,7 +253,8 @@ absl::StatusOr<std::unique_ptr<Collectives>> CreateCollectives(const RankInfo& i
                                                         info.rank, info.world_size, gloo_options);
   });
   if (!status.ok()) return status;
-  return std::unique_ptr<Collectives>(new C10dCollectives(info, store, group, "gloo"));
+  return std::unique_ptr<Collectives>(
+      new C10dCollectives(info, store, group, backend == CollectiveBackend::kNccl ? "nccl" : "gloo"));
 }
 
 absl::StatusOr<int> FindFreePort() {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "executor/counting_allocator.h"
+#include "executor/device_memory.h"
 #include "executor/transformer.h"
 #include "executor/zero_engine.h"
 #include "planner/proto_io.h"
@@ -81,13 +82,16 @@ class TokenSource {
   at::Tensor tokens_;
 };
 
-void Sample(RankReport* report, Phase phase, int32_t step) {
-  const CpuMemoryStats stats = GetCpuMemoryStats();
+void Sample(RankReport* report, const at::Device& device, Phase phase, int32_t step) {
+  const DeviceMemorySample m = SampleDeviceMemory(device);
   PhaseSample* s = report->add_samples();
   s->set_phase(phase);
   s->set_step(step);
-  s->set_allocated_bytes(stats.current_bytes);
-  s->set_peak_allocated_bytes(stats.peak_bytes);
+  s->set_allocated_bytes(m.allocated_bytes);
+  s->set_peak_allocated_bytes(m.peak_allocated_bytes);
+  s->set_reserved_bytes(m.reserved_bytes);
+  s->set_peak_reserved_bytes(m.peak_reserved_bytes);
+  s->set_device_used_bytes(m.device_used_bytes);
   s->set_host_rss_bytes(HostRss("VmRSS"));
   s->set_host_hwm_bytes(HostRss("VmHWM"));
 }
@@ -137,11 +141,8 @@ at::ScalarType Dtype(Precision p) {
 
 absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* comm, const TrainOptions& options) {
   const RunConfig& config = plan.config();
-  if (plan.gpu().key() != "cpu") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "plan targets ", plan.gpu().name(), " but this zrun runs CPU ranks only so far; plan with --gpu cpu"));
-  }
-  const at::Device device(at::kCPU);
+  const int local_rank = comm->rank() % static_cast<int>(std::max<int64_t>(1, config.cluster().gpus_per_node()));
+  ZPLAN_ASSIGN_OR_RETURN(const at::Device device, SelectDevice(plan.gpu().key() != "cpu", local_rank));
   ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(plan.model(), Dtype(config.precision()),
                                                                 static_cast<uint64_t>(config.seed()), device));
   const std::vector<TensorSpec> inventory(plan.parameters().begin(), plan.parameters().end());
@@ -164,26 +165,26 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     first_step = shard.step();
     for (double loss : shard.losses()) report.add_losses(loss);
   }
-  Sample(&report, PHASE_INIT, -1);
+  Sample(&report, device, PHASE_INIT, -1);
   const int64_t last_step = options.stop_after > 0 ? std::min(steps, options.stop_after) : steps;
   for (int64_t step = first_step; step < last_step; ++step) {
     // The first step warms up (optimizer state appears in it); peaks are
     // measured over the steps after it.
-    if (step == first_step + 1) ResetCpuPeak();
+    if (step == first_step + 1) ResetDevicePeak(device);
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       auto [ids, targets] = data.Batch(b, s, seed, device);
       at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing(), engine->hooks());
-      if (step > first_step) Sample(&report, PHASE_FORWARD, static_cast<int32_t>(step));
+      if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
       loss_sum += loss.item<double>();
       (loss * engine->loss_scale()).backward();
       loss.reset();
       ZPLAN_RETURN_IF_ERROR(engine->AfterBackward(micro == accum - 1));
-      if (step > first_step) Sample(&report, PHASE_BACKWARD, static_cast<int32_t>(step));
+      if (step > first_step) Sample(&report, device, PHASE_BACKWARD, static_cast<int32_t>(step));
     }
     ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(LearningRate(config.optimizer(), step, steps)));
-    if (step > first_step) Sample(&report, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
+    if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::kDouble);
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
     report.add_losses(mean_loss.item<double>() / comm->world_size());
@@ -194,13 +195,19 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
       ZPLAN_RETURN_IF_ERROR(SaveCheckpoint(options.save_dir, done, report, *engine, comm));
     }
   }
-  // Measured breakdown: the peak over steady-state steps (all tensors), and
-  // what stays resident between steps.
-  const CpuMemoryStats stats = GetCpuMemoryStats();
+  // Measured: peak tensor bytes over the steady-state steps; on CUDA also the
+  // allocator's reserved-but-unallocated band and memory outside it
+  // (context, cuBLAS, NCCL), as the plan's breakdown names them.
+  const DeviceMemorySample m = SampleDeviceMemory(device);
   MemoryBreakdown* measured = report.mutable_measured_device();
-  measured->set_peak_bytes(stats.peak_bytes);
-  MemoryBreakdown* host = report.mutable_measured_host();
-  host->set_peak_bytes(HostRss("VmHWM"));
+  measured->set_peak_bytes(m.peak_allocated_bytes);
+  if (device.is_cuda()) {
+    measured->set_allocator_bytes(m.peak_reserved_bytes - m.peak_allocated_bytes);
+    measured->set_runtime_bytes(std::max<int64_t>(0, m.device_used_bytes - m.reserved_bytes));
+  }
+  report.set_num_alloc_retries(m.num_alloc_retries);
+  report.set_num_ooms(m.num_ooms);
+  report.mutable_measured_host()->set_peak_bytes(HostRss("VmHWM"));
   return report;
 }
 

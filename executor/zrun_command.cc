@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "executor/collectives.h"
+#include "executor/device_memory.h"
 #include "executor/trainer.h"
+#include "planner/memory_model.h"
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
@@ -33,13 +35,20 @@ int ExitCodeFor(const absl::Status& status) {
              : kExitError;
 }
 
+// NCCL when every local rank has its own GPU; Gloo for CPU ranks and for
+// several processes sharing one GPU (NCCL refuses two ranks on one device).
+CollectiveBackend RealBackend(const Plan& plan, const RankInfo& info) {
+  if (plan.gpu().key() == "cpu") return CollectiveBackend::kGloo;
+  return info.local_world_size <= CudaDeviceCount() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+}
+
 // Rank 0: every rank's report in, verdict and outputs out.
 int FinishAsRankZero(const Plan& plan, const ZrunOptions& options, const std::string& backend,
                      const std::vector<std::string>& serialized, std::ostream& out, std::ostream& err) {
   Report report;
   report.set_plan_path(options.plan_path);
   report.set_backend(backend);
-  report.set_device("cpu");
+  report.set_device(plan.gpu().key() == "cpu" ? "cpu" : plan.gpu().name());
   for (const std::string& bytes : serialized) {
     if (!report.add_ranks()->ParseFromString(bytes)) {
       err << "zrun: a rank sent an unreadable report\n";
@@ -165,7 +174,9 @@ void JudgeReport(const Plan& plan, Report* report) {
   const int64_t device_budget = plan.gpu().capacity_bytes() > 0 ? plan.budget().device_bytes_per_rank() : 0;
   bool passed = true;
   for (const RankReport& rank : report->ranks()) {
-    const int64_t predicted = plan.device_per_rank().peak_bytes();
+    // Tensor bytes: the planned peak without runtime and allocator band, vs
+    // the measured peak allocated (exact on CPU ranks).
+    const int64_t predicted = LiveTensorBytes(plan.device_per_rank());
     const int64_t measured = rank.measured_device().peak_bytes();
     const double error = predicted > 0 ? static_cast<double>(measured - predicted) / predicted : 0;
     if (tolerance > 0 && std::fabs(error) > tolerance) {
@@ -186,10 +197,10 @@ void JudgeReport(const Plan& plan, Report* report) {
 std::string FormatReport(const Plan& plan, const Report& report) {
   std::string out = absl::StrFormat("zrun: %s, %d rank(s) over %s, ZeRO-%d\n\n", plan.model().name(),
                                     report.ranks_size(), report.backend(), plan.config().zero().stage());
-  absl::StrAppend(&out, absl::StrFormat("%-5s  %16s  %16s  %8s  %14s\n", "rank", "planned peak", "measured peak",
+  absl::StrAppend(&out, absl::StrFormat("%-5s  %16s  %16s  %8s  %14s\n", "rank", "planned tensors", "measured peak",
                                         "error", "host VmHWM"));
   for (const RankReport& rank : report.ranks()) {
-    const int64_t predicted = plan.device_per_rank().peak_bytes();
+    const int64_t predicted = LiveTensorBytes(plan.device_per_rank());
     const int64_t measured = rank.measured_device().peak_bytes();
     absl::StrAppend(&out, absl::StrFormat("%-5d  %16s  %16s  %+7.2f%%  %14s\n", rank.rank(), FormatBytes(predicted),
                                           FormatBytes(measured),
@@ -238,9 +249,9 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
           << "); re-plan with zplan --gpus/--nodes or launch " << world << " ranks\n";
       return kExitBadInput;
     }
-    return RunRank(plan, info, CollectiveBackend::kGloo, options, out, err);
+    return RunRank(plan, info, RealBackend(plan, info), options, out, err);
   }
-  if (world == 1) return RunRank(plan, RankInfo{}, CollectiveBackend::kGloo, options, out, err);
+  if (world == 1) return RunRank(plan, RankInfo{}, RealBackend(plan, RankInfo{}), options, out, err);
   if (plan.config().cluster().num_nodes() > 1) {
     err << "zrun: the plan spans " << plan.config().cluster().num_nodes()
         << " nodes; start one zrun per rank with torchrun or srun (RANK/WORLD_SIZE/...), or use --emulate-rank\n";

@@ -110,6 +110,16 @@ cc_library(
     deps = [":cuda_headers"],
 )
 
+# The CUDA runtime of the wheel (nvidia/cu13), for the few direct CUDA calls.
+cc_library(
+    name = "cudart",
+    linkopts = [
+        "-L{site}/nvidia/cu13/lib",
+        "-Wl,-rpath,{site}/nvidia/cu13/lib",
+        "-l:libcudart.so.13",
+    ],
+)
+
 # CUDA runtime headers (for c10/cuda) and the NCCL headers that match
 # torch's pinned nvidia-nccl-cu13.
 cc_library(
@@ -140,7 +150,7 @@ def _torch_impl(rctx):
         rctx.file("cuda_include/README", "no CUDA toolkit at %s\n" % rctx.attr.cuda_include)
     rctx.symlink(site + "/nvidia/nccl/include", "nccl_include")
     rctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % rctx.name)
-    rctx.file("BUILD.bazel", _TORCH_BUILD.format(torch_dir = torch_dir, version = version))
+    rctx.file("BUILD.bazel", _TORCH_BUILD.format(torch_dir = torch_dir, version = version, site = site))
 
 torch_repository = repository_rule(
     implementation = _torch_impl,

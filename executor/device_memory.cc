@@ -1,0 +1,69 @@
+#include "executor/device_memory.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#include <torch/cuda.h>
+
+#include "absl/strings/str_cat.h"
+#include "executor/counting_allocator.h"
+
+namespace zplan {
+namespace {
+
+constexpr size_t kAggregate = 0;  // StatType::AGGREGATE
+
+}  // namespace
+
+int CudaDeviceCount() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+absl::StatusOr<at::Device> SelectDevice(bool cuda, int local_rank) {
+  if (!cuda) return at::Device(at::kCPU);
+  const int count = CudaDeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        "the plan targets a GPU but no CUDA device is visible; plan with --gpu cpu to run on CPU ranks");
+  }
+  const auto index = static_cast<c10::DeviceIndex>(local_rank % count);
+  c10::cuda::set_device(index);
+  return at::Device(at::kCUDA, index);
+}
+
+std::string DeviceName(const at::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device.index()) != cudaSuccess) return "cuda";
+  return prop.name;
+}
+
+DeviceMemorySample SampleDeviceMemory(const at::Device& device) {
+  DeviceMemorySample s;
+  if (!device.is_cuda()) {
+    const CpuMemoryStats cpu = GetCpuMemoryStats();
+    s.allocated_bytes = cpu.current_bytes;
+    s.peak_allocated_bytes = cpu.peak_bytes;
+    return s;
+  }
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  s.allocated_bytes = stats.allocated_bytes[kAggregate].current;
+  s.peak_allocated_bytes = stats.allocated_bytes[kAggregate].peak;
+  s.reserved_bytes = stats.reserved_bytes[kAggregate].current;
+  s.peak_reserved_bytes = stats.reserved_bytes[kAggregate].peak;
+  s.num_alloc_retries = stats.num_alloc_retries;
+  s.num_ooms = stats.num_ooms;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    s.device_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);
+  }
+  return s;
+}
+
+void ResetDevicePeak(const at::Device& device) {
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  } else {
+    ResetCpuPeak();
+  }
+}
+
+}  // namespace zplan

@@ -1,0 +1,43 @@
+// File: device_memory.h
+// The device a rank trains on and its memory counters, one interface for
+// CPU ranks (the counting allocator: exact tensor bytes) and CUDA ranks (the
+// caching allocator's peak allocated / reserved, retries, OOMs, and
+// device-wide used memory from cudaMemGetInfo). The only file of zrun that
+// includes CUDA headers.
+#ifndef ZPLAN_EXECUTOR_DEVICE_MEMORY_H_
+#define ZPLAN_EXECUTOR_DEVICE_MEMORY_H_
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+
+namespace zplan {
+
+struct DeviceMemorySample {
+  int64_t allocated_bytes = 0;       // live tensor bytes
+  int64_t peak_allocated_bytes = 0;  // since the last reset
+  int64_t reserved_bytes = 0;        // CUDA: caching allocator segments
+  int64_t peak_reserved_bytes = 0;
+  int64_t device_used_bytes = 0;     // CUDA: total - free, whole device
+  int64_t num_alloc_retries = 0;     // COUNT (CUDA)
+  int64_t num_ooms = 0;              // COUNT (CUDA)
+};
+
+// CPU, or cuda:local_rank % device_count when `cuda` is true (made current).
+// kFailedPrecondition when CUDA is wanted but no device is visible.
+absl::StatusOr<at::Device> SelectDevice(bool cuda, int local_rank);
+
+// Number of visible CUDA devices (0 without CUDA).
+int CudaDeviceCount();
+
+std::string DeviceName(const at::Device& device);
+
+DeviceMemorySample SampleDeviceMemory(const at::Device& device);
+void ResetDevicePeak(const at::Device& device);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_EXECUTOR_DEVICE_MEMORY_H_
