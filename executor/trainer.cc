@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -167,7 +168,10 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   }
   Sample(&report, device, PHASE_INIT, -1);
   const int64_t last_step = options.stop_after > 0 ? std::min(steps, options.stop_after) : steps;
+  double measured_seconds = 0;
+  int64_t measured_steps = 0;
   for (int64_t step = first_step; step < last_step; ++step) {
+    const auto started = std::chrono::steady_clock::now();
     // The first step warms up (optimizer state appears in it); peaks are
     // measured over the steps after it.
     if (step == first_step + 1) ResetDevicePeak(device);
@@ -189,6 +193,10 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
     report.add_losses(mean_loss.item<double>() / comm->world_size());
     (void)result;
+    if (step > first_step) {
+      measured_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      ++measured_steps;
+    }
     const int64_t done = step + 1;
     if (!options.save_dir.empty() &&
         (done == last_step || (options.save_every > 0 && done % options.save_every == 0))) {
@@ -204,6 +212,10 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   if (device.is_cuda()) {
     measured->set_allocator_bytes(m.peak_reserved_bytes - m.peak_allocated_bytes);
     measured->set_runtime_bytes(std::max<int64_t>(0, m.device_used_bytes - m.reserved_bytes));
+  }
+  if (measured_steps > 0) {
+    report.set_mean_step_seconds(measured_seconds / measured_steps);
+    report.set_tokens_per_second(static_cast<double>(b * s * accum) / report.mean_step_seconds());
   }
   report.set_num_alloc_retries(m.num_alloc_retries);
   report.set_num_ooms(m.num_ooms);

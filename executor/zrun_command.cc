@@ -197,15 +197,16 @@ void JudgeReport(const Plan& plan, Report* report) {
 std::string FormatReport(const Plan& plan, const Report& report) {
   std::string out = absl::StrFormat("zrun: %s, %d rank(s) over %s, ZeRO-%d\n\n", plan.model().name(),
                                     report.ranks_size(), report.backend(), plan.config().zero().stage());
-  absl::StrAppend(&out, absl::StrFormat("%-5s  %16s  %16s  %8s  %14s\n", "rank", "planned tensors", "measured peak",
-                                        "error", "host VmHWM"));
+  absl::StrAppend(&out, absl::StrFormat("%-5s  %16s  %16s  %8s  %14s  %10s  %10s\n", "rank", "planned tensors",
+                                        "measured peak", "error", "host VmHWM", "step s", "tokens/s"));
   for (const RankReport& rank : report.ranks()) {
     const int64_t predicted = LiveTensorBytes(plan.device_per_rank());
     const int64_t measured = rank.measured_device().peak_bytes();
-    absl::StrAppend(&out, absl::StrFormat("%-5d  %16s  %16s  %+7.2f%%  %14s\n", rank.rank(), FormatBytes(predicted),
-                                          FormatBytes(measured),
+    absl::StrAppend(&out, absl::StrFormat("%-5d  %16s  %16s  %+7.2f%%  %14s  %10.3f  %10.0f\n", rank.rank(),
+                                          FormatBytes(predicted), FormatBytes(measured),
                                           predicted > 0 ? 100.0 * (measured - predicted) / predicted : 0.0,
-                                          FormatBytes(rank.measured_host().peak_bytes())));
+                                          FormatBytes(rank.measured_host().peak_bytes()), rank.mean_step_seconds(),
+                                          rank.tokens_per_second()));
   }
   if (!report.ranks().empty()) {
     absl::StrAppend(&out, "\nlosses:");
