@@ -185,23 +185,26 @@ int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, 
   return 0;
 }
 
-int64_t BlockBackwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
   const int64_t w = DTypeBytes(dtype);
   const int64_t bs = b * s;
-  // Gradient w.r.t. the block output and input are both alive at the end.
+  // Gradient w.r.t. the half's output and input are both alive at its end.
   const int64_t residual_grads = 2 * bs * spec.hidden_size() * w;
+  BlockBackwardTransients t;
   // FFN: grad of the product, then grads of both branches before the sum.
   const int64_t ffn_branches = spec.ffn_type() == FFN_SWIGLU ? 3 : 2;
-  const int64_t ffn = ffn_branches * bs * spec.ffn_hidden_size() * w;
-  int64_t attention = 0;
+  t.mlp_bytes = residual_grads + ffn_branches * bs * spec.ffn_hidden_size() * w;
   if (spec.attention_impl() == ATTENTION_EAGER) {
     // grad of probabilities and grad of scores, each [b,a,s,s].
-    attention = 2 * b * spec.num_attention_heads() * s * s * w;
+    t.attention_bytes = residual_grads + 2 * b * spec.num_attention_heads() * s * s * w;
   } else {
     // grads of q, k, v.
-    attention = bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * spec.head_dim() * w;
+    t.attention_bytes =
+        residual_grads + bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * spec.head_dim() * w;
   }
-  return residual_grads + std::max(ffn, attention);
+  return t;
 }
+
+bool IsMlpTensor(const TensorSpec& tensor) { return tensor.name().find(".mlp") != std::string::npos; }
 
 }  // namespace zplan

@@ -52,11 +52,21 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
 int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
                                    int64_t seq_length, DType dtype);
 
-// Peak bytes of gradient temporaries inside one block's backward (gradients
-// of the FFN intermediates, of attention probabilities for eager attention,
-// of the block input and output).
-int64_t BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
-                                    int64_t seq_length, DType dtype);
+// Peak bytes of gradient temporaries in one block's backward, for each half:
+// the MLP's backward runs first (gradients of the FFN intermediates), then
+// attention's (of the probabilities for eager attention, else of q, k, v).
+// Both include the gradients w.r.t. the half's input and output.
+struct BlockBackwardTransients {
+  int64_t mlp_bytes = 0;
+  int64_t attention_bytes = 0;
+};
+BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
+                                                    DType dtype);
+
+// True for the MLP half of a block (its norm, projections and saved
+// activations): its backward runs, and frees what it saved, before
+// attention's.
+bool IsMlpTensor(const TensorSpec& tensor);
 
 }  // namespace zplan
 

@@ -75,18 +75,23 @@ Moment BestMoment(const StepSizes& s) {
   Live base = Resident(s);
   base[kActivations] += s.step_inputs;
 
-  // 1. Forward: the last block at its widest (activations only grow).
+  // 1. Forward through the last block (activations only grow): at attention
+  // (its temporaries, the MLP half not yet saved) and at the block's end.
   {
     Live l = base;
     l[kParams] += s.block_gather;
     if (s.checkpointing) {
       l[kActivations] += s.block_input * (last + 1);
       l[kTemps] += s.block_nograd_peak;
+      consider(l, "forward, layer %d", last);
     } else {
-      l[kActivations] += saved_through(last);
-      l[kTemps] += s.block_fwd_transient;
+      l[kActivations] += saved_through(last) - s.block_saved_mlp;
+      Live attention = l;
+      attention[kTemps] += s.block_fwd_transient;
+      consider(attention, "forward, layer %d", last);
+      l[kActivations] += s.block_saved_mlp;
+      consider(l, "forward, layer %d", last);
     }
-    consider(l, "forward, layer %d", last);
   }
 
   // 2. Loss: logits, fp32 upcast, log-softmax and their gradients.
@@ -135,17 +140,32 @@ Moment BestMoment(const StepSizes& s) {
     if (s.checkpointing) {
       l[kActivations] += s.block_input * (i + 1);
       Live recompute = l;
-      recompute[kActivations] += s.block_saved;
+      recompute[kActivations] += s.block_saved - s.block_saved_mlp;
       recompute[kTemps] += s.block_fwd_transient;
       consider(recompute, "backward, layer %d, recompute", i);
       l[kActivations] += s.block_saved;
     } else {
       l[kActivations] += saved_through(i);
     }
-    l[kTemps] += s.block_bwd_transient;
-    l[s.grads_kept_on_production ? kGrads : kTemps] +=
-        s.grads_kept_on_production ? s.block_grads : s.block_max_param_grad;
-    consider(l, "backward, layer %d, weight gradients", i);
+    // The MLP half's backward, then attention's once the MLP's saved
+    // tensors are gone.
+    Live mlp = l;
+    mlp[kTemps] += s.block_bwd_mlp_transient;
+    if (s.grads_kept_on_production) {
+      mlp[kGrads] += s.block_grads_mlp;
+    } else {
+      mlp[kTemps] += s.block_max_mlp_grad;
+    }
+    consider(mlp, "backward, layer %d, MLP gradients", i);
+    Live attention = l;
+    attention[kActivations] -= s.block_saved_mlp;
+    attention[kTemps] += s.block_bwd_attn_transient;
+    if (s.grads_kept_on_production) {
+      attention[kGrads] += s.block_grads;
+    } else {
+      attention[kTemps] += s.block_max_attn_grad;
+    }
+    consider(attention, "backward, layer %d, attention gradients", i);
     if (s.num_layers == 1) break;
   }
 
@@ -248,11 +268,21 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
 
   // Blocks.
   const std::vector<TensorSpec> block_params = BlockParameters(model, 0);
-  int64_t block_param_elements = 0, largest = 0;
+  int64_t block_param_elements = 0, mlp_elements = 0, largest_mlp = 0, largest_attn = 0;
   for (const TensorSpec& t : block_params) {
     block_param_elements += NumElements(t);
-    largest = std::max(largest, NumElements(t));
+    if (IsMlpTensor(t)) {
+      mlp_elements += NumElements(t);
+      largest_mlp = std::max(largest_mlp, NumElements(t));
+    } else {
+      largest_attn = std::max(largest_attn, NumElements(t));
+    }
   }
+  int64_t mlp_saved_11 = 0;
+  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 0)) {
+    if (IsMlpTensor(t)) mlp_saved_11 += TensorBytes(t);
+  }
+  sizer.saved_mlp_per_token_ = mlp_saved_11;
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
   // causal mask): fit the three terms from the inventory, check a fourth point.
   auto saved = [&](int64_t b, int64_t seq) { return SumBytes(BlockSavedActivations(model, b, seq, dtype, 0)); };
@@ -263,7 +293,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   ZPLAN_CHECK(saved(3, 5) == sizer.saved_per_token_ * 15 + sizer.saved_per_token_sq_ * 75 +
                                  sizer.saved_per_seq_sq_ * 25);
   s.block_grads = block_param_elements * w;
-  s.block_max_param_grad = largest * w;
+  s.block_grads_mlp = mlp_elements * w;
+  s.block_max_mlp_grad = largest_mlp * w;
+  s.block_max_attn_grad = largest_attn * w;
   if (s.stage == 3) {
     int64_t partitioned = 0;
     for (const TensorSpec& t : block_params) {
@@ -325,6 +357,7 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
   const int64_t h = model.hidden_size();
   const int64_t tokens = b * seq;
   s.block_saved = saved_per_token_ * tokens + saved_per_token_sq_ * tokens * seq + saved_per_seq_sq_ * seq * seq;
+  s.block_saved_mlp = saved_mlp_per_token_ * tokens;
   s.block_input = tokens * h * w;
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype);
   // Under no_grad a block frees each intermediate after its last use; the FFN
@@ -334,7 +367,9 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
       tokens * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w +
       (model.attention_impl() == ATTENTION_EAGER ? 2 * b * model.num_attention_heads() * seq * seq * w : 0);
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
-  s.block_bwd_transient = BlockBackwardTransientBytes(model, b, seq, dtype);
+  const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype);
+  s.block_bwd_mlp_transient = bwd.mlp_bytes;
+  s.block_bwd_attn_transient = bwd.attention_bytes;
   s.step_inputs = 2 * tokens * kTokenIdBytes;
   // cos and sin [s, head_dim] in the working dtype, shared by every layer.
   if (model.position_embedding() == POSITION_ROPE) s.step_inputs += 2 * seq * model.head_dim() * w;

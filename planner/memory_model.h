@@ -80,12 +80,16 @@ struct StepSizes {
 
   // Per block.
   int64_t block_saved = 0;           // tensors saved for backward, no checkpointing
+  int64_t block_saved_mlp = 0;       // of which the MLP half's (freed first in backward)
   int64_t block_input = 0;           // b·s·h in the working dtype
   int64_t block_fwd_transient = 0;   // extra inside forward with grad
   int64_t block_nograd_peak = 0;     // checkpointed forward: live intermediates
-  int64_t block_bwd_transient = 0;
+  int64_t block_bwd_mlp_transient = 0;   // MLP half's backward temporaries
+  int64_t block_bwd_attn_transient = 0;  // attention half's
   int64_t block_grads = 0;           // all block parameters, working dtype
-  int64_t block_max_param_grad = 0;  // largest single block parameter
+  int64_t block_grads_mlp = 0;       // of which the MLP half's
+  int64_t block_max_mlp_grad = 0;    // largest single parameter of each half
+  int64_t block_max_attn_grad = 0;
   int64_t block_gather = 0;          // stage 3: gathered block + prefetch
 
   // Model ends.
@@ -141,6 +145,7 @@ class StepSizer {
   int64_t saved_per_token_ = 0;
   int64_t saved_per_token_sq_ = 0;
   int64_t saved_per_seq_sq_ = 0;
+  int64_t saved_mlp_per_token_ = 0;  // the MLP half: linear in b*s
 };
 
 // Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).

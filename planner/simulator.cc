@@ -113,19 +113,22 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     const int g = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_FORWARD, -1, "embedding gathered");
     r.Free(g, PHASE_FORWARD, -1, "embedding released");
   }
-  std::vector<int> saved(s.num_layers);
+  // Per block: the attention half's saved tensors, then the MLP half's
+  // (with checkpointing only the block input, in the first).
+  std::vector<int> saved_attn(s.num_layers), saved_mlp(s.num_layers);
   for (int i = 0; i < s.num_layers; ++i) {
     const std::string layer = absl::StrCat("forward, layer ", i);
     const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_FORWARD, i, layer + ", parameters gathered");
     if (s.checkpointing) {
-      saved[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, layer + ", checkpointed input");
-      const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i,
-                            layer);
+      saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, layer + ", checkpointed input");
+      saved_mlp[i] = r.Alloc(COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, layer);
+      const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, layer);
       r.Free(t, PHASE_FORWARD, i, layer + ", intermediates freed");
     } else {
-      saved[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved, PHASE_FORWARD, i, layer);
+      saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved - s.block_saved_mlp, PHASE_FORWARD, i, layer);
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, layer);
       r.Free(t, PHASE_FORWARD, i, layer + ", attention scores freed");
+      saved_mlp[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved_mlp, PHASE_FORWARD, i, layer);
     }
     r.Free(gather, PHASE_FORWARD, i, layer + ", parameters released");
   }
@@ -176,25 +179,40 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   for (int i = last; i >= 0; --i) {
     const std::string layer = absl::StrCat("backward, layer ", i);
     const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_BACKWARD, i, layer + ", parameters gathered");
-    int recomputed = -1;
+    int recomputed_attn = -1, recomputed_mlp = -1;
     if (s.checkpointing) {
-      recomputed = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved, PHASE_BACKWARD, i, layer + ", recompute");
+      recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved - s.block_saved_mlp, PHASE_BACKWARD, i,
+                                layer + ", recompute");
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i, layer + ", recompute");
       r.Free(t, PHASE_BACKWARD, i, layer + ", recompute scores freed");
+      recomputed_mlp = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved_mlp, PHASE_BACKWARD, i, layer + ", recomputed");
     }
-    const int transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_transient, PHASE_BACKWARD, i,
-                                  layer + ", activation gradients");
+    // MLP half: its gradients, then what it saved is freed.
+    const std::string mlp = layer + ", MLP gradients";
+    const int mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    if (kept) {
+      kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_mlp, PHASE_BACKWARD, i, mlp));
+    } else {
+      const int g = r.Alloc(COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
+      r.Free(g, PHASE_BACKWARD, i, layer + ", MLP weight gradients into reduce bucket");
+    }
+    r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", MLP activation gradients freed");
+    if (recomputed_mlp >= 0) r.Free(recomputed_mlp, PHASE_BACKWARD, i, layer + ", recomputed MLP activations freed");
+    r.Free(saved_mlp[i], PHASE_BACKWARD, i, layer + ", MLP activations freed");
+    // Attention half.
+    const std::string attention = layer + ", attention gradients";
+    const int attn_transient =
+        r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
     if (kept) {
       kept_grads.push_back(
-          r.Alloc(COMPONENT_GRADS, s.block_grads, PHASE_BACKWARD, i, layer + ", weight gradients"));
+          r.Alloc(COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention));
     } else {
-      const int g = r.Alloc(COMPONENT_TEMPORARIES, s.block_max_param_grad, PHASE_BACKWARD, i,
-                            layer + ", weight gradients");
-      r.Free(g, PHASE_BACKWARD, i, layer + ", weight gradients into reduce bucket");
+      const int g = r.Alloc(COMPONENT_TEMPORARIES, s.block_max_attn_grad, PHASE_BACKWARD, i, attention);
+      r.Free(g, PHASE_BACKWARD, i, layer + ", attention weight gradients into reduce bucket");
     }
-    r.Free(transient, PHASE_BACKWARD, i, layer + ", activation gradients freed");
-    if (recomputed >= 0) r.Free(recomputed, PHASE_BACKWARD, i, layer + ", recomputed activations freed");
-    r.Free(saved[i], PHASE_BACKWARD, i, layer + ", saved activations freed");
+    r.Free(attn_transient, PHASE_BACKWARD, i, layer + ", attention activation gradients freed");
+    if (recomputed_attn >= 0) r.Free(recomputed_attn, PHASE_BACKWARD, i, layer + ", recomputed activations freed");
+    r.Free(saved_attn[i], PHASE_BACKWARD, i, layer + ", attention activations freed");
     r.Free(gather, PHASE_BACKWARD, i, layer + ", parameters released");
   }
 
