@@ -77,24 +77,14 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
 }
 
-// Identity in forward; in backward runs a hook first (gather the part's
-// parameters before autograd reaches the part's own nodes).
-struct BeforeBackward : public torch::autograd::Function<BeforeBackward> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const BlockHooks* hooks, int64_t part) {
-    ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
-    ctx->saved_data["part"] = part;
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
-    hooks->before_backward(static_cast<int>(ctx->saved_data["part"].toInt()));
-    return {grads[0], at::Tensor(), at::Tensor()};
-  }
-};
+// Identity in forward. In backward it runs the part's before_backward hook
+// (placed at the part's output: gather its parameters before autograd reaches
+// the part) or after_backward hook (placed at its input: release them once
+// the part's gradients are done).
+enum class Boundary { kBeforeBackward, kAfterBackward };
 
-// Identity in forward; in backward runs a hook after the part's nodes have
-// produced the gradient of its input (release the part's parameters).
-struct AfterBackward : public torch::autograd::Function<AfterBackward> {
+template <Boundary kBoundary>
+struct PartBoundary : public torch::autograd::Function<PartBoundary<kBoundary>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const BlockHooks* hooks, int64_t part) {
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["part"] = part;
@@ -102,10 +92,13 @@ struct AfterBackward : public torch::autograd::Function<AfterBackward> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
-    hooks->after_backward(static_cast<int>(ctx->saved_data["part"].toInt()));
+    const int part = static_cast<int>(ctx->saved_data["part"].toInt());
+    (kBoundary == Boundary::kBeforeBackward ? hooks->before_backward : hooks->after_backward)(part);
     return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
+using BeforeBackward = PartBoundary<Boundary::kBeforeBackward>;
+using AfterBackward = PartBoundary<Boundary::kAfterBackward>;
 
 // Runs one block without keeping its activations, saving only its input;
 // backward recomputes the block with grad enabled (DeepSpeed / HF style
