@@ -62,7 +62,7 @@ NamedTensor ToNamed(const std::string& name, const at::Tensor& t) {
 }
 
 absl::Status FromNamed(const NamedTensor& in, at::Tensor dst) {
-  if (static_cast<int64_t>(in.data().size()) != dst.nbytes()) {
+  if (in.data().size() != dst.nbytes()) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint tensor ", in.name(), " has ", in.data().size(),
                                                       " bytes, this run needs ", dst.nbytes()));
   }

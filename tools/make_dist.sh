@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Bundles zplan, zrun and consolidate with the non-torch shared libraries
+# they need (Abseil, Protobuf, zlib) into dist/ (git-ignored, a few MiB), for
+# a GPU machine that has torch 2.11 but no Bazel or Debian -dev packages
+# (DESIGN §6). LibTorch, CUDA and NCCL come from that machine's torch wheel.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+bazel build //planner:zplan //executor:zrun //tools:consolidate
+rm -rf dist && mkdir -p dist/bin dist/lib
+cp bazel-bin/planner/zplan bazel-bin/executor/zrun bazel-bin/tools/consolidate dist/bin/
+for bin in dist/bin/*; do
+  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libabsl_|libprotobuf|libz\.so' | while read -r lib; do
+    cp -n "$lib" dist/lib/
+  done
+done
+chmod -R u+w dist
+echo "dist: $(du -sh dist | cut -f1) ($(ls dist/lib | wc -l) libraries)"
