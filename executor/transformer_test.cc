@@ -1,5 +1,9 @@
 #include "executor/transformer.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <ATen/ATen.h>
 
 #include "executor/counting_allocator.h"
@@ -62,9 +66,11 @@ TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
 // planner's inventory: blocks' saved tensors + final norm + fp32 log-probs.
 TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
   ASSERT_TRUE(InstallCountingCpuAllocator());
-  for (AttentionImpl attention : {ATTENTION_SDPA, ATTENTION_EAGER}) {
-    auto spec = LoadPreset("debug-tiny");
+  for (const auto& [preset, attention] : std::vector<std::pair<std::string, AttentionImpl>>{
+           {"debug-tiny", ATTENTION_SDPA}, {"debug-tiny", ATTENTION_EAGER}, {"gpt2", ATTENTION_SDPA}}) {
+    auto spec = LoadPreset(preset);
     spec->set_attention_impl(attention);
+    spec->set_num_layers(2);
     auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
     const int64_t b = 2, s = 64;
     const Batch batch = MakeBatch(*spec, b, s);
@@ -74,10 +80,11 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     int64_t planned = 0;
     for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, DTYPE_FP32, 0)) planned += TensorBytes(t);
     planned *= spec->num_layers();
-    planned += 2 * b * s * spec->hidden_size() * 4 + b * s * 4;  // final norm input, output, rstd
+    const int64_t norm_stats = spec->norm_type() == NORM_LAYERNORM ? 2 : 1;
+    planned += 2 * b * s * spec->hidden_size() * 4 + norm_stats * b * s * 4;  // final norm input, output, stats
     planned += b * s * spec->vocab_size() * 4;                    // log-softmax output
-    planned += 2 * s * spec->head_dim() * 4;                      // RoPE cos, sin
-    std::printf("attention %d: kept %lld bytes, planner %lld (%.2f%%)\n", attention,
+    if (spec->position_embedding() == POSITION_ROPE) planned += 2 * s * spec->head_dim() * 4;  // cos, sin
+    std::printf("%s attention %d: kept %lld bytes, planner %lld (%.2f%%)\n", preset.c_str(), attention,
                 static_cast<long long>(kept), static_cast<long long>(planned),
                 100.0 * (kept - planned) / planned);
     // The rest is the loss scalar and nll's total weight.
