@@ -80,6 +80,23 @@ class C10dCollectives : public Collectives {
     });
   }
 
+  absl::Status AllGatherInPlace(at::Tensor& flat) override {
+    const int world = info_.world_size;
+    if (world == 1) return absl::OkStatus();
+    const int64_t n = flat.numel() / world;
+    if (name_ == "gloo") {
+      // Gloo's all-gather stages through copies; summing the buffer with every
+      // other rank's chunk zeroed needs none.
+      if (info_.rank > 0) flat.narrow(0, 0, n * info_.rank).zero_();
+      if (info_.rank < world - 1) flat.narrow(0, n * (info_.rank + 1), n * (world - 1 - info_.rank)).zero_();
+      return AllReduceSum(flat);
+    }
+    return Guard("all-gather", [&] {
+      at::Tensor in = flat.narrow(0, n * info_.rank, n);  // NCCL gathers in place
+      backend_->_allgather_base(flat, in)->wait();
+    });
+  }
+
   absl::Status Broadcast(at::Tensor& t, int root) override {
     return Guard("broadcast", [&] {
       std::vector<at::Tensor> tensors{t};
@@ -131,6 +148,14 @@ class EmulatedCollectives : public Collectives {
   absl::Status AllGather(const at::Tensor& input, at::Tensor& output) override {
     const int64_t n = input.numel();
     for (int r = 0; r < info_.world_size; ++r) output.narrow(0, n * r, n).copy_(input);
+    return absl::OkStatus();
+  }
+  absl::Status AllGatherInPlace(at::Tensor& flat) override {
+    const int64_t n = flat.numel() / info_.world_size;
+    const at::Tensor mine = flat.narrow(0, n * info_.rank, n);
+    for (int r = 0; r < info_.world_size; ++r) {
+      if (r != info_.rank) flat.narrow(0, n * r, n).copy_(mine);
+    }
     return absl::OkStatus();
   }
   absl::Status Broadcast(at::Tensor&, int) override { return absl::OkStatus(); }

@@ -59,6 +59,9 @@ class Collectives {
   virtual absl::Status ReduceScatterSum(at::Tensor& input, at::Tensor& output) = 0;
   // input is [n], output [world * n]: chunk r is rank r's input.
   virtual absl::Status AllGather(const at::Tensor& input, at::Tensor& output) = 0;
+  // In place: flat is [world * n] and chunk `rank` holds this rank's part;
+  // afterwards every chunk holds its owner's part, with no extra buffer.
+  virtual absl::Status AllGatherInPlace(at::Tensor& flat) = 0;
   virtual absl::Status Broadcast(at::Tensor& t, int root) = 0;
   virtual absl::Status Barrier() = 0;
   // Small byte strings through the store: every rank's `value`, on rank 0

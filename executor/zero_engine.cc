@@ -393,14 +393,23 @@ at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
 }
 
 at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
-  auto squared = [](const at::Tensor& g) {
-    return at::linalg_vector_norm(g, 2, std::nullopt, false, at::kFloat).pow(2).reshape({1});
-  };
-  if (stage_ >= 2) return squared(offload_ ? host_grads_ : grad_shard_).to(device_);
+  // Casting to fp32 for the reduction copies its input, so reduce at most one
+  // sub_group_size chunk at a time (the optimizer's upcast bound).
+  const int64_t chunk = std::max<int64_t>(1, std::min(config_.zero().sub_group_elements(), owned_numel_));
   at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  auto add_squares = [&](const at::Tensor& flat) {
+    for (int64_t c = 0; c < flat.numel(); c += chunk) {
+      const at::Tensor part = flat.narrow(0, c, std::min(chunk, flat.numel() - c));
+      total += at::linalg_vector_norm(part, 2, std::nullopt, false, at::kFloat).pow(2).reshape({1}).to(device_);
+    }
+  };
+  if (stage_ >= 2) {
+    add_squares(offload_ ? host_grads_ : grad_shard_);
+    return total;
+  }
   for (const Slot& slot : slots_) {
     if (slot.own_hi <= slot.own_lo || !slot.param.grad().defined()) continue;
-    total += squared(slot.param.grad().view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+    add_squares(slot.param.grad().view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
   }
   return total;
 }
@@ -455,8 +464,7 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   }
   // Every rank gets everyone's updated elements.
   if (stage_ == 1 || stage_ == 2) {
-    const at::Tensor mine = flat_params_.narrow(0, owned_begin_, owned_numel_).clone();
-    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(mine, flat_params_));
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(flat_params_));
   } else if (stage_ == 3) {
     ZPLAN_RETURN_IF_ERROR(RefreshPersistent());
   }
@@ -522,8 +530,7 @@ absl::Status ZeroEngine::LoadState(const CheckpointShard& shard) {
   loss_scale_ = shard.loss_scale();
   good_steps_ = shard.good_steps();
   if (stage_ == 1 || stage_ == 2) {
-    const at::Tensor owned = flat_params_.narrow(0, owned_begin_, owned_numel_).clone();
-    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(owned, flat_params_));
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(flat_params_));
   } else if (stage_ == 3) {
     ZPLAN_RETURN_IF_ERROR(RefreshPersistent());
   }
