@@ -239,9 +239,11 @@ absl::Status ZeroEngine::Gather(int part) {
   for (size_t index : parts_[part + 1]) {
     Slot& slot = slots_[index];
     if (slot.persistent || slot.gathered) continue;
+    // The gathered buffer is the only allocation (in-place all-gather).
     at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
-    const at::Tensor shard = flat_shards_.narrow(0, slot.own_dst, slot.shard_numel).to(device_);
-    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(shard, full));
+    full.narrow(0, slot.shard_numel * comm_->rank(), slot.shard_numel)
+        .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel));
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(full));
     slot.param.set_data(full.narrow(0, 0, slot.numel).view(slot.shape));
     slot.gathered = true;
   }
@@ -419,7 +421,9 @@ absl::Status ZeroEngine::RefreshPersistent() {
   for (Slot& slot : slots_) {
     if (!slot.persistent) continue;
     at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
-    ZPLAN_RETURN_IF_ERROR(comm_->AllGather(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel).to(device_), full));
+    full.narrow(0, slot.shard_numel * comm_->rank(), slot.shard_numel)
+        .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel));
+    ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(full));
     slot.param.view(-1).copy_(full.narrow(0, 0, slot.numel));
   }
   return absl::OkStatus();

@@ -247,8 +247,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (s.stage < 3) {
     s.params_resident = total * w;
   } else {
+    // zrun keeps this rank's chunk of every parameter (the optimizer's
+    // contiguous working copy), and small persistent ones also whole.
     s.params_resident = sh.stage3_persistent_elements * w;
-    if (!s.offload_param) s.params_resident += sh.stage3_shard_elements * w;
+    if (!s.offload_param) s.params_resident += sh.stage3_grad_shard_elements * w;
   }
   // Gradients.
   if (s.stage >= 2) {
@@ -341,7 +343,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.host_optimizer = owned * kAdamStateBytesPerParam;
     s.host_grads = owned * kOffloadGradBytesPerParam;
   }
-  if (s.offload_param) s.host_params = sh.stage3_shard_elements * w;
+  if (s.offload_param) s.host_params = sh.stage3_grad_shard_elements * w;
   // Without zero.Init every local rank first builds the whole fp32 model.
   const bool sharded_init = s.stage == 3 && zero.zero_init();
   s.host_init_per_rank =
