@@ -252,7 +252,17 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
     }
     return RunRank(plan, info, RealBackend(plan, info), options, out, err);
   }
-  if (world == 1) return RunRank(plan, RankInfo{}, RealBackend(plan, RankInfo{}), options, out, err);
+  if (world == 1) {
+    // Its own store on a free port, so concurrent single-rank runs never collide.
+    RankInfo info;
+    auto port = FindFreePort();
+    if (!port.ok()) {
+      err << "zrun: " << port.status().message() << "\n";
+      return kExitError;
+    }
+    info.master_port = *port;
+    return RunRank(plan, info, RealBackend(plan, info), options, out, err);
+  }
   if (plan.config().cluster().num_nodes() > 1) {
     err << "zrun: the plan spans " << plan.config().cluster().num_nodes()
         << " nodes; start one zrun per rank with torchrun or srun (RANK/WORLD_SIZE/...), or use --emulate-rank\n";
