@@ -1,5 +1,6 @@
 #include "executor/device_memory.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -36,6 +37,12 @@ std::string DeviceName(const at::Device& device) {
   return prop.name;
 }
 
+bool SupportsBf16(const at::Device& device) {
+  if (!device.is_cuda()) return true;
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, device.index()) == cudaSuccess && prop.major >= 8;
+}
+
 DeviceMemorySample SampleDeviceMemory(const at::Device& device) {
   DeviceMemorySample s;
   if (!device.is_cuda()) {
@@ -51,6 +58,7 @@ DeviceMemorySample SampleDeviceMemory(const at::Device& device) {
   s.peak_reserved_bytes = stats.reserved_bytes[kAggregate].peak;
   s.num_alloc_retries = stats.num_alloc_retries;
   s.num_ooms = stats.num_ooms;
+  s.pinned_bytes = at::getHostAllocator(at::kCUDA)->get_stats().allocated_bytes.current;
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     s.device_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);

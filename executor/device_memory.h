@@ -24,6 +24,7 @@ struct DeviceMemorySample {
   int64_t device_used_bytes = 0;     // CUDA: total - free, whole device
   int64_t num_alloc_retries = 0;     // COUNT (CUDA)
   int64_t num_ooms = 0;              // COUNT (CUDA)
+  int64_t pinned_bytes = 0;          // CUDA: page-locked host memory in use (offload)
 };
 
 // CPU, or cuda:local_rank % device_count when `cuda` is true (made current).
@@ -34,6 +35,9 @@ absl::StatusOr<at::Device> SelectDevice(bool cuda, int local_rank);
 int CudaDeviceCount();
 
 std::string DeviceName(const at::Device& device);
+
+// Whether `device` computes in bf16 (CPU: yes; CUDA: compute capability >= 8.0).
+bool SupportsBf16(const at::Device& device);
 
 DeviceMemorySample SampleDeviceMemory(const at::Device& device);
 void ResetDevicePeak(const at::Device& device);

@@ -93,6 +93,7 @@ void Sample(RankReport* report, const at::Device& device, Phase phase, int32_t s
   s->set_reserved_bytes(m.reserved_bytes);
   s->set_peak_reserved_bytes(m.peak_reserved_bytes);
   s->set_device_used_bytes(m.device_used_bytes);
+  s->set_pinned_bytes(m.pinned_bytes);
   s->set_host_rss_bytes(HostRss("VmRSS"));
   s->set_host_hwm_bytes(HostRss("VmHWM"));
 }
@@ -144,6 +145,10 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   const RunConfig& config = plan.config();
   const int local_rank = comm->rank() % static_cast<int>(std::max<int64_t>(1, config.cluster().gpus_per_node()));
   ZPLAN_ASSIGN_OR_RETURN(const at::Device device, SelectDevice(plan.gpu().key() != "cpu", local_rank));
+  if (config.precision() == PRECISION_BF16 && !SupportsBf16(device)) {
+    return absl::FailedPreconditionError(absl::StrCat(DeviceName(device),
+                                                      " has no bf16; re-plan with zplan --precision fp16 or fp32"));
+  }
   ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(plan.model(), Dtype(config.precision()),
                                                                 static_cast<uint64_t>(config.seed()), device));
   const std::vector<TensorSpec> inventory(plan.parameters().begin(), plan.parameters().end());

@@ -24,9 +24,11 @@ namespace {
 
 std::vector<pid_t>* g_children = nullptr;  // for forwarding Ctrl-C
 
-void ForwardSignal(int signal) {
+// Ctrl-C or SIGTERM on the launcher ends every rank (SIGTERM, which a rank
+// never ignores; SIGINT may be ignored when the job was started in the background).
+void ForwardSignal(int /*signal*/) {
   if (g_children == nullptr) return;
-  for (pid_t pid : *g_children) kill(pid, signal);
+  for (pid_t pid : *g_children) kill(pid, SIGTERM);
 }
 
 int ExitCodeFor(const absl::Status& status) {
@@ -106,6 +108,8 @@ int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<s
       return kExitError;
     }
     if (pid == 0) {
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);

@@ -140,5 +140,20 @@ else
 fi
 [[ -e long.json ]] && fail "a report was written by a failed run"
 
+# 9. Ctrl-C on the launcher ends every rank.
+"$ZRUN" long.pb --steps 100000 --timeout 20 --report int.json > int.out 2>&1 &
+parent=$!
+for _ in $(seq 100); do [[ $(pgrep -P $parent | wc -l) == 2 ]] && break; sleep 0.1; done
+children=$(pgrep -P $parent | tr '\n' ' ')
+sleep 1
+kill -INT $parent
+for _ in $(seq 300); do kill -0 $parent 2>/dev/null || break; sleep 0.1; done
+if kill -0 $parent 2>/dev/null; then kill -9 $parent $children 2>/dev/null; fi
+wait $parent; rc=$?
+sleep 1
+alive=0
+for c in $children; do kill -0 "$c" 2>/dev/null && alive=$((alive + 1)); done
+[[ $rc != 0 && $alive == 0 ]] && pass "Ctrl-C ends every rank (exit $rc)" || { cat int.out; fail "Ctrl-C: exit $rc, $alive ranks alive"; }
+
 echo "$failures failure(s)"
 exit $(( failures > 0 ))
