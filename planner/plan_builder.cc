@@ -162,33 +162,35 @@ absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& co
   return LargestFittingShape(model, config, budget_bytes, /*search_batch=*/false);
 }
 
+const std::vector<StageOption>& StageOptions() {
+  static const auto* options = new std::vector<StageOption>{
+      {0, false, false}, {1, false, false}, {1, true, false}, {2, false, false},
+      {2, true, false},  {3, false, false}, {3, true, false}, {3, true, true}};
+  return *options;
+}
+
+RunConfig WithStageOption(RunConfig config, const StageOption& option) {
+  ZeroConfig* zero = config.mutable_zero();
+  zero->set_stage(option.stage);
+  zero->set_offload_optimizer(option.offload_optimizer ? OFFLOAD_CPU : OFFLOAD_NONE);
+  zero->set_offload_param(option.offload_param ? OFFLOAD_CPU : OFFLOAD_NONE);
+  return config;
+}
+
 absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const RunConfig& config,
                                                const PlanOptions& options) {
   std::vector<GridRow> rows;
   PlanOptions row_options = options;
   row_options.record_timeline = false;
-  for (int stage = 0; stage <= 3; ++stage) {
-    const int offload_options = stage == 0 ? 1 : stage == 3 ? 3 : 2;
-    for (int offload = 0; offload < offload_options; ++offload) {
-      RunConfig row_config = config;
-      ZeroConfig* zero = row_config.mutable_zero();
-      zero->set_stage(stage);
-      zero->set_offload_optimizer(offload >= 1 ? OFFLOAD_CPU : OFFLOAD_NONE);
-      zero->set_offload_param(offload == 2 ? OFFLOAD_CPU : OFFLOAD_NONE);
-      // Stage-dependent DeepSpeed defaults (overlap_comm, zero_init) follow the row.
-      if (!config.zero().has_overlap_comm()) zero->clear_overlap_comm();
-      if (!config.zero().has_zero_init()) zero->clear_zero_init();
-      GridRow row;
-      row.stage = stage;
-      row.offload_optimizer = offload >= 1;
-      row.offload_param = offload == 2;
-      ZPLAN_ASSIGN_OR_RETURN(row.plan, BuildPlan(model, row_config, row_options));
-      if (row.plan.gpu().capacity_bytes() > 0 || options.device_budget_bytes > 0) {
-        ZPLAN_ASSIGN_OR_RETURN(row.max_micro_batch,
-                               MaxMicroBatch(model, row_config, options.device_budget_bytes));
-      }
-      rows.push_back(std::move(row));
+  for (const StageOption& option : StageOptions()) {
+    const RunConfig row_config = WithStageOption(config, option);
+    GridRow row;
+    row.option = option;
+    ZPLAN_ASSIGN_OR_RETURN(row.plan, BuildPlan(model, row_config, row_options));
+    if (row.plan.gpu().capacity_bytes() > 0 || options.device_budget_bytes > 0) {
+      ZPLAN_ASSIGN_OR_RETURN(row.max_micro_batch, MaxMicroBatch(model, row_config, options.device_budget_bytes));
     }
+    rows.push_back(std::move(row));
   }
   return rows;
 }

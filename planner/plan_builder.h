@@ -52,17 +52,28 @@ absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& c
 absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& config,
                                      int64_t budget_bytes = 0);
 
-// One row of the what-if grid.
-struct GridRow {
+// A ZeRO stage with one of the offload options it allows.
+struct StageOption {
   int stage = 0;
   bool offload_optimizer = false;
   bool offload_param = false;
+};
+
+// Every stage with every offload option it allows, in grid order:
+// 0; 1, 1+opt; 2, 2+opt; 3, 3+opt, 3+opt+param.
+const std::vector<StageOption>& StageOptions();
+
+// `config` with the option's stage and offload devices.
+RunConfig WithStageOption(RunConfig config, const StageOption& option);
+
+// One row of the what-if grid.
+struct GridRow {
+  StageOption option;
   Plan plan;                     // without timeline
   int64_t max_micro_batch = 0;
 };
 
-// Every ZeRO stage with every offload option it allows:
-// 0; 1, 1+opt; 2, 2+opt; 3, 3+opt, 3+opt+param.
+// A plan for every StageOptions() row.
 absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const RunConfig& config,
                                                const PlanOptions& options = {});
 

@@ -244,7 +244,8 @@ int RecommendedRow(const std::vector<GridRow>& rows) {
   for (auto [stage, offload] : preference) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const GridRow& row = rows[i];
-      if (row.stage == stage && row.offload_optimizer + row.offload_param == offload && row.plan.fits()) {
+      const StageOption& o = row.option;
+      if (o.stage == stage && o.offload_optimizer + o.offload_param == offload && row.plan.fits()) {
         return static_cast<int>(i);
       }
     }
@@ -259,8 +260,8 @@ void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
   for (const GridRow& row : rows) {
     const Plan& p = row.plan;
     const int64_t host = std::max(p.host_per_node().peak_bytes(), p.host_init_peak_bytes_per_node());
-    out << absl::StrFormat("%-5d  %-17s  %12s  %14s  %-4s  %15d  %s\n", row.stage,
-                           OffloadLabel(row.offload_optimizer, row.offload_param),
+    out << absl::StrFormat("%-5d  %-17s  %12s  %14s  %-4s  %15d  %s\n", row.option.stage,
+                           OffloadLabel(row.option.offload_optimizer, row.option.offload_param),
                            Gib(p.device_per_rank().peak_bytes()), Gib(host), p.fits() ? "yes" : "no",
                            row.max_micro_batch, p.device_per_rank().peak_event());
   }
@@ -268,8 +269,9 @@ void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
          "host/node: the larger of steady state and model construction, all local ranks.\n";
   const int best = RecommendedRow(rows);
   if (best >= 0) {
+    const StageOption& o = rows[best].option;
     out << absl::StrFormat("recommended: stage %d, offload %s (least communication and offload that fits)\n",
-                           rows[best].stage, OffloadLabel(rows[best].offload_optimizer, rows[best].offload_param));
+                           o.stage, OffloadLabel(o.offload_optimizer, o.offload_param));
   } else {
     out << "recommended: none fits; lower --micro-batch or --seq, add --checkpointing true, or more GPUs\n";
   }
@@ -369,14 +371,7 @@ absl::Status RunMaxBatch(const Resolved& r, std::ostream& out) {
   if (r.stage_given) {
     configs.push_back(r.config);
   } else {
-    for (int stage = 0; stage <= 3; ++stage) {
-      for (int offload = 0; offload < (stage == 0 ? 1 : stage == 3 ? 3 : 2); ++offload) {
-        RunConfig c = WithStage(r.config, stage);
-        c.mutable_zero()->set_offload_optimizer(offload >= 1 ? OFFLOAD_CPU : OFFLOAD_NONE);
-        c.mutable_zero()->set_offload_param(offload == 2 ? OFFLOAD_CPU : OFFLOAD_NONE);
-        configs.push_back(c);
-      }
-    }
+    for (const StageOption& option : StageOptions()) configs.push_back(WithStageOption(r.config, option));
   }
   ZPLAN_ASSIGN_OR_RETURN(Plan first, BuildPlan(r.model, configs.front(), {.record_timeline = false}));
   out << Header(first) << "\n";
@@ -467,10 +462,7 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
       return absl::FailedPreconditionError(
           "--out: no configuration fits, so there is no plan to write; give --zero-stage to write one anyway");
     }
-    RunConfig c = WithStage(r.config, rows[best].stage);
-    c.mutable_zero()->set_offload_optimizer(rows[best].offload_optimizer ? OFFLOAD_CPU : OFFLOAD_NONE);
-    c.mutable_zero()->set_offload_param(rows[best].offload_param ? OFFLOAD_CPU : OFFLOAD_NONE);
-    ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, c, options));
+    ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, WithStageOption(r.config, rows[best].option), options));
     ZPLAN_RETURN_IF_ERROR(WriteOutputs(plan, o));
     out << "wrote the recommended plan" << (o.out.empty() ? "" : " to " + o.out) << "\n";
   }
