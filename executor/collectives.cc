@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -26,6 +27,8 @@ namespace {
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
+
+constexpr auto kReleaseWait = std::chrono::seconds(1);
 
 // Runs a c10d call, turning exceptions (peer gone, timeout) into a Status.
 template <typename Fn>
@@ -49,12 +52,21 @@ class C10dCollectives : public Collectives {
   std::string name() const override { return name_; }
 
   absl::Status AllReduceSum(at::Tensor& t) override {
-    return Guard("all-reduce", [&] {
+    const size_t refs = t.use_count();
+    absl::Status status = Guard("all-reduce", [&] {
       std::vector<at::Tensor> tensors{t};
       c10d::AllreduceOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
       backend_->allreduce(tensors, options)->wait();
     });
+    // Gloo's worker thread drops its reference to the tensor a moment after
+    // wait() returns. Wait for it, so a buffer the caller frees is freed
+    // now and not while the next one is allocated (a race the counting
+    // allocator saw as one extra bucket). Bounded: a stuck thread only
+    // delays the free.
+    const auto deadline = std::chrono::steady_clock::now() + kReleaseWait;
+    while (t.use_count() > refs && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    return status;
   }
 
   absl::Status ReduceScatterSum(at::Tensor& input, at::Tensor& output) override {

@@ -1,8 +1,10 @@
 #include "executor/counting_allocator.h"
 
-#include <atomic>
+#include <array>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -12,23 +14,34 @@ namespace {
 
 // Priority above the default (0), so later default registrations cannot replace it.
 constexpr uint8_t kAllocatorPriority = 1;
+// Tags are Component values plus one internal "pending" tag for forward allocations.
+constexpr int kPendingTag = COMPONENT_ALLOCATOR + 1;
+constexpr int kNumTags = kPendingTag + 1;
+
+thread_local int t_tag = COMPONENT_TEMPORARIES;
+
+struct Record {
+  int64_t bytes;
+  int tag;
+  int64_t id;
+};
 
 // Hands out "simple" DataPtrs (data == context, with a raw deleter), as
-// kernels that call raw_allocate() require; sizes live in a side table.
+// kernels that call raw_allocate() require; sizes and tags live in a side table.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t n) override {
     void* data = n == 0 ? nullptr : base_->raw_allocate(n);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++allocations_;
     if (data != nullptr) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      sizes_[data] = static_cast<int64_t>(n);
-    }
-    const int64_t now = current_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    allocations_.fetch_add(1);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+      const Record record{static_cast<int64_t>(n), t_tag, next_id_++};
+      records_[data] = record;
+      if (record.tag == kPendingTag) pending_.insert(data);
+      Add(record.tag, record.bytes);
+      if (current_ > peak_) TakePeakSnapshot();
     }
     return c10::DataPtr(data, data, &Delete, c10::Device(c10::DeviceType::CPU));
   }
@@ -39,35 +52,112 @@ class CountingCpuAllocator final : public c10::Allocator {
     default_copy_data(dest, src, count);
   }
 
-  CpuMemoryStats Stats() const { return {current_.load(), peak_.load(), allocations_.load()}; }
-  void ResetPeak() { peak_.store(current_.load()); }
+  CpuMemoryStats Stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {current_, peak_, allocations_};
+  }
+
+  void ResetPeak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TakePeakSnapshot();
+  }
+
+  MemoryBreakdown PeakBreakdown() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::array<int64_t, kNumTags> by_tag = peak_by_tag_;
+    // Still pending (the peak is inside an unfinished forward part): temporaries.
+    for (const auto& [id, bytes] : peak_pending_) by_tag[COMPONENT_TEMPORARIES] += bytes;
+    by_tag[COMPONENT_TEMPORARIES] += by_tag[COMPONENT_UNSPECIFIED];
+    MemoryBreakdown out;
+    out.set_params_bytes(by_tag[COMPONENT_PARAMS]);
+    out.set_grads_bytes(by_tag[COMPONENT_GRADS]);
+    out.set_master_params_bytes(by_tag[COMPONENT_MASTER_PARAMS]);
+    out.set_optimizer_states_bytes(by_tag[COMPONENT_OPTIMIZER_STATES]);
+    out.set_activations_bytes(by_tag[COMPONENT_ACTIVATIONS]);
+    out.set_logits_bytes(by_tag[COMPONENT_LOGITS]);
+    out.set_buffers_bytes(by_tag[COMPONENT_BUFFERS]);
+    out.set_temporaries_bytes(by_tag[COMPONENT_TEMPORARIES]);
+    out.set_runtime_bytes(by_tag[COMPONENT_RUNTIME]);
+    out.set_allocator_bytes(by_tag[COMPONENT_ALLOCATOR]);
+    out.set_peak_bytes(peak_);
+    return out;
+  }
+
+  void Settle() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unordered_set<int64_t> surviving;
+    for (void* data : pending_) {
+      Record& record = records_.at(data);
+      surviving.insert(record.id);
+      Add(kPendingTag, -record.bytes);
+      Add(COMPONENT_ACTIVATIONS, record.bytes);
+      record.tag = COMPONENT_ACTIVATIONS;
+    }
+    pending_.clear();
+    for (const auto& [id, bytes] : peak_pending_) {
+      peak_by_tag_[surviving.count(id) > 0 ? COMPONENT_ACTIVATIONS : COMPONENT_TEMPORARIES] += bytes;
+    }
+    peak_pending_.clear();
+  }
+
+  void Tag(const void* data, int tag) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = records_.find(const_cast<void*>(data));
+    if (it == records_.end() || it->second.tag == tag) return;
+    if (it->second.tag == kPendingTag) pending_.erase(it->first);
+    Add(it->second.tag, -it->second.bytes);
+    Add(tag, it->second.bytes);
+    it->second.tag = tag;
+  }
+
+  void Free(void* data) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = records_.find(data);
+      if (it != records_.end()) {
+        Add(it->second.tag, -it->second.bytes);
+        if (it->second.tag == kPendingTag) pending_.erase(data);
+        records_.erase(it);
+      }
+    }
+    base_->raw_deallocate(data);
+  }
 
  private:
   static void Delete(void* data);
 
+  void Add(int tag, int64_t bytes) {
+    live_by_tag_[tag] += bytes;
+    current_ += bytes;
+  }
+
+  // The live breakdown becomes the peak's; pending bytes are kept by id
+  // so Settle() can classify them.
+  void TakePeakSnapshot() {
+    peak_ = current_;
+    peak_by_tag_ = live_by_tag_;
+    peak_by_tag_[kPendingTag] = 0;
+    peak_pending_.clear();
+    for (void* data : pending_) {
+      const Record& record = records_.at(data);
+      peak_pending_.emplace_back(record.id, record.bytes);
+    }
+  }
+
   c10::Allocator* base_;
   std::mutex mutex_;
-  std::unordered_map<void*, int64_t> sizes_;
-  std::atomic<int64_t> current_{0}, peak_{0}, allocations_{0};
+  std::unordered_map<void*, Record> records_;
+  std::unordered_set<void*> pending_;
+  std::array<int64_t, kNumTags> live_by_tag_{}, peak_by_tag_{};
+  std::vector<std::pair<int64_t, int64_t>> peak_pending_;  // (id, bytes) pending at the peak
+  int64_t current_ = 0, peak_ = 0, allocations_ = 0, next_id_ = 0;
 };
 
 CountingCpuAllocator* g_allocator = nullptr;  // never destroyed: tensors may outlive main
 std::once_flag g_install_once;
 
 void CountingCpuAllocator::Delete(void* data) {
-  if (data == nullptr) return;
-  CountingCpuAllocator* self = g_allocator;
-  int64_t bytes = 0;
-  {
-    std::lock_guard<std::mutex> lock(self->mutex_);
-    auto it = self->sizes_.find(data);
-    if (it != self->sizes_.end()) {
-      bytes = it->second;
-      self->sizes_.erase(it);
-    }
-  }
-  self->current_.fetch_sub(bytes);
-  self->base_->raw_deallocate(data);
+  if (data != nullptr) g_allocator->Free(data);
 }
 
 }  // namespace
@@ -85,5 +175,25 @@ CpuMemoryStats GetCpuMemoryStats() { return g_allocator != nullptr ? g_allocator
 void ResetCpuPeak() {
   if (g_allocator != nullptr) g_allocator->ResetPeak();
 }
+
+MemoryBreakdown GetCpuPeakBreakdown() {
+  return g_allocator != nullptr ? g_allocator->PeakBreakdown() : MemoryBreakdown{};
+}
+
+void SetMemoryTag(Component component) { t_tag = component; }
+
+void BeginForwardPart() { t_tag = kPendingTag; }
+
+void SettleForwardPart(Component next) {
+  if (g_allocator != nullptr) g_allocator->Settle();
+  t_tag = next;
+}
+
+void TagAllocation(const void* data, Component component) {
+  if (g_allocator != nullptr && data != nullptr) g_allocator->Tag(data, component);
+}
+
+ScopedMemoryTag::ScopedMemoryTag(Component component) : previous_(t_tag) { t_tag = component; }
+ScopedMemoryTag::~ScopedMemoryTag() { t_tag = previous_; }
 
 }  // namespace zplan

@@ -1,19 +1,32 @@
 // File: counting_allocator.h
 // A c10 CPU allocator that counts the bytes of every live CPU tensor, so zrun
-// measures exactly what the planner predicts on CPU ranks (DESIGN §4).
+// measures exactly what the planner predicts on CPU ranks (DESIGN §4), and
+// attributes them to the planner's components (proto/memory.proto).
 //
 // InstallCountingCpuAllocator() wraps the current default CPU allocator and
 // must run before the first tensor is created; tensors that existed before
 // keep their old deleters and are not counted. Pinned memory, Gloo's internal
 // buffers and BLAS workspaces do not go through it. Thread-safe.
 //
+// Attribution: an allocation takes its thread's current tag (SetMemoryTag /
+// ScopedMemoryTag; TEMPORARIES when none is set) and may be retagged later
+// (TagAllocation, e.g. a weight gradient the engine keeps). Inside a part's
+// forward the tag is "pending" (BeginForwardPart): SettleForwardPart() then
+// makes what survived the part ACTIVATIONS (saved for backward) and what was
+// freed meanwhile TEMPORARIES — also in the peak's breakdown, when the peak
+// fell inside that part. The peak breakdown is taken at the moment of the
+// peak, so its components sum to peak_bytes.
+//
 // Example:
 //   InstallCountingCpuAllocator();
 //   ResetCpuPeak();  ...  CpuMemoryStats stats = GetCpuMemoryStats();
+//   MemoryBreakdown at_peak = GetCpuPeakBreakdown();
 #ifndef ZPLAN_EXECUTOR_COUNTING_ALLOCATOR_H_
 #define ZPLAN_EXECUTOR_COUNTING_ALLOCATOR_H_
 
 #include <cstdint>
+
+#include "proto/memory.pb.h"
 
 namespace zplan {
 
@@ -26,8 +39,30 @@ struct CpuMemoryStats {
 // Idempotent; returns false if it could not be installed (then stats stay 0).
 bool InstallCountingCpuAllocator();
 CpuMemoryStats GetCpuMemoryStats();
-// Sets the peak to the current live bytes.
+// Sets the peak (and its breakdown) to what is live now.
 void ResetCpuPeak();
+// Live bytes per component at the peak since the last reset; peak_bytes is the sum.
+MemoryBreakdown GetCpuPeakBreakdown();
+
+// The calling thread's tag for new allocations.
+void SetMemoryTag(Component component);
+void BeginForwardPart();
+// Resolves the pending allocations (see above); later ones take `next`.
+void SettleForwardPart(Component next);
+// Retags a live allocation by its data pointer; unknown pointers are ignored.
+void TagAllocation(const void* data, Component component);
+
+// Sets the thread's tag for a scope and restores the previous one.
+class ScopedMemoryTag {
+ public:
+  explicit ScopedMemoryTag(Component component);
+  ~ScopedMemoryTag();
+  ScopedMemoryTag(const ScopedMemoryTag&) = delete;
+  ScopedMemoryTag& operator=(const ScopedMemoryTag&) = delete;
+
+ private:
+  int previous_;
+};
 
 }  // namespace zplan
 

@@ -34,5 +34,35 @@ TEST(CountingAllocatorTest, SeesAutogradSavedTensors) {
   EXPECT_TRUE(w.grad().defined());
 }
 
+TEST(CountingAllocatorTest, AttributesThePeakToComponents) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  ResetCpuPeak();
+  const MemoryBreakdown before = GetCpuPeakBreakdown();
+  at::Tensor params;
+  {
+    ScopedMemoryTag tag(COMPONENT_PARAMS);
+    params = at::empty({1024}, at::kFloat);  // 4 KiB
+  }
+  BeginForwardPart();
+  at::Tensor saved = at::empty({2048}, at::kFloat);        // 8 KiB, survives the part
+  at::Tensor scratch = at::empty({4096}, at::kFloat);      // 16 KiB, freed inside it
+  scratch.reset();
+  SettleForwardPart(COMPONENT_TEMPORARIES);
+  const MemoryBreakdown peak = GetCpuPeakBreakdown();
+  EXPECT_EQ(peak.params_bytes() - before.params_bytes(), 4096);
+  EXPECT_EQ(peak.activations_bytes() - before.activations_bytes(), 8192);
+  EXPECT_EQ(peak.temporaries_bytes() - before.temporaries_bytes(), 16384);
+  EXPECT_EQ(peak.peak_bytes() - before.peak_bytes(), 4096 + 8192 + 16384);
+
+  // A later retag moves live bytes, not the peak already taken.
+  at::Tensor grad = at::empty({8192}, at::kFloat);  // 32 KiB: a new peak, as temporaries
+  TagAllocation(grad.data_ptr(), COMPONENT_GRADS);
+  at::Tensor more = at::empty({1}, at::kFloat);
+  const MemoryBreakdown later = GetCpuPeakBreakdown();
+  EXPECT_EQ(later.grads_bytes() - before.grads_bytes(), 32768);
+  EXPECT_EQ(later.temporaries_bytes() - before.temporaries_bytes(), 4);
+  EXPECT_EQ(later.activations_bytes() - before.activations_bytes(), 8192);
+}
+
 }  // namespace
 }  // namespace zplan

@@ -16,6 +16,7 @@
 #include "executor/device_memory.h"
 #include "executor/transformer.h"
 #include "executor/zero_engine.h"
+#include "planner/inventory.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
 
@@ -137,6 +138,37 @@ absl::StatusOr<CheckpointShard> LoadCheckpoint(const std::string& dir, int rank)
   return shard;
 }
 
+// The engine's hooks plus memory attribution (counting_allocator.h), with
+// the planner's meaning of each component: what a part's forward keeps for
+// backward is activations, transients are temporaries; from the LM head's
+// logits to their gradient is logits; backward makes temporaries, except a
+// checkpointed block's recompute, which is a forward again.
+BlockHooks AttributedHooks(const BlockHooks& engine, bool checkpointing, int num_layers) {
+  BlockHooks h;
+  h.before_forward = [engine](int part) {
+    if (engine.before_forward) engine.before_forward(part);
+    BeginForwardPart();
+  };
+  h.after_forward = [engine](int part) {
+    SettleForwardPart(COMPONENT_TEMPORARIES);
+    if (engine.after_forward) engine.after_forward(part);
+  };
+  h.before_logits = [] { SettleForwardPart(COMPONENT_LOGITS); };
+  h.before_backward = [engine, checkpointing, num_layers](int part) {
+    if (engine.before_backward) engine.before_backward(part);
+    if (checkpointing && part >= 0 && part < num_layers) {
+      BeginForwardPart();
+    } else {
+      SetMemoryTag(COMPONENT_TEMPORARIES);
+    }
+  };
+  h.after_recompute = [](int /*layer*/) { SettleForwardPart(COMPONENT_TEMPORARIES); };
+  h.after_backward = [engine](int part) {
+    if (engine.after_backward) engine.after_backward(part);
+  };
+  return h;
+}
+
 at::ScalarType Dtype(Precision p) {
   return p == PRECISION_FP32 ? at::kFloat : p == PRECISION_FP16 ? at::kHalf : at::kBFloat16;
 }
@@ -149,12 +181,16 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     return absl::FailedPreconditionError(absl::StrCat(DeviceName(device),
                                                       " has no bf16; re-plan with zplan --precision fp16 or fp32"));
   }
+  SetMemoryTag(COMPONENT_PARAMS);
   ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(plan.model(), Dtype(config.precision()),
                                                                 static_cast<uint64_t>(config.seed()), device));
+  SetMemoryTag(COMPONENT_TEMPORARIES);
   const std::vector<TensorSpec> inventory(plan.parameters().begin(), plan.parameters().end());
   ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));
   ZPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine, ZeroEngine::Create(&model, comm, config));
   ZPLAN_ASSIGN_OR_RETURN(TokenSource data, TokenSource::Open(options.data_path, plan.model().vocab_size()));
+  const BlockHooks hooks =
+      AttributedHooks(engine->hooks(), config.activation_checkpointing(), static_cast<int>(plan.model().num_layers()));
 
   RankReport report;
   report.set_rank(comm->rank());
@@ -183,11 +219,13 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
+      BeginForwardPart();  // token ids and RoPE tables live until backward is done
       auto [ids, targets] = data.Batch(b, s, seed, device);
-      at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing(), engine->hooks());
+      at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing(), hooks);
       if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
       loss_sum += loss.item<double>();
       (loss * engine->loss_scale()).backward();
+      SetMemoryTag(COMPONENT_TEMPORARIES);
       loss.reset();
       ZPLAN_RETURN_IF_ERROR(engine->AfterBackward(micro == accum - 1));
       if (step > first_step) Sample(&report, device, PHASE_BACKWARD, static_cast<int32_t>(step));
@@ -213,6 +251,8 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   // (context, cuBLAS, NCCL), as the plan's breakdown names them.
   const DeviceMemorySample m = SampleDeviceMemory(device);
   MemoryBreakdown* measured = report.mutable_measured_device();
+  // On CPU ranks the counting allocator attributes the peak per component.
+  if (!device.is_cuda()) *measured = GetCpuPeakBreakdown();
   measured->set_peak_bytes(m.peak_allocated_bytes);
   if (device.is_cuda()) {
     measured->set_allocator_bytes(m.peak_reserved_bytes - m.peak_allocated_bytes);
@@ -221,6 +261,11 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   if (measured_steps > 0) {
     report.set_mean_step_seconds(measured_seconds / measured_steps);
     report.set_tokens_per_second(static_cast<double>(b * s * accum) / report.mean_step_seconds());
+  }
+  report.set_model_flops_per_token(TrainingFlopsPerToken(plan.model(), s));
+  const double peak_flops = plan.gpu().peak_dense_bf16_flops();
+  if (device.is_cuda() && peak_flops > 0 && config.precision() != PRECISION_FP32) {
+    report.set_model_flops_utilization(report.tokens_per_second() * report.model_flops_per_token() / peak_flops);
   }
   report.set_num_alloc_retries(m.num_alloc_retries);
   report.set_num_ooms(m.num_ooms);

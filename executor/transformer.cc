@@ -149,6 +149,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
     at::AutoGradMode enable(true);
     y = BlockForward(model, layer, x, saved[1], saved[2]);
   }
+  if (hooks != nullptr && hooks->after_recompute) hooks->after_recompute(layer);
   torch::autograd::backward({y}, {grads[0]});
   if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
   return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -340,6 +341,7 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   at::Tensor logits32;
   {
     // The working-dtype logits die here, before log-softmax allocates.
+    if (hooks.before_logits) hooks.before_logits();
     at::Tensor logits = LinearFunction::apply(final_norm, head, std::nullopt);
     if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
     logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);

@@ -45,6 +45,10 @@ struct BlockHooks {
   std::function<void(int part)> after_forward;
   std::function<void(int part)> before_backward;
   std::function<void(int part)> after_backward;
+  // For memory attribution only: before the LM head's logits, and after a
+  // checkpointed block's recompute in backward (before its gradients).
+  std::function<void()> before_logits;
+  std::function<void(int layer)> after_recompute;
   bool active() const { return static_cast<bool>(before_forward); }
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -11,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "executor/counting_allocator.h"
 #include "planner/run_config.h"
 #include "planner/sharding.h"
 #include "planner/status_macros.h"
@@ -36,6 +38,21 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
  private:
   ZeroEngine* engine_;
   size_t slot_;
+};
+
+// Stages 0/1 keep each weight gradient autograd produced (as .grad) until
+// the step: from here on its bytes count as gradients, not temporaries.
+class GradKeptHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradKeptHook(at::Tensor param) : param_(std::move(param)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (param_.grad().defined()) TagAllocation(param_.grad().storage().data(), COMPONENT_GRADS);
+    return outputs;
+  }
+
+ private:
+  at::Tensor param_;
 };
 
 // Which part of the model a parameter belongs to: -1 embeddings, blocks, L head.
@@ -136,17 +153,21 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     e->owned_numel_ = offset;
   }
 
-  // Gradient hooks (stages 2/3). AccumulateGrad records its parameter's shape
-  // when created, so create them while every parameter is still whole.
-  if (e->stage_ >= 2) {
-    for (size_t i = 0; i < e->slots_.size(); ++i) {
-      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(e->slots_[i].param);
+  // Gradient hooks: stages 2/3 reduce into buckets, stages 0/1 keep .grad.
+  // AccumulateGrad records its parameter's shape when created, so create
+  // them while every parameter is still whole.
+  for (size_t i = 0; i < e->slots_.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(e->slots_[i].param);
+    if (e->stage_ >= 2) {
       acc->add_post_hook(std::make_unique<GradReadyHook>(e.get(), i));
-      e->accumulators_.push_back(std::move(acc));  // the graph holds accumulators weakly
+    } else {
+      acc->add_post_hook(std::make_unique<GradKeptHook>(e->slots_[i].param));
     }
+    e->accumulators_.push_back(std::move(acc));  // the graph holds accumulators weakly
   }
 
   at::NoGradGuard no_grad;
+  std::optional<ScopedMemoryTag> tag(std::in_place, COMPONENT_PARAMS);
   if (e->stage_ < 3) {
     // Parameters become views of one flat buffer, padded so every rank's
     // shard has the same size (planner/sharding.h).
@@ -181,27 +202,30 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   // Master weights and Adam states for the owned elements (host with offload).
   const at::Device state_device = e->offload_ ? at::Device(at::kCPU) : e->device_;
   const bool pin = e->offload_ && zero.pin_memory() && e->device_.is_cuda();
-  auto fp32_state = [&] {
+  auto fp32_state = [&](Component component) {
+    tag.emplace(component);
     at::Tensor t = at::zeros({e->owned_numel_}, at::TensorOptions().dtype(at::kFloat).device(state_device));
     return pin ? t.pin_memory() : t;
   };
   // With offload the host always holds fp32 master weights (also in fp32
   // training: the device copy is the working copy).
   if (e->mixed_ || e->offload_) {
-    e->master_ = fp32_state();
+    e->master_ = fp32_state(COMPONENT_MASTER_PARAMS);
     if (e->stage_ < 3) {
       e->master_.copy_(e->flat_params_.narrow(0, e->owned_begin_, e->owned_numel_));
     } else {
       e->master_.copy_(e->flat_shards_);
     }
   }
-  e->exp_avg_ = fp32_state();
-  e->exp_avg_sq_ = fp32_state();
+  e->exp_avg_ = fp32_state(COMPONENT_OPTIMIZER_STATES);
+  e->exp_avg_sq_ = fp32_state(COMPONENT_OPTIMIZER_STATES);
   e->step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(state_device));
-  if (e->offload_) e->host_grads_ = fp32_state();
+  if (e->offload_) e->host_grads_ = fp32_state(COMPONENT_GRADS);
 
   if (e->stage_ >= 2) {
+    tag.emplace(COMPONENT_GRADS);
     if (!e->offload_) e->grad_shard_ = at::zeros({e->owned_numel_}, options);
+    tag.emplace(COMPONENT_BUFFERS);
     if (zero.contiguous_gradients()) {
       for (int i = 0; i < (zero.overlap_comm() ? 2 : 1); ++i) {
         e->buckets_.push_back(at::empty({zero.reduce_bucket_elements()}, options));
@@ -234,19 +258,23 @@ double ZeroEngine::loss_scale() const {
 }
 
 absl::Status ZeroEngine::Gather(int part) {
+  for (size_t index : parts_[part + 1]) ZPLAN_RETURN_IF_ERROR(GatherSlot(index));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::GatherSlot(size_t index) {
+  Slot& slot = slots_[index];
+  if (slot.persistent || slot.gathered) return absl::OkStatus();
   at::NoGradGuard no_grad;
+  ScopedMemoryTag tag(COMPONENT_PARAMS);
   const int world = comm_->world_size();
-  for (size_t index : parts_[part + 1]) {
-    Slot& slot = slots_[index];
-    if (slot.persistent || slot.gathered) continue;
-    // The gathered buffer is the only allocation (in-place all-gather).
-    at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
-    full.narrow(0, slot.shard_numel * comm_->rank(), slot.shard_numel)
-        .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel));
-    ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(full));
-    slot.param.set_data(full.narrow(0, 0, slot.numel).view(slot.shape));
-    slot.gathered = true;
-  }
+  // The gathered buffer is the only allocation (in-place all-gather).
+  at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
+  full.narrow(0, slot.shard_numel * comm_->rank(), slot.shard_numel)
+      .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel));
+  ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(full));
+  slot.param.set_data(full.narrow(0, 0, slot.numel).view(slot.shape));
+  slot.gathered = true;
   return absl::OkStatus();
 }
 
@@ -262,18 +290,19 @@ void ZeroEngine::Release(int part) {
 absl::Status ZeroEngine::GatherWithPrefetch(int part, int next) {
   ZPLAN_RETURN_IF_ERROR(Gather(part));
   if (next < -1) return absl::OkStatus();
-  // Prefetch the next block when it fits the prefetch bucket and, with the
-  // current one, the live-parameter cap (DeepSpeed's stage-3 knobs).
-  auto partitioned = [&](int p) {
-    int64_t n = 0;
-    for (size_t index : parts_[p + 1]) n += slots_[index].persistent ? 0 : slots_[index].numel;
-    return n;
-  };
+  // Then the next part's parameters, in order, while fewer than
+  // min(prefetch bucket, live cap - gathered) elements are in flight; the
+  // one that crosses the limit goes too (DeepSpeed's stage-3 coordinator).
+  int64_t gathered = 0;
+  for (size_t index : parts_[part + 1]) gathered += slots_[index].persistent ? 0 : slots_[index].numel;
   const ZeroConfig& zero = config_.zero();
-  const int64_t next_elements = partitioned(next);
-  if (next_elements <= zero.stage3_prefetch_bucket_elements() &&
-      partitioned(part) + next_elements <= zero.stage3_max_live_parameters()) {
-    return Gather(next);
+  const int64_t limit = std::min(zero.stage3_prefetch_bucket_elements(), zero.stage3_max_live_parameters() - gathered);
+  int64_t prefetched = 0;
+  for (size_t index : parts_[next + 1]) {
+    if (prefetched >= limit) break;
+    if (slots_[index].persistent) continue;
+    ZPLAN_RETURN_IF_ERROR(GatherSlot(index));
+    prefetched += slots_[index].numel;
   }
   return absl::OkStatus();
 }
@@ -457,7 +486,9 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
       const int64_t len = std::min(chunk, owned_numel_ - c);
       at::Tensor grad = OwnedGradFp32(c, c + len);
       if (grad.device() != state_device) grad = grad.to(state_device);
-      if (multiplier != 1.0) grad = grad.mul(multiplier);
+      // In place: the gradients are consumed by this step (zeroed or
+      // released after it), and a scaled copy would be one more chunk.
+      if (multiplier != 1.0) grad.mul_(multiplier);
       at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : working.narrow(0, c, len);
       at::_fused_adamw_({weights}, {grad}, {exp_avg_.narrow(0, c, len)}, {exp_avg_sq_.narrow(0, c, len)}, {},
                         {step_count_}, learning_rate, opt.beta1(), opt.beta2(), opt.weight_decay(), opt.eps(),

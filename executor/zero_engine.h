@@ -118,6 +118,7 @@ class ZeroEngine {
   // gradient buffer, averaged over ranks.
   void AccumulateOwned(const Slot& slot, const at::Tensor& full_grad);
   absl::Status Gather(int part);
+  absl::Status GatherSlot(size_t index);
   void Release(int part);
   absl::Status GatherWithPrefetch(int part, int next);
   absl::Status RefreshPersistent();

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -173,26 +174,67 @@ absl::Status ValidatePlanForExecution(const Plan& plan, const std::string& path)
   return absl::OkStatus();
 }
 
+namespace {
+
+// Measured bytes that count against a device budget: tensors at the peak
+// plus, on CUDA, the allocator's band and memory outside it.
+int64_t MeasuredDeviceBytes(const MemoryBreakdown& measured) {
+  return measured.peak_bytes() + measured.allocator_bytes() + measured.runtime_bytes();
+}
+
+// Growth below this share of the planned tensors is noise (a loss scalar).
+constexpr double kNegligibleGrowthFraction = 0.001;
+
+// "activations +1.5 MiB (4.0 MiB measured vs 2.5 MiB planned)" for the
+// component that grew most over the plan; empty when none is attributed
+// (CUDA ranks) or none grew more than negligibly.
+std::string LargestGrowth(const MemoryBreakdown& planned, const MemoryBreakdown& measured) {
+  if (LiveTensorBytes(measured) == 0) return "";
+  const std::vector<NamedBytes> p = TensorComponents(planned), m = TensorComponents(measured);
+  size_t worst = 0;
+  for (size_t i = 1; i < p.size(); ++i) {
+    if (m[i].bytes - p[i].bytes > m[worst].bytes - p[worst].bytes) worst = i;
+  }
+  if (m[worst].bytes - p[worst].bytes <= kNegligibleGrowthFraction * LiveTensorBytes(planned)) return "";
+  return absl::StrFormat("%s +%s (%s measured vs %s planned)", p[worst].name,
+                         FormatBytes(m[worst].bytes - p[worst].bytes), FormatBytes(m[worst].bytes),
+                         FormatBytes(p[worst].bytes));
+}
+
+std::string ErrorPercent(int64_t planned, int64_t measured) {
+  if (planned == 0) return measured == 0 ? "" : "(unplanned)";
+  return absl::StrFormat("%+.2f%%", 100.0 * (measured - planned) / planned);
+}
+
+}  // namespace
+
 void JudgeReport(const Plan& plan, Report* report) {
   const double tolerance = plan.budget().tolerance();
-  const int64_t device_budget = plan.gpu().capacity_bytes() > 0 ? plan.budget().device_bytes_per_rank() : 0;
+  const int64_t device_budget = plan.budget().device_bytes_per_rank();
+  const MemoryBreakdown& planned = plan.device_per_rank();
   bool passed = true;
   for (const RankReport& rank : report->ranks()) {
     // Tensor bytes: the planned peak without runtime and allocator band, vs
     // the measured peak allocated (exact on CPU ranks).
-    const int64_t predicted = LiveTensorBytes(plan.device_per_rank());
+    const int64_t predicted = LiveTensorBytes(planned);
     const int64_t measured = rank.measured_device().peak_bytes();
     const double error = predicted > 0 ? static_cast<double>(measured - predicted) / predicted : 0;
+    const std::string growth = LargestGrowth(planned, rank.measured_device());
+    const std::string grew = growth.empty() ? "" : absl::StrCat("; grew most: ", growth);
     if (tolerance > 0 && std::fabs(error) > tolerance) {
       passed = false;
-      report->add_failures(absl::StrFormat("rank %d: peak %s measured vs %s planned (%+.1f%%, tolerance %.1f%%)",
+      report->add_failures(absl::StrFormat("rank %d: peak %s measured vs %s planned (%+.1f%%, tolerance %.1f%%)%s",
                                            rank.rank(), FormatBytes(measured), FormatBytes(predicted), 100 * error,
-                                           100 * tolerance));
+                                           100 * tolerance, grew));
     }
-    if (device_budget > 0 && measured > device_budget) {
+    const int64_t used = MeasuredDeviceBytes(rank.measured_device());
+    if (device_budget > 0 && used > device_budget) {
       passed = false;
-      report->add_failures(absl::StrFormat("rank %d: peak %s exceeds the budget %s", rank.rank(),
-                                           FormatBytes(measured), FormatBytes(device_budget)));
+      report->add_failures(absl::StrFormat(
+          "rank %d: %s measured exceeds the budget %s%s", rank.rank(), FormatBytes(used), FormatBytes(device_budget),
+          growth.empty() ? absl::StrCat("; as planned (", FormatBytes(planned.peak_bytes()),
+                                        "): re-plan to fit or raise the budget")
+                         : grew));
     }
   }
   report->set_passed(passed);
@@ -201,16 +243,44 @@ void JudgeReport(const Plan& plan, Report* report) {
 std::string FormatReport(const Plan& plan, const Report& report) {
   std::string out = absl::StrFormat("zrun: %s, %d rank(s) over %s, ZeRO-%d\n\n", plan.model().name(),
                                     report.ranks_size(), report.backend(), plan.config().zero().stage());
-  absl::StrAppend(&out, absl::StrFormat("%-5s  %16s  %16s  %8s  %14s  %10s  %10s\n", "rank", "planned tensors",
-                                        "measured peak", "error", "host VmHWM", "step s", "tokens/s"));
+  // Per component at the peak: planned, then each rank's measurement (CPU
+  // ranks attribute every byte; CUDA ranks measure the total only).
+  const MemoryBreakdown& planned = plan.device_per_rank();
+  constexpr int kMaxRankColumns = 8;
+  const int columns = std::min(report.ranks_size(), kMaxRankColumns);
+  absl::StrAppend(&out, absl::StrFormat("%-18s  %12s", "component", "planned"));
+  for (int r = 0; r < columns; ++r) {
+    absl::StrAppend(&out, absl::StrFormat("  %12s %9s", absl::StrCat("rank ", report.ranks(r).rank()), "error"));
+  }
+  absl::StrAppend(&out, "\n");
+  const std::vector<NamedBytes> planned_components = TensorComponents(planned);
+  const bool attributed = columns > 0 && LiveTensorBytes(report.ranks(0).measured_device()) > 0;
+  for (size_t i = 0; attributed && i < planned_components.size(); ++i) {
+    absl::StrAppend(&out, absl::StrFormat("%-18s  %12s", planned_components[i].name,
+                                          FormatBytes(planned_components[i].bytes)));
+    for (int r = 0; r < columns; ++r) {
+      const int64_t measured = TensorComponents(report.ranks(r).measured_device())[i].bytes;
+      absl::StrAppend(&out, absl::StrFormat("  %12s %9s", FormatBytes(measured),
+                                            ErrorPercent(planned_components[i].bytes, measured)));
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, absl::StrFormat("%-18s  %12s", "tensors at peak", FormatBytes(LiveTensorBytes(planned))));
+  for (int r = 0; r < columns; ++r) {
+    const int64_t measured = report.ranks(r).measured_device().peak_bytes();
+    absl::StrAppend(&out, absl::StrFormat("  %12s %9s", FormatBytes(measured),
+                                          ErrorPercent(LiveTensorBytes(planned), measured)));
+  }
+  absl::StrAppend(&out, "\n\n");
+  absl::StrAppend(&out, absl::StrFormat("%-5s  %14s  %14s  %10s  %10s  %6s\n", "rank", "device total", "host VmHWM",
+                                        "step s", "tokens/s", "MFU"));
   for (const RankReport& rank : report.ranks()) {
-    const int64_t predicted = LiveTensorBytes(plan.device_per_rank());
-    const int64_t measured = rank.measured_device().peak_bytes();
-    absl::StrAppend(&out, absl::StrFormat("%-5d  %16s  %16s  %+7.2f%%  %14s  %10.3f  %10.0f\n", rank.rank(),
-                                          FormatBytes(predicted), FormatBytes(measured),
-                                          predicted > 0 ? 100.0 * (measured - predicted) / predicted : 0.0,
+    const double mfu = rank.model_flops_utilization();
+    absl::StrAppend(&out, absl::StrFormat("%-5d  %14s  %14s  %10.3f  %10.0f  %6s\n", rank.rank(),
+                                          FormatBytes(MeasuredDeviceBytes(rank.measured_device())),
                                           FormatBytes(rank.measured_host().peak_bytes()), rank.mean_step_seconds(),
-                                          rank.tokens_per_second()));
+                                          rank.tokens_per_second(),
+                                          mfu > 0 ? absl::StrFormat("%.1f%%", 100 * mfu) : "-"));
   }
   if (!report.ranks().empty()) {
     absl::StrAppend(&out, "\nlosses:");

@@ -207,4 +207,14 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
 
 bool IsMlpTensor(const TensorSpec& tensor) { return tensor.name().find(".mlp") != std::string::npos; }
 
+double TrainingFlopsPerToken(const ModelSpec& spec, int64_t seq_length) {
+  double matmul_weights = static_cast<double>(spec.vocab_size()) * spec.hidden_size();  // LM head
+  for (int layer = 0; layer < spec.num_layers(); ++layer) {
+    for (const TensorSpec& t : BlockParameters(spec, layer)) {
+      if (t.shape_size() == 2) matmul_weights += static_cast<double>(NumElements(t));
+    }
+  }
+  return 6 * matmul_weights + 12.0 * spec.num_layers() * spec.num_attention_heads() * spec.head_dim() * seq_length;
+}
+
 }  // namespace zplan

@@ -68,6 +68,11 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
 // attention's.
 bool IsMlpTensor(const TensorSpec& tensor);
 
+// Model FLOPs of one training token (forward + backward, no recompute), as
+// in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights
+// (block linears and the LM head) + 12 x layers x heads x head_dim x seq.
+double TrainingFlopsPerToken(const ModelSpec& spec, int64_t seq_length);
+
 }  // namespace zplan
 
 #endif  // ZPLAN_PLANNER_INVENTORY_H_

@@ -265,7 +265,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   }
   // DeepSpeed's contiguous-gradients IPG buckets (stage_1_and_2.py / stage3.py).
   if (s.stage >= 2 && zero.contiguous_gradients()) {
-    s.buckets_resident = zero.reduce_bucket_elements() * w * (zero.overlap_comm() ? 2 : 1);
+    const int64_t buckets = zero.overlap_comm() ? 2 : 1;
+    s.buckets_resident = zero.reduce_bucket_elements() * w * buckets;
+    s.buckets_touched = std::min(zero.reduce_bucket_elements(), total) * w * buckets;
   }
 
   // Blocks.
@@ -303,11 +305,18 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     for (const TensorSpec& t : block_params) {
       if (NumElements(t) > zero.stage3_param_persistence_threshold()) partitioned += NumElements(t);
     }
-    // The block being computed plus the next one prefetched, within the live cap.
-    const int64_t prefetched = std::min(zero.stage3_prefetch_bucket_elements(), partitioned);
-    const int64_t live = std::max(partitioned, std::min(zero.stage3_max_live_parameters(),
-                                                        partitioned + prefetched));
-    s.block_gather = live * w;
+    // The block being computed plus the next one's parameters prefetched in
+    // order while fewer than min(prefetch bucket, live cap - gathered) are
+    // in flight (DeepSpeed's PartitionedParameterCoordinator; the parameter
+    // that crosses the limit is included).
+    const int64_t limit = std::min(zero.stage3_prefetch_bucket_elements(),
+                                   zero.stage3_max_live_parameters() - partitioned);
+    int64_t prefetched = 0;
+    for (const TensorSpec& t : block_params) {
+      if (prefetched >= limit) break;
+      if (NumElements(t) > zero.stage3_param_persistence_threshold()) prefetched += NumElements(t);
+    }
+    s.block_gather = (partitioned + prefetched) * w;
   }
 
   // Model ends.
@@ -325,8 +334,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
 
   // Stage 0/1 reduce gradients after backward through one flat bucket.
   if (s.stage <= 1) s.reduce_temp = std::min(zero.reduce_bucket_elements(), total) * w;
-  // The optimizer upcasts this rank's gradients to fp32 one sub-group at a time.
-  if (s.mixed && !s.offload_optimizer) {
+  // The optimizer takes this rank's gradients as contiguous fp32 one
+  // sub-group at a time: an upcast (mixed precision), or at stages 0/1 a
+  // gather from the per-parameter gradients (fp32 too).
+  if (!s.offload_optimizer && (s.mixed || s.stage <= 1)) {
     s.step_upcast = std::min(zero.sub_group_elements(), owned) * 4;
   }
 
@@ -371,6 +382,12 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
   const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype);
   s.block_bwd_mlp_transient = bwd.mlp_bytes;
+  // A weight gradient bound for a reduce bucket (stages 2/3) lives beside
+  // its linear's input gradient (down_proj: the output's gradient and the
+  // FFN-wide one), not beside the half's widest moment: it adds only what
+  // exceeds that (measured, docs/accuracy.md).
+  s.block_max_mlp_grad = std::max<int64_t>(
+      0, tokens * h * w + tokens * model.ffn_hidden_size() * w + base_.block_max_mlp_grad - bwd.mlp_bytes);
   s.block_bwd_attn_transient = bwd.attention_bytes;
   s.step_inputs = 2 * tokens * kTokenIdBytes;
   // cos and sin [s, head_dim] in the working dtype, shared by every layer.
@@ -395,6 +412,17 @@ int64_t LiveTensorBytes(const MemoryBreakdown& b) {
   return b.params_bytes() + b.grads_bytes() + b.master_params_bytes() +
          b.optimizer_states_bytes() + b.activations_bytes() + b.logits_bytes() +
          b.buffers_bytes() + b.temporaries_bytes();
+}
+
+std::vector<NamedBytes> TensorComponents(const MemoryBreakdown& b) {
+  return {{"params", b.params_bytes()},
+          {"grads", b.grads_bytes()},
+          {"master params", b.master_params_bytes()},
+          {"optimizer states", b.optimizer_states_bytes()},
+          {"activations", b.activations_bytes()},
+          {"logits", b.logits_bytes()},
+          {"buffers", b.buffers_bytes()},
+          {"temporaries", b.temporaries_bytes()}};
 }
 
 void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {

@@ -31,6 +31,7 @@
 #define ZPLAN_PLANNER_MEMORY_MODEL_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "planner/sharding.h"
@@ -77,6 +78,9 @@ struct StepSizes {
   int64_t master_resident = 0;
   int64_t optimizer_resident = 0;
   int64_t buckets_resident = 0;      // stage-2/3 reduce buckets
+  // Of those, the bytes ever written: a bucket larger than the model's
+  // gradients is never filled, and unwritten pages take no host RAM.
+  int64_t buckets_touched = 0;
 
   // Per block.
   int64_t block_saved = 0;           // tensors saved for backward, no checkpointing
@@ -179,6 +183,14 @@ void AddBreakdown(const MemoryBreakdown& from, MemoryBreakdown* to);
 
 // Sum of the tensor components (everything except runtime and allocator).
 int64_t LiveTensorBytes(const MemoryBreakdown& breakdown);
+
+// The tensor components of a breakdown, in proto order, with short names
+// ("params", "activations", ...); they sum to LiveTensorBytes.
+struct NamedBytes {
+  const char* name;
+  int64_t bytes;
+};
+std::vector<NamedBytes> TensorComponents(const MemoryBreakdown& breakdown);
 
 }  // namespace zplan
 

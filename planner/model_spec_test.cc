@@ -148,3 +148,20 @@ TEST(ModelSpecTest, EveryPresetValidates) {
 
 }  // namespace
 }  // namespace zplan
+
+namespace zplan {
+namespace {
+
+TEST(ModelSpecTest, TrainingFlopsPerTokenIsPalmsFormula) {
+  auto spec = LoadPreset("llama3-8b");
+  ASSERT_TRUE(spec.ok());
+  // Llama-3-8B: per layer q, o 4096^2, k, v 4096 x 1024, gate/up/down 4096 x 14336; head 128256 x 4096.
+  const double per_layer = 2.0 * 4096 * 4096 + 2.0 * 4096 * 1024 + 3.0 * 4096 * 14336;
+  const double weights = 32 * per_layer + 128256.0 * 4096;
+  const double attention = 12.0 * 32 * 32 * 128 * 8192;
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(*spec, 8192), 6 * weights + attention);
+  EXPECT_NEAR(TrainingFlopsPerToken(*spec, 8192) / 1e9, 57.9, 0.1);
+}
+
+}  // namespace
+}  // namespace zplan

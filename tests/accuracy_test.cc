@@ -1,0 +1,59 @@
+// The agreement suite: every configuration of tools/accuracy.h is planned by
+// zplan and trained by zrun; each must meet the device and host goals, and
+// docs/accuracy.md's device tables must be what this run measured (exact
+// byte counts; regenerate with bazel run //tools:accuracy -- --out docs/accuracy.md).
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "planner/memory_model.h"
+#include "planner/proto_io.h"
+#include "tools/accuracy.h"
+
+namespace zplan {
+namespace {
+
+std::string DeviceSection(const std::string& markdown) {
+  return markdown.substr(0, markdown.find(kHostSectionHeading));
+}
+
+TEST(AccuracyTest, EveryConfigurationMeetsTheGoalsAndTheDocIsCurrent) {
+  ASSERT_GE(AccuracyMatrix().size(), 32u);
+  AccuracyOptions o;
+  o.zplan_path = std::filesystem::absolute("planner/zplan").string();
+  o.zrun_path = std::filesystem::absolute("executor/zrun").string();
+  o.work_dir = std::string(std::getenv("TEST_TMPDIR")) + "/accuracy";
+  auto rows = RunAccuracyMatrix(o);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (const AccuracyRow& row : *rows) {
+    const RankMeasurement& worst = row.ranks[row.worst_rank];
+    EXPECT_TRUE(row.device_ok) << row.config.name << ": device peak " << worst.device.peak_bytes()
+                               << " B measured on rank " << worst.rank << " vs "
+                               << LiveTensorBytes(row.plan.device_per_rank()) << " B planned ("
+                               << 100 * row.device_error << "%)";
+    EXPECT_TRUE(row.host_ok) << row.config.name << ": host VmHWM off the plan by " << row.host_worst_diff_bytes
+                             << " B of " << row.host_planned_bytes << " B";
+  }
+  auto committed = ReadFile("docs/accuracy.md");
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  const std::string fresh = DeviceSection(AccuracyMarkdown(*rows));
+  const std::string doc = DeviceSection(*committed);
+  if (fresh == doc) return;
+  std::istringstream a(doc), b(fresh);
+  std::string line_a, line_b;
+  for (int line = 1; static_cast<bool>(std::getline(a, line_a)) | static_cast<bool>(std::getline(b, line_b));
+       ++line) {
+    if (line_a != line_b) {
+      FAIL() << "docs/accuracy.md differs from this run at line " << line << ":\n  committed: " << line_a
+             << "\n  fresh:     " << line_b
+             << "\nRegenerate with: bazel run //tools:accuracy -- --out docs/accuracy.md";
+    }
+    line_a.clear();
+    line_b.clear();
+  }
+}
+
+}  // namespace
+}  // namespace zplan

@@ -1,0 +1,268 @@
+#include "tools/accuracy.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "planner/memory_model.h"
+#include "planner/proto_io.h"
+#include "planner/run_config.h"
+#include "planner/status_macros.h"
+#include "planner/units.h"
+#include "proto/report.pb.h"
+
+namespace zplan {
+namespace {
+
+// Small shapes of three families, so each case trains in seconds on a CPU.
+const std::vector<std::string> kTiny = {"--model", "debug-tiny"};  // Llama-style, untied, GQA
+const std::vector<std::string> kGpt2 = {"--model", "gpt2",  "--layers", "2",   "--hidden", "128",  // tied, learned
+                                        "--heads", "4",     "--head-dim", "32", "--ffn",   "512",  // positions,
+                                        "--vocab", "4096"};                                         // LayerNorm, GELU
+const std::vector<std::string> kQwen3 = {"--model", "qwen3-0.6b", "--layers", "2",   "--hidden", "256",  // tied,
+                                         "--heads", "4",          "--kv-heads", "2", "--head-dim", "64",  // qk-norm
+                                         "--ffn",   "768",        "--vocab",  "4096"};
+// DeepSpeed's default 5e8-element buckets would dwarf these models.
+constexpr char kSmallBuckets[] = "configs/ds/small_buckets.json";
+
+AccuracyCase Case(std::string name, const std::vector<std::string>& model, std::vector<std::string> args,
+                  int emulate_rank = -1) {
+  std::vector<std::string> all = model;
+  all.insert(all.end(), args.begin(), args.end());
+  return {std::move(name), std::move(all), emulate_rank};
+}
+
+// fork/exec with stdout and stderr to `log`; returns the exit code.
+absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    // Relative paths in the arguments are relative to this folder, not to
+    // where `bazel run` was started.
+    unsetenv("BUILD_WORKING_DIRECTORY");
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return absl::InternalError("waitpid failed");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions& o, int index) {
+  const std::string dir = absl::StrCat(o.work_dir, "/", index, "-", c.name);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  const std::string plan_path = dir + "/plan.pb", report_path = dir + "/report.pb";
+
+  std::vector<std::string> zplan = {o.zplan_path, "--gpu", "cpu"};
+  zplan.insert(zplan.end(), c.zplan_args.begin(), c.zplan_args.end());
+  zplan.push_back("--out=" + plan_path);
+  ZPLAN_ASSIGN_OR_RETURN(int code, RunLogged(zplan, dir + "/zplan.log"));
+  if (code != 0) return absl::InternalError(absl::StrCat(c.name, ": zplan exited ", code, "; see ", dir, "/zplan.log"));
+
+  std::vector<std::string> zrun = {o.zrun_path, plan_path, "--report=" + report_path,
+                                   absl::StrCat("--steps=", o.steps)};
+  if (c.emulate_rank >= 0) zrun.push_back(absl::StrCat("--emulate_rank=", c.emulate_rank));
+  ZPLAN_ASSIGN_OR_RETURN(code, RunLogged(zrun, dir + "/zrun.log"));
+  // 3 = outside the plan's tolerance: still a row, judged below.
+  if (code != 0 && code != 3) {
+    return absl::InternalError(absl::StrCat(c.name, ": zrun exited ", code, "; see ", dir, "/zrun.log"));
+  }
+
+  AccuracyRow row;
+  row.config = c;
+  ZPLAN_RETURN_IF_ERROR(ReadProtoFile(plan_path, &row.plan));
+  Report report;
+  ZPLAN_RETURN_IF_ERROR(ReadProtoFile(report_path, &report));
+  if (report.ranks().empty()) return absl::InternalError(absl::StrCat(c.name, ": report has no ranks"));
+  const int64_t planned = LiveTensorBytes(row.plan.device_per_rank());
+  row.host_planned_bytes = row.plan.ranks(0).host().peak_bytes();
+  row.device_ok = row.host_ok = true;
+  for (const RankReport& r : report.ranks()) {
+    RankMeasurement& m = row.ranks.emplace_back();
+    m.rank = r.rank();
+    m.device = r.measured_device();
+    m.host_hwm_bytes = r.measured_host().peak_bytes();
+    const double e = static_cast<double>(m.device.peak_bytes() - planned) / planned;
+    if (row.ranks.size() == 1 || std::fabs(e) > std::fabs(row.device_error)) {
+      row.device_error = e;
+      row.worst_rank = row.ranks.size() - 1;
+    }
+    row.device_ok &= std::fabs(e) <= kDeviceGoalFraction;
+    const int64_t diff = m.host_hwm_bytes - row.host_planned_bytes;
+    if (std::abs(diff) > std::abs(row.host_worst_diff_bytes) || row.ranks.size() == 1) row.host_worst_diff_bytes = diff;
+    row.host_ok &= std::abs(diff) <= std::max<int64_t>(kHostGoalBytes, kHostGoalFraction * row.host_planned_bytes);
+  }
+  return row;
+}
+
+std::string Percent(double fraction) { return absl::StrFormat("%+.2f%%", 100 * fraction); }
+
+// "12.3 MiB" when exact, else "12.5 MiB (+1.6% of 12.3 MiB)".
+std::string Cell(int64_t planned, int64_t measured) {
+  if (planned == measured) return FormatBytes(measured);
+  if (planned == 0) return absl::StrCat(FormatBytes(measured), " (unplanned)");
+  return absl::StrCat(FormatBytes(measured), " (", Percent(static_cast<double>(measured - planned) / planned), " of ",
+                      FormatBytes(planned), ")");
+}
+
+std::string Describe(const AccuracyRow& row) {
+  const RunConfig& c = row.plan.config();
+  const ZeroConfig& z = c.zero();
+  std::vector<std::string> parts = {row.plan.model().name(), absl::StrCat("ZeRO-", z.stage())};
+  if (z.offload_optimizer() == OFFLOAD_CPU) parts.push_back("offload opt");
+  if (z.offload_param() == OFFLOAD_CPU) parts.push_back("offload param");
+  if (c.activation_checkpointing()) parts.push_back("ckpt");
+  parts.push_back(c.precision() == PRECISION_FP32 ? "fp32" : c.precision() == PRECISION_FP16 ? "fp16" : "bf16");
+  parts.push_back(row.plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "sdpa");
+  parts.push_back(absl::StrCat("b", c.micro_batch_size(), " s", c.seq_length()));
+  if (c.gradient_accumulation_steps() > 1) parts.push_back(absl::StrCat("ga", c.gradient_accumulation_steps()));
+  parts.push_back(row.plan.model().tie_word_embeddings() ? "tied" : "untied");
+  return absl::StrJoin(parts, ", ");
+}
+
+std::string World(const AccuracyRow& row) {
+  const int64_t world = WorldSize(row.plan.config());
+  if (row.config.emulate_rank >= 0) return absl::StrCat("rank ", row.config.emulate_rank, " of ", world, " (emulated)");
+  return absl::StrCat(world, world == 1 ? " (in-process)" : " (Gloo)");
+}
+
+}  // namespace
+
+std::vector<AccuracyCase> AccuracyMatrix() {
+  const std::string ds = kSmallBuckets;
+  return {
+      Case("tiny-z0-fp32-w1", kTiny, {"--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z0-bf16-w2", kTiny, {"--zero-stage", "0", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z0-fp32-w2-ckpt-eager", kTiny, {"--zero-stage", "0", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z0-fp32-w1-b1-s512-eager", kTiny, {"--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--attention", "eager", "--micro-batch", "1", "--seq", "512"}),
+      Case("tiny-z1-fp32-w2", kTiny, {"--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z1-bf16-w4-ga2", kTiny, {"--zero-stage", "1", "--precision", "bf16", "--gpus", "4", "--grad-accum", "2", "--micro-batch", "2", "--seq", "64"}),
+      Case("tiny-z1-bf16-w2-offload", kTiny, {"--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z1-fp32-w1-ckpt", kTiny, {"--zero-stage", "1", "--precision", "fp32", "--gpus", "1", "--checkpointing", "true", "--micro-batch", "4", "--seq", "128"}),
+      Case("tiny-z1-bf16-emulated-5of8", kTiny, {"--zero-stage", "1", "--precision", "bf16", "--gpus", "8", "--micro-batch", "2", "--seq", "128"}, 5),
+      Case("tiny-z2-fp32-w2-default-buckets", kTiny, {"--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z2-bf16-w2", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z2-bf16-w4-ckpt", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "4", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z2-fp32-w2-offload-eager", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--offload-optimizer", "cpu", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z2-bf16-w2-ga2-s256", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--grad-accum", "2", "--micro-batch", "1", "--seq", "256"}),
+      Case("tiny-z2-bf16-w2-b8-s32", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "8", "--seq", "32"}),
+      Case("tiny-z2-fp16-w2", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "fp16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z3-fp32-w2", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z3-bf16-w4", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z3-bf16-w2-ckpt", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "4", "--seq", "128"}),
+      Case("tiny-z3-fp32-w2-offload-both", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z3-bf16-w2-offload-param-ckpt-eager", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--offload-param", "cpu", "--offload-optimizer", "cpu", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z3-bf16-w1-b4-s64", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "1", "--micro-batch", "4", "--seq", "64"}),
+      Case("tiny-z3-fp32-w4-ckpt-eager-ga2", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "4", "--checkpointing", "true", "--attention", "eager", "--grad-accum", "2", "--micro-batch", "1", "--seq", "128"}),
+      Case("tiny-z3-fp32-emulated-7of8", kTiny, {"--zero-stage", "3", "--precision", "fp32", "--gpus", "8", "--micro-batch", "2", "--seq", "128"}, 7),
+      Case("tiny-z3-bf16-emulated-63of64", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "8", "--nodes", "8", "--micro-batch", "2", "--seq", "128"}, 63),
+      Case("gpt2-z0-fp32-w1", kGpt2, {"--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "128"}),
+      Case("gpt2-z1-bf16-w2-ckpt", kGpt2, {"--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("gpt2-z2-bf16-w2-eager", kGpt2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("gpt2-z3-fp32-w2", kGpt2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("gpt2-z3-bf16-w4-offload-ckpt", kGpt2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--offload-optimizer", "cpu", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("qwen3-z0-bf16-w1-eager", kQwen3, {"--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("qwen3-z2-fp32-w2-ckpt", kQwen3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("qwen3-z3-bf16-w2", kQwen3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3-z3-bf16-w2-offload-both", kQwen3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2", "--seq", "128"}),
+  };
+}
+
+absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const AccuracyOptions& options) {
+  std::vector<AccuracyRow> rows;
+  const std::vector<AccuracyCase> matrix = AccuracyMatrix();
+  for (size_t i = 0; i < matrix.size(); ++i) {
+    ZPLAN_ASSIGN_OR_RETURN(AccuracyRow row, RunCase(matrix[i], options, static_cast<int>(i + 1)));
+    if (options.on_row) options.on_row(row);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows) {
+  std::string md =
+      "# Planner vs executor on CPU ranks\n\n"
+      "Generated by `bazel run //tools:accuracy -- --out docs/accuracy.md`. `//tests:accuracy_test` runs the same\n"
+      "matrix in the test command: it fails when a configuration misses a goal, or when the device tables below\n"
+      "differ from a fresh run.\n\n"
+      "Each configuration is planned by `zplan --gpu cpu ... --out plan.pb` and trained by `zrun plan.pb --steps 3`\n"
+      "(Gloo ranks, or one emulated rank). zrun's CPU counting allocator sees every tensor byte and attributes it\n"
+      "to the planner's components at the moment of the peak (steps after the first); so any difference is a\n"
+      "modelling error. Goals: device peak within 3% on every rank; host VmHWM within 10% or 256 MiB.\n\n";
+  size_t worst = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (std::fabs(rows[i].device_error) > std::fabs(rows[worst].device_error)) worst = i;
+  }
+  int close = 0, within = 0;
+  for (const AccuracyRow& r : rows) {
+    close += std::fabs(r.device_error) < 0.001;
+    within += r.device_ok;
+  }
+  if (!rows.empty()) {
+    absl::StrAppend(&md, absl::StrFormat(
+                             "%d configurations: %d within 3%%, %d within 0.1%%; worst: #%d %s, %s (%s).\n\n",
+                             rows.size(), within, close, worst + 1, rows[worst].config.name,
+                             Percent(rows[worst].device_error), Describe(rows[worst])));
+  }
+  absl::StrAppend(&md, "## Device peak per rank\n\n",
+                  "| # | configuration | world | planned tensors | measured peak | error | peak (plan) |\n",
+                  "|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const AccuracyRow& r = rows[i];
+    const RankMeasurement& m = r.ranks[r.worst_rank];
+    absl::StrAppend(&md, absl::StrFormat("| %d | %s | %s | %s | %s | %s | %s |\n", i + 1, Describe(r), World(r),
+                                         FormatBytes(LiveTensorBytes(r.plan.device_per_rank())),
+                                         FormatBytes(m.device.peak_bytes()), Percent(r.device_error),
+                                         r.plan.device_per_rank().peak_event()));
+  }
+  absl::StrAppend(&md, "\n## Per component at the peak (rank with the largest error)\n\n",
+                  "A cell is the measured bytes; where they differ from the plan, the error and the planned bytes.\n\n",
+                  "| # | rank |");
+  const std::vector<NamedBytes> names = TensorComponents(MemoryBreakdown());
+  for (const NamedBytes& n : names) absl::StrAppend(&md, " ", n.name, " |");
+  absl::StrAppend(&md, "\n|---|---|");
+  for (size_t k = 0; k < names.size(); ++k) absl::StrAppend(&md, "---|");
+  absl::StrAppend(&md, "\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const AccuracyRow& r = rows[i];
+    const RankMeasurement& m = r.ranks[r.worst_rank];
+    const std::vector<NamedBytes> p = TensorComponents(r.plan.device_per_rank()), q = TensorComponents(m.device);
+    absl::StrAppend(&md, absl::StrFormat("| %d | %d |", i + 1, m.rank));
+    for (size_t k = 0; k < p.size(); ++k) absl::StrAppend(&md, " ", Cell(p[k].bytes, q[k].bytes), " |");
+    absl::StrAppend(&md, "\n");
+  }
+  absl::StrAppend(&md, "\n", kHostSectionHeading, " per rank\n\n",
+                  "Planned: the rank's tensors (resident pages only) plus the process baseline of the `cpu` catalog "
+                  "entry.\nMeasured: VmHWM of the rank's process, the largest over ranks. These vary a little from "
+                  "run to run.\n\n",
+                  "| # | planned | measured VmHWM | difference | within goal |\n|---|---|---|---|---|\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const AccuracyRow& r = rows[i];
+    const int64_t diff = r.host_worst_diff_bytes;
+    absl::StrAppend(&md, absl::StrFormat("| %d | %s | %s | %s%s (%s) | %s |\n", i + 1, FormatBytes(r.host_planned_bytes),
+                                         FormatBytes(r.host_planned_bytes + diff), diff < 0 ? "-" : "+",
+                                         FormatBytes(std::abs(diff)),
+                                         Percent(static_cast<double>(diff) / r.host_planned_bytes),
+                                         r.host_ok ? "yes" : "NO"));
+  }
+  return md;
+}
+
+}  // namespace zplan

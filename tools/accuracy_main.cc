@@ -1,0 +1,59 @@
+// accuracy: runs the planner-vs-executor matrix and writes docs/accuracy.md
+// (--out) or prints it. Exit 1 when a configuration misses a goal.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "planner/proto_io.h"
+#include "tools/accuracy.h"
+
+ABSL_FLAG(std::string, out, "", "write the report here (atomically) instead of stdout");
+ABSL_FLAG(std::string, work_dir, "", "plans, reports and logs (default: a new folder under /tmp)");
+ABSL_FLAG(int, steps, 3, "training steps per configuration");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  zplan::AccuracyOptions o;
+  // Under `bazel run` the binaries are runfiles relative to the start folder.
+  o.zplan_path = std::filesystem::absolute("planner/zplan").string();
+  o.zrun_path = std::filesystem::absolute("executor/zrun").string();
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.work_dir = absl::GetFlag(FLAGS_work_dir);
+  if (o.work_dir.empty()) {
+    char pattern[] = "/tmp/zplan-accuracy-XXXXXX";
+    if (mkdtemp(pattern) == nullptr) return 1;
+    o.work_dir = pattern;
+  }
+  int failed = 0;
+  o.on_row = [&failed](const zplan::AccuracyRow& row) {
+    failed += !row.device_ok || !row.host_ok;
+    std::cerr << absl::StrFormat("%-45s device %+.2f%%%s\n", row.config.name, 100 * row.device_error,
+                                 row.device_ok && row.host_ok ? "" : "  MISSES A GOAL");
+  };
+  auto rows = zplan::RunAccuracyMatrix(o);
+  if (!rows.ok()) {
+    std::cerr << "accuracy: " << rows.status().message() << "\n";
+    return 1;
+  }
+  const std::string markdown = zplan::AccuracyMarkdown(*rows);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::cout << markdown;
+  } else {
+    const std::string path = std::filesystem::path(out).is_absolute() || std::getenv("BUILD_WORKSPACE_DIRECTORY") == nullptr
+                                 ? out
+                                 : std::string(std::getenv("BUILD_WORKSPACE_DIRECTORY")) + "/" + out;
+    if (absl::Status s = zplan::WriteFileAtomically(path, markdown); !s.ok()) {
+      std::cerr << "accuracy: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  std::cerr << "work folder: " << o.work_dir << "\n";
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The same model as a plan's ModelSpec, trained by a plain PyTorch (Python)
+loop, for zrun's throughput comparison: bf16 parameters, fused AdamW, SDPA or
+eager attention, synthetic tokens. Prints one JSON line with tokens/s and
+model FLOPs utilisation (PaLM's formula, as zrun's report).
+
+  python3 tools/torch_reference_loop.py plan.json --steps 10 [--peak-flops 989.4e12]
+"""
+import argparse, json, math, time
+
+import torch
+import torch.nn.functional as F
+
+
+def flops_per_token(m, seq):
+    h, a, kv, d, f = m["hidden_size"], m["num_attention_heads"], m["num_kv_heads"], m["head_dim"], m["ffn_hidden_size"]
+    ffn_mats = 3 if m.get("ffn_type", "FFN_SWIGLU") == "FFN_SWIGLU" else 2
+    per_layer = h * a * d * 2 + h * kv * d * 2 + ffn_mats * h * f
+    weights = m["num_layers"] * per_layer + m.get("vocab_size", 0) * h
+    return 6 * weights + 12 * m["num_layers"] * a * d * seq
+
+
+class Block(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        h, self.a, self.kv, self.d, f = m["hidden_size"], m["num_attention_heads"], m["num_kv_heads"], m["head_dim"], m["ffn_hidden_size"]
+        self.swiglu = m.get("ffn_type", "FFN_SWIGLU") == "FFN_SWIGLU"
+        self.eager = m.get("attention_impl") == "ATTENTION_EAGER"
+        self.n1, self.n2 = torch.nn.RMSNorm(h, eps=1e-6), torch.nn.RMSNorm(h, eps=1e-6)
+        self.q = torch.nn.Linear(h, self.a * self.d, bias=False)
+        self.k = torch.nn.Linear(h, self.kv * self.d, bias=False)
+        self.v = torch.nn.Linear(h, self.kv * self.d, bias=False)
+        self.o = torch.nn.Linear(self.a * self.d, h, bias=False)
+        self.up = torch.nn.Linear(h, f, bias=False)
+        self.gate = torch.nn.Linear(h, f, bias=False) if self.swiglu else None
+        self.down = torch.nn.Linear(f, h, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        n = self.n1(x)
+        q = self.q(n).view(b, s, self.a, self.d).transpose(1, 2)
+        k = self.k(n).view(b, s, self.kv, self.d).transpose(1, 2)
+        v = self.v(n).view(b, s, self.kv, self.d).transpose(1, 2)
+        rot = lambda t: torch.cat((-t[..., self.d // 2:], t[..., : self.d // 2]), -1)
+        q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(att.transpose(1, 2).reshape(b, s, -1))
+        n = self.n2(x)
+        mlp = F.silu(self.gate(n)) * self.up(n) if self.swiglu else F.gelu(self.up(n), approximate="tanh")
+        return x + self.down(mlp)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.embed = torch.nn.Embedding(m["vocab_size"], m["hidden_size"])
+        self.blocks = torch.nn.ModuleList(Block(m) for _ in range(m["num_layers"]))
+        self.norm = torch.nn.RMSNorm(m["hidden_size"], eps=1e-6)
+        self.head = torch.nn.Linear(m["hidden_size"], m["vocab_size"], bias=False)
+        if m.get("tie_word_embeddings"):
+            self.head.weight = self.embed.weight
+        self.d = m["head_dim"]
+
+    def forward(self, ids, targets):
+        s = ids.shape[1]
+        inv = 1.0 / (500000.0 ** (torch.arange(0, self.d, 2, device=ids.device).float() / self.d))
+        ang = torch.outer(torch.arange(s, device=ids.device).float(), inv)
+        emb = torch.cat((ang, ang), -1)
+        x = self.embed(ids)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        logits = self.head(self.norm(x)).float()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("plan_json")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--peak-flops", type=float, default=0.0)
+    args = p.parse_args()
+    plan = json.load(open(args.plan_json))
+    m, cfg = plan["model"], plan["config"]
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "ffn_hidden_size", "vocab_size"):
+        m[key] = int(m.get(key, 0))
+    b, s = int(cfg.get("micro_batch_size", 1)), int(cfg.get("seq_length", 2048))
+    dev = "cuda" if torch.cuda.is_available() and plan.get("gpu", {}).get("key") != "cpu" else "cpu"
+    dtype = torch.float32 if cfg.get("precision") == "PRECISION_FP32" else torch.bfloat16
+    torch.manual_seed(0)
+    model = Model(m).to(device=dev, dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    g = torch.Generator().manual_seed(0)
+    times = []
+    for step in range(args.steps):
+        ids = torch.randint(m["vocab_size"], (b, s + 1), generator=g).to(dev)
+        start = time.perf_counter()
+        loss = model(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    step_s = sum(times[1:]) / max(1, len(times) - 1)  # the first step warms up
+    tps = b * s / step_s
+    fpt = flops_per_token(m, s)
+    print(json.dumps({"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "step_seconds": step_s,
+                      "tokens_per_second": tps, "model_flops_per_token": fpt,
+                      "mfu": tps * fpt / args.peak_flops if args.peak_flops > 0 and dev == "cuda" else 0.0,
+                      "final_loss": float(loss)}))
+
+
+if __name__ == "__main__":
+    main()
