@@ -4,12 +4,12 @@
 // byte counts; regenerate with bazel run //tools:accuracy -- --out docs/accuracy.md).
 #include <cstdlib>
 #include <filesystem>
-#include <sstream>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "planner/memory_model.h"
 #include "planner/proto_io.h"
+#include "tests/doc_diff.h"
 #include "tools/accuracy.h"
 
 namespace zplan {
@@ -40,18 +40,10 @@ TEST(AccuracyTest, EveryConfigurationMeetsTheGoalsAndTheDocIsCurrent) {
   ASSERT_TRUE(committed.ok()) << committed.status();
   const std::string fresh = DeviceSection(AccuracyMarkdown(*rows));
   const std::string doc = DeviceSection(*committed);
-  if (fresh == doc) return;
-  std::istringstream a(doc), b(fresh);
-  std::string line_a, line_b;
-  for (int line = 1; static_cast<bool>(std::getline(a, line_a)) | static_cast<bool>(std::getline(b, line_b));
-       ++line) {
-    if (line_a != line_b) {
-      FAIL() << "docs/accuracy.md differs from this run at line " << line << ":\n  committed: " << line_a
-             << "\n  fresh:     " << line_b
-             << "\nRegenerate with: bazel run //tools:accuracy -- --out docs/accuracy.md";
-    }
-    line_a.clear();
-    line_b.clear();
+  const std::string diff = FirstDifference(doc, fresh);
+  if (!diff.empty()) {
+    FAIL() << "docs/accuracy.md differs from this run at " << diff
+           << "\nRegenerate with: bazel run //tools:accuracy -- --out docs/accuracy.md";
   }
 }
 

@@ -1,11 +1,11 @@
 // docs/seed_tables.md must be exactly what the generator produces from
 // configs/seeds/: a change in the planner or a scenario that moves a number
 // or a verdict fails here until the report is regenerated and reviewed.
-#include <sstream>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "planner/proto_io.h"
+#include "tests/doc_diff.h"
 #include "tools/seed_tables.h"
 
 namespace zplan {
@@ -16,18 +16,10 @@ TEST(SeedTablesTest, CommittedReportMatchesAFreshRun) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   auto committed = ReadFile("docs/seed_tables.md");
   ASSERT_TRUE(committed.ok()) << committed.status();
-  if (*fresh == *committed) return;
-  std::istringstream a(*committed), b(*fresh);
-  std::string line_a, line_b;
-  for (int line = 1; static_cast<bool>(std::getline(a, line_a)) | static_cast<bool>(std::getline(b, line_b));
-       ++line) {
-    if (line_a != line_b) {
-      FAIL() << "docs/seed_tables.md differs from a fresh run at line " << line << ":\n  committed: " << line_a
-             << "\n  fresh:     " << line_b
-             << "\nRegenerate with: bazel run //tools:seed_tables -- --out docs/seed_tables.md";
-    }
-    line_a.clear();
-    line_b.clear();
+  const std::string diff = FirstDifference(*committed, *fresh);
+  if (!diff.empty()) {
+    FAIL() << "docs/seed_tables.md differs from a fresh run at " << diff
+           << "\nRegenerate with: bazel run //tools:seed_tables -- --out docs/seed_tables.md";
   }
 }
 
