@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs everything zplan/zrun need to build and test on a fresh Debian 12
 # machine, idempotently: Debian's Bazel and -dev packages, and a Python
-# environment in .venv (git-ignored) holding torch==2.11.0 for LibTorch.
+# environment in .venv (git-ignored) holding torch==2.11.0 for LibTorch, and
+# the DeepSpeed + transformers (+ accelerate, which its DeepSpeed integration
+# needs) versions the planner models (the oracle of
+# tests/deepspeed_agreement; ninja builds DeepSpeed's JIT ops).
 # Running it again only checks.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 torch_version=2.11.0
+# The versions the planner models (planner/deepspeed_model.h names them too).
+python_packages=(deepspeed==0.19.8 transformers==5.23.0 accelerate==1.15.0 ninja==1.13.2)
 packages=(
   bazel-bootstrap bazel-platforms bazel-rules-java   # Bazel 4.2.3, offline (DESIGN §5)
   libabsl-dev libprotobuf-dev protobuf-compiler       # Abseil, Protocol Buffers
@@ -33,6 +38,17 @@ if ! "$venv/bin/python3" -c "import torch, sys; sys.exit(torch.__version__.split
   echo "setup: creating $venv with torch==$torch_version (several GiB, cached by pip afterwards)"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version"
+fi
+
+if ! "$venv/bin/python3" - "${python_packages[@]}" 2>/dev/null <<'PY'
+import importlib.metadata as m, sys
+sys.exit(any(m.version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
+PY
+then
+  echo "setup: installing ${python_packages[*]} into $venv"
+  # DeepSpeed's sdist imports torch while building: build it in the venv, beside its torch.
+  "$venv/bin/pip" install -q --disable-pip-version-check wheel
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "${python_packages[@]}"
 fi
 
 echo "setup: ok ($(bazel --version 2>/dev/null | head -1 || echo bazel), torch $("$venv/bin/python3" -c 'import torch; print(torch.__version__)' 2>/dev/null))"

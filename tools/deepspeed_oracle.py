@@ -1,0 +1,290 @@
+"""The DeepSpeed oracle: trains a transformers model built from a config.json
+with real DeepSpeed on CPU ranks and measures every rank's exact tensor bytes.
+
+Python is right here: it drives a Python framework (DESIGN section 7, rung 2).
+Each rank is one process with DS_ACCELERATOR=cpu (gloo), launched the way
+torchrun does (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT).
+Before the model exists, every rank loads zplan's counting CPU allocator
+(//executor:libzplan_counting_allocator.so, the one zrun measures with), so
+DeepSpeed and zrun are measured by the same code.
+
+What a rank reports (JSON, one object per rank):
+  init_peak_bytes     peak from model construction through deepspeed.initialize
+  run_peak_bytes      peak of the whole run
+  steady_peak_bytes   peak over the steps after the first (the first creates
+                      lazily allocated optimizer states), and its phase
+  steady_breakdown    the steady peak by planner component (proto/memory.proto),
+                      as far as the harness can tell: parameters, optimizer
+                      states and master weights by identity; forward tensors
+                      that survive the forward as activations; the LM head,
+                      loss and their gradients as logits; the rest as buffers
+                      (allocated in initialize) or temporaries
+  vm_hwm_bytes        host high-water mark of the process
+
+Usage (the launcher; --rank is internal):
+  deepspeed_oracle.py --hf-config llama.json --ds-config ds.json --world 2 \
+      --seq 64 --steps 3 --attention sdpa --allocator libzplan_counting_allocator.so \
+      --out result.json
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+# proto/memory.proto Component numbers.
+PARAMS, GRADS, MASTER, OPTIMIZER, ACTIVATIONS, LOGITS, BUFFERS, TEMPORARIES = range(1, 9)
+COMPONENT_NAMES = {
+    PARAMS: "params", GRADS: "grads", MASTER: "master_params", OPTIMIZER: "optimizer_states",
+    ACTIVATIONS: "activations", LOGITS: "logits", BUFFERS: "buffers", TEMPORARIES: "temporaries",
+}
+NUM_TAGS = 11
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hf-config", required=True, help="transformers config.json")
+    p.add_argument("--ds-config", required=True, help="DeepSpeed config JSON")
+    p.add_argument("--world", type=int, default=1, help="ranks (processes)")
+    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps (>= 2)")
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"])
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--allocator", required=True, help="path of libzplan_counting_allocator.so")
+    p.add_argument("--out", required=True, help="where the JSON result goes")
+    p.add_argument("--timeout", type=float, default=900, help="seconds before the ranks are killed")
+    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error("--steps must be at least 2: the first step is the warm-up")
+    if args.world < 1 or args.seq < 2:
+        p.error("--world must be >= 1 and --seq >= 2")
+    return args
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args):
+    """Starts one process per rank and merges their results into args.out."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for rank in range(args.world):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world),
+                       LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+            env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+            argv = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [
+                "--rank", str(rank), "--out", os.path.join(tmp, f"rank{rank}.json")]
+            log = open(os.path.join(tmp, f"rank{rank}.log"), "w")
+            procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        failed = []
+        for rank, (proc, log) in enumerate(procs):
+            try:
+                rc = proc.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+                for other, _ in procs:
+                    other.kill()
+            log.close()
+            if rc != 0:
+                failed.append((rank, rc))
+        if failed:
+            rank, rc = failed[0]
+            with open(os.path.join(tmp, f"rank{rank}.log")) as f:
+                tail = f.read()[-6000:]
+            sys.exit(f"deepspeed_oracle: rank {rank} failed ({rc}):\n{tail}")
+        ranks = []
+        for rank in range(args.world):
+            with open(os.path.join(tmp, f"rank{rank}.json")) as f:
+                ranks.append(json.load(f))
+    result = {"hf_config": args.hf_config, "ds_config": args.ds_config, "world": args.world,
+              "seq": args.seq, "attention": args.attention, "checkpointing": args.checkpointing,
+              "ranks": ranks}
+    tmp_out = args.out + ".tmp"
+    with open(tmp_out, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp_out, args.out)
+
+
+class Allocator:
+    """ctypes view of executor/counting_allocator_c_api.cc."""
+
+    def __init__(self, path):
+        lib = ctypes.CDLL(path)
+        for name in ("zplan_current_bytes", "zplan_peak_bytes", "zplan_peak_breakdown"):
+            getattr(lib, name).restype = ctypes.c_int64
+        lib.zplan_tag_allocation.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        if not lib.zplan_install():
+            sys.exit("deepspeed_oracle: the counting allocator could not be installed")
+        self.lib = lib
+
+    def tag(self, component):
+        self.lib.zplan_set_tag(component)
+
+    def retag(self, tensor, component):
+        if tensor is not None and tensor.numel() > 0:
+            self.lib.zplan_tag_allocation(tensor.untyped_storage().data_ptr(), component)
+
+    def peak(self):
+        return self.lib.zplan_peak_bytes()
+
+    def breakdown(self):
+        out = (ctypes.c_int64 * NUM_TAGS)()
+        self.lib.zplan_peak_breakdown(out, NUM_TAGS)
+        return {COMPONENT_NAMES[c]: out[c] for c in COMPONENT_NAMES}
+
+
+def vm_hwm_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def tag_resident_states(alloc, engine):
+    """Retags what lives across steps by identity: parameters, master
+    weights and optimizer states; the rest keeps its allocation-time tag."""
+    import torch
+
+    for p in engine.module.parameters():
+        alloc.retag(getattr(p, "ds_tensor", None), PARAMS)
+        alloc.retag(p.data, PARAMS)
+    opt = engine.optimizer
+    masters = []
+    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
+        masters += list(getattr(opt, attr, None) or [])
+    for t in masters:
+        alloc.retag(t, MASTER)
+    for flat in getattr(opt, "fp16_partitioned_groups_flat", None) or []:
+        alloc.retag(flat, PARAMS)
+    for attr in ("bit16_groups_flat", "fp16_groups_flat"):
+        for flat in getattr(opt, attr, None) or []:
+            alloc.retag(flat, PARAMS)
+    inner = getattr(opt, "optimizer", opt)
+    for state in getattr(inner, "state", {}).values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.numel() > 1:
+                alloc.retag(value, OPTIMIZER)
+
+
+def run_rank(args):
+    import torch
+
+    alloc = Allocator(args.allocator)  # before any model tensor exists
+    import deepspeed
+    import transformers
+    from transformers.integrations import HfDeepSpeedConfig
+
+    with open(args.ds_config) as f:
+        ds_config = json.load(f)
+    deepspeed.init_distributed(dist_backend="gloo")
+    # Kept alive: transformers builds a stage-3 model under zero.Init while it exists,
+    # as the Trainer does.
+    hf_ds_config = HfDeepSpeedConfig(ds_config)  # noqa: F841
+    with open(args.hf_config) as f:
+        config_dict = json.load(f)
+    config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    config.use_cache = False
+    torch.manual_seed(0)
+    alloc.tag(PARAMS)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=args.attention)
+    if args.checkpointing:
+        model.activation_checkpointing_enable()
+    model.train()
+    alloc.tag(BUFFERS)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    init_peak = alloc.peak()
+    tag_resident_states(alloc, engine)
+
+    micro = engine.train_micro_batch_size_per_gpu()
+    accum = engine.gradient_accumulation_steps()
+    vocab = config.vocab_size
+    gen = torch.Generator().manual_seed(1234 + engine.global_rank)
+
+    # Attribution hooks: forward tensors are pending until the LM head (then
+    # activations or temporaries), the head and loss chain is logits until
+    # the head's input gradient exists, the rest of backward temporaries.
+    head = engine.module.get_output_embeddings()
+    body = engine.module
+
+    def body_pre(module, inputs):
+        alloc.lib.zplan_begin_forward_part()
+
+    def head_pre(module, inputs):
+        alloc.lib.zplan_settle_forward_part(LOGITS)
+
+    def head_bwd(module, grad_input, grad_output):
+        alloc.tag(TEMPORARIES)
+
+    body.register_forward_pre_hook(body_pre)
+    head.register_forward_pre_hook(head_pre)
+    head.register_full_backward_hook(head_bwd)
+
+    losses = []
+    steady_peak, steady_phase, steady_breakdown = 0, "", {}
+    for step in range(args.steps):
+        if step == 1:
+            warmup_peak = alloc.peak()
+            tag_resident_states(alloc, engine)  # optimizer states exist now
+            alloc.lib.zplan_reset_peak()
+        phase_peak = alloc.peak()
+        for micro_step in range(accum):
+            ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
+            out = engine(input_ids=ids, labels=ids)
+            alloc.tag(LOGITS)
+            if alloc.peak() > phase_peak:
+                phase_peak, steady_phase = alloc.peak(), f"forward (micro-step {micro_step})"
+            engine.backward(out.loss)
+            alloc.tag(TEMPORARIES)
+            if alloc.peak() > phase_peak:
+                phase_peak, steady_phase = alloc.peak(), f"backward (micro-step {micro_step})"
+            losses.append(float(out.loss))
+            del out
+            engine.step()
+            if alloc.peak() > phase_peak:
+                phase_peak, steady_phase = alloc.peak(), "optimizer step" if micro_step == accum - 1 else \
+                    f"step boundary (micro-step {micro_step})"
+        if step >= 1:
+            steady_peak = alloc.peak()
+            steady_breakdown = alloc.breakdown()
+        alloc.tag(BUFFERS if step == 0 else TEMPORARIES)
+
+    result = {
+        "rank": engine.global_rank,
+        "micro_batch": micro,
+        "grad_accum": accum,
+        "init_peak_bytes": init_peak,
+        "run_peak_bytes": max(warmup_peak, steady_peak),
+        "steady_peak_bytes": steady_peak,
+        "steady_peak_phase": steady_phase,
+        "steady_breakdown": steady_breakdown,
+        "vm_hwm_bytes": vm_hwm_bytes(),
+        "losses": losses,
+        "versions": {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
+                     "torch": torch.__version__},
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    deepspeed.comm.barrier()
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.rank < 0:
+        launch(args)
+    else:
+        run_rank(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
