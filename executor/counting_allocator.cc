@@ -41,6 +41,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       records_[data] = record;
       if (record.tag == kPendingTag) pending_.insert(data);
       Add(record.tag, record.bytes);
+      Log(record.bytes, record.tag);
       if (current_ > peak_) TakePeakSnapshot();
     }
     return c10::DataPtr(data, data, &Delete, c10::Device(c10::DeviceType::CPU));
@@ -83,6 +84,19 @@ class CountingCpuAllocator final : public c10::Allocator {
     return out;
   }
 
+  void EnableLog(bool enabled) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    log_enabled_ = enabled;
+    log_.clear();
+  }
+
+  std::vector<AllocationEvent> TakeLog() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<AllocationEvent> out;
+    out.swap(log_);
+    return out;
+  }
+
   void Settle() {
     std::lock_guard<std::mutex> lock(mutex_);
     std::unordered_set<int64_t> surviving;
@@ -116,6 +130,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       auto it = records_.find(data);
       if (it != records_.end()) {
         Add(it->second.tag, -it->second.bytes);
+        Log(-it->second.bytes, it->second.tag);
         if (it->second.tag == kPendingTag) pending_.erase(data);
         records_.erase(it);
       }
@@ -125,6 +140,10 @@ class CountingCpuAllocator final : public c10::Allocator {
 
  private:
   static void Delete(void* data);
+
+  void Log(int64_t bytes, int tag) {
+    if (log_enabled_) log_.push_back({bytes, tag, current_});
+  }
 
   void Add(int tag, int64_t bytes) {
     live_by_tag_[tag] += bytes;
@@ -151,6 +170,8 @@ class CountingCpuAllocator final : public c10::Allocator {
   std::array<int64_t, kNumTags> live_by_tag_{}, peak_by_tag_{};
   std::vector<std::pair<int64_t, int64_t>> peak_pending_;  // (id, bytes) pending at the peak
   int64_t current_ = 0, peak_ = 0, allocations_ = 0, next_id_ = 0;
+  bool log_enabled_ = false;
+  std::vector<AllocationEvent> log_;
 };
 
 CountingCpuAllocator* g_allocator = nullptr;  // never destroyed: tensors may outlive main
@@ -191,6 +212,14 @@ void SettleForwardPart(Component next) {
 
 void TagAllocation(const void* data, Component component) {
   if (g_allocator != nullptr && data != nullptr) g_allocator->Tag(data, component);
+}
+
+void EnableAllocationLog(bool enabled) {
+  if (g_allocator != nullptr) g_allocator->EnableLog(enabled);
+}
+
+std::vector<AllocationEvent> TakeAllocationLog() {
+  return g_allocator != nullptr ? g_allocator->TakeLog() : std::vector<AllocationEvent>{};
 }
 
 ScopedMemoryTag::ScopedMemoryTag(Component component) : previous_(t_tag) { t_tag = component; }

@@ -25,6 +25,7 @@
 #define ZPLAN_EXECUTOR_COUNTING_ALLOCATOR_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "proto/memory.pb.h"
 
@@ -51,6 +52,19 @@ void BeginForwardPart();
 void SettleForwardPart(Component next);
 // Retags a live allocation by its data pointer; unknown pointers are ignored.
 void TagAllocation(const void* data, Component component);
+
+// The allocation log: while enabled, every allocation and release of a
+// counted tensor is appended (bytes negative for a release), so a step's
+// timeline can be read back event by event, e.g. to compare a framework's
+// buffers and lifetimes with the planner's simulated step.
+struct AllocationEvent {
+  int64_t bytes = 0;        // > 0 allocation, < 0 release
+  int tag = 0;              // the allocation's tag (Component, or pending)
+  int64_t live_bytes = 0;   // live tensor bytes after the event
+};
+void EnableAllocationLog(bool enabled);
+// Events since the last call (or since the log was enabled); clears them.
+std::vector<AllocationEvent> TakeAllocationLog();
 
 // Sets the thread's tag for a scope and restores the previous one.
 class ScopedMemoryTag {

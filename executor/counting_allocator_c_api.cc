@@ -5,7 +5,9 @@
 // ctypes after `import torch` (it links the same libc10) and call
 // zplan_install() before the model exists. Tags are proto/memory.proto's
 // Component numbers.
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "executor/counting_allocator.h"
 
@@ -50,6 +52,24 @@ int64_t zplan_peak_breakdown(int64_t* out, int n) {
     out[i] = by_component[i];
   }
   return b.peak_bytes();
+}
+
+void zplan_log_enable(int enabled) { zplan::EnableAllocationLog(enabled != 0); }
+
+// Moves up to `max_events` logged events into out as (bytes, tag,
+// live_bytes) triples and returns how many; the rest stay for the next call.
+int64_t zplan_log_take(int64_t* out, int64_t max_events) {
+  static std::vector<zplan::AllocationEvent> pending;
+  std::vector<zplan::AllocationEvent> fresh = zplan::TakeAllocationLog();
+  pending.insert(pending.end(), fresh.begin(), fresh.end());
+  const int64_t n = std::min<int64_t>(max_events, static_cast<int64_t>(pending.size()));
+  for (int64_t i = 0; i < n; ++i) {
+    out[3 * i] = pending[i].bytes;
+    out[3 * i + 1] = pending[i].tag;
+    out[3 * i + 2] = pending[i].live_bytes;
+  }
+  pending.erase(pending.begin(), pending.begin() + n);
+  return n;
 }
 
 }  // extern "C"

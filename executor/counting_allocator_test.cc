@@ -64,5 +64,29 @@ TEST(CountingAllocatorTest, AttributesThePeakToComponents) {
   EXPECT_EQ(later.activations_bytes() - before.activations_bytes(), 8192);
 }
 
+TEST(CountingAllocatorTest, LogsEveryAllocationAndReleaseInOrder) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  EnableAllocationLog(true);
+  const int64_t before = GetCpuMemoryStats().current_bytes;
+  {
+    ScopedMemoryTag tag(COMPONENT_BUFFERS);
+    at::Tensor a = at::empty({256}, at::kFloat);
+    at::Tensor b = at::empty({128}, at::kBFloat16);
+    a.reset();
+  }
+  const std::vector<AllocationEvent> log = TakeAllocationLog();
+  EnableAllocationLog(false);
+  ASSERT_EQ(log.size(), 4u);
+  EXPECT_EQ(log[0].bytes, 1024);
+  EXPECT_EQ(log[0].tag, COMPONENT_BUFFERS);
+  EXPECT_EQ(log[0].live_bytes, before + 1024);
+  EXPECT_EQ(log[1].bytes, 256);
+  EXPECT_EQ(log[2].bytes, -1024);
+  EXPECT_EQ(log[2].live_bytes, before + 256);
+  EXPECT_EQ(log[3].bytes, -256);
+  EXPECT_EQ(log[3].live_bytes, before);
+  EXPECT_TRUE(TakeAllocationLog().empty());
+}
+
 }  // namespace
 }  // namespace zplan

@@ -20,6 +20,8 @@ What a rank reports (JSON, one object per rank):
                       loss and their gradients as logits; the rest as buffers
                       (allocated in initialize) or temporaries
   vm_hwm_bytes        host high-water mark of the process
+  trace               with --trace: the last step's events (bytes, tag, live
+                      bytes after) and marks (event index, label)
 
 Usage (the launcher; --rank is internal):
   deepspeed_oracle.py --hf-config llama.json --ds-config ds.json --world 2 \
@@ -57,6 +59,8 @@ def parse_args(argv):
     p.add_argument("--allocator", required=True, help="path of libzplan_counting_allocator.so")
     p.add_argument("--out", required=True, help="where the JSON result goes")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the ranks are killed")
+    p.add_argument("--trace", action="store_true",
+                   help="record the last step's allocations and releases, with marks at module boundaries")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps < 2:
@@ -123,6 +127,8 @@ class Allocator:
         for name in ("zplan_current_bytes", "zplan_peak_bytes", "zplan_peak_breakdown"):
             getattr(lib, name).restype = ctypes.c_int64
         lib.zplan_tag_allocation.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.zplan_log_take.restype = ctypes.c_int64
+        lib.zplan_log_take.argtypes = [ctypes.c_void_p, ctypes.c_int64]
         if not lib.zplan_install():
             sys.exit("deepspeed_oracle: the counting allocator could not be installed")
         self.lib = lib
@@ -133,6 +139,14 @@ class Allocator:
     def retag(self, tensor, component):
         if tensor is not None and tensor.numel() > 0:
             self.lib.zplan_tag_allocation(tensor.untyped_storage().data_ptr(), component)
+
+    def take_log(self, events):
+        buf = (ctypes.c_int64 * (3 * 65536))()
+        while True:
+            n = self.lib.zplan_log_take(buf, 65536)
+            events.extend([buf[3 * i], buf[3 * i + 1], buf[3 * i + 2]] for i in range(n))
+            if n < 65536:
+                return
 
     def peak(self):
         return self.lib.zplan_peak_bytes()
@@ -230,6 +244,44 @@ def run_rank(args):
     head.register_forward_pre_hook(head_pre)
     head.register_full_backward_hook(head_bwd)
 
+    trace = {"events": [], "marks": []}
+    tracing = [False]
+
+    def mark(label):
+        if tracing[0]:
+            alloc.take_log(trace["events"])
+            trace["marks"].append([len(trace["events"]), label])
+
+    if args.trace:
+        for name, module in engine.module.named_modules():
+            if name.count(".") > 2 or not name:
+                continue
+            module.register_forward_pre_hook(lambda m, i, name=name: mark(f"forward {name}"))
+            module.register_forward_hook(lambda m, i, o, name=name: mark(f"forward {name} end"))
+            module.register_full_backward_pre_hook(lambda m, g, name=name: mark(f"backward {name}"))
+            module.register_full_backward_hook(lambda m, gi, go, name=name: mark(f"backward {name} end"))
+        # DeepSpeed's optimizer wrapper and the optimizer it drives: marks at
+        # each method's entry and exit.
+        for obj in {id(engine.optimizer): engine.optimizer,
+                    id(getattr(engine.optimizer, "optimizer", None)): getattr(engine.optimizer, "optimizer", None)}.values():
+            if obj is None:
+                continue
+            for attr in dir(type(obj)):
+                fn = getattr(type(obj), attr, None)
+                if attr.startswith("__") or not callable(fn) or isinstance(fn, type):
+                    continue
+
+                def wrapped(*a, __fn=getattr(obj, attr), __name=f"{type(obj).__name__}.{attr}", **k):
+                    mark(f"> {__name}")
+                    try:
+                        return __fn(*a, **k)
+                    finally:
+                        mark(f"< {__name}")
+                try:
+                    setattr(obj, attr, wrapped)
+                except (AttributeError, TypeError):
+                    pass
+
     losses = []
     steady_peak, steady_phase, steady_breakdown = 0, "", {}
     for step in range(args.steps):
@@ -238,19 +290,28 @@ def run_rank(args):
             tag_resident_states(alloc, engine)  # optimizer states exist now
             alloc.lib.zplan_reset_peak()
         phase_peak = alloc.peak()
+        if args.trace and step == args.steps - 1:
+            alloc.lib.zplan_log_enable(1)
+            tracing[0] = True
+            mark("step start")
         for micro_step in range(accum):
             ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
+            mark(f"micro-step {micro_step}")
             out = engine(input_ids=ids, labels=ids)
+            mark("loss computed")
             alloc.tag(LOGITS)
             if alloc.peak() > phase_peak:
                 phase_peak, steady_phase = alloc.peak(), f"forward (micro-step {micro_step})"
             engine.backward(out.loss)
+            mark("backward done")
             alloc.tag(TEMPORARIES)
             if alloc.peak() > phase_peak:
                 phase_peak, steady_phase = alloc.peak(), f"backward (micro-step {micro_step})"
             losses.append(float(out.loss))
             del out
+            mark("loss freed")
             engine.step()
+            mark("engine.step done")
             if alloc.peak() > phase_peak:
                 phase_peak, steady_phase = alloc.peak(), "optimizer step" if micro_step == accum - 1 else \
                     f"step boundary (micro-step {micro_step})"
@@ -259,6 +320,9 @@ def run_rank(args):
             steady_breakdown = alloc.breakdown()
         alloc.tag(BUFFERS if step == 0 else TEMPORARIES)
 
+    if tracing[0]:
+        mark("end")
+        alloc.lib.zplan_log_enable(0)
     result = {
         "rank": engine.global_rank,
         "micro_batch": micro,
@@ -273,6 +337,8 @@ def run_rank(args):
         "versions": {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
                      "torch": torch.__version__},
     }
+    if args.trace:
+        result["trace"] = trace
     with open(args.out, "w") as f:
         json.dump(result, f)
     deepspeed.comm.barrier()
