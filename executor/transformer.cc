@@ -23,30 +23,21 @@ constexpr double kNormEps = 1e-6;
 constexpr double kInitStd = 0.02;        // GPT-2 / Llama initialiser
 constexpr double kRopeTheta = 10000.0;
 
-// RMSNorm over the last dimension that saves only its input and fp32 rstd,
-// as the planner's inventory says (ATen's composite version would also keep
-// fp32 copies of the input).
-struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
-    const at::Tensor rstd = at::rsqrt(x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true).add_(kNormEps));
-    ctx->save_for_backward({x, weight, rstd.squeeze(-1)});
-    return (x.to(at::kFloat) * rstd).to(x.scalar_type()) * weight;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
-    const at::Tensor& weight = saved[1];
-    const at::Tensor rstd = saved[2].unsqueeze(-1);
-    const at::Tensor xhat = x.to(at::kFloat) * rstd;
-    const at::Tensor gy = grads[0].to(at::kFloat);
-    std::vector<int64_t> reduce_dims(static_cast<size_t>(x.dim() - 1));
-    for (int64_t i = 0; i < x.dim() - 1; ++i) reduce_dims[static_cast<size_t>(i)] = i;
-    const at::Tensor grad_weight = (gy * xhat).sum(reduce_dims).to(weight.scalar_type());
-    const at::Tensor gxhat = gy * weight.to(at::kFloat);
-    const at::Tensor grad_x = (rstd * (gxhat - xhat * (gxhat * xhat).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
-    return {grad_x, grad_weight};
-  }
-};
+// transformers' LlamaRMSNorm (Qwen2/3 and Mistral use the same code), op for
+// op, so autograd saves what it saves (planner/inventory.h): the input upcast
+// to fp32, the fp32 rstd and the normalized input cast back.
+at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& weight) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (x32 * at::rsqrt(variance + kNormEps)).to(x.scalar_type());
+}
+
+// transformers' repeat_kv: k or v expanded to every query head (a copy).
+at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t b = x.size(0), kv = x.size(1), s = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, kv, n_rep, s, d}).reshape({b, kv * n_rep, s, d});
+}
 
 // y = x W^T + b that saves the weight *parameter* itself (at::linear saves a
 // transposed view, which would keep a ZeRO-3-released weight's storage alive
@@ -106,18 +97,25 @@ using AfterBackward = PartBoundary<Boundary::kAfterBackward>;
 struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   // Parameters are not inputs: the reentrant backward below accumulates their
   // gradients itself, as torch.utils.checkpoint(use_reentrant=True) does.
+  // The block's inputs are kept for the recomputation, the eager attention
+  // mask too (as torch.utils.checkpoint keeps a checkpointed layer's inputs).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
-                            const at::Tensor& cos, const at::Tensor& sin, const BlockHooks* hooks) {
+                            const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& mask,
+                            const BlockHooks* hooks) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["layer"] = layer;
-    ctx->save_for_backward({x, cos, sin});
-    return BlockForward(model, static_cast<int>(layer), x, cos, sin);
+    if (mask.has_value()) {
+      ctx->save_for_backward({x, cos, sin, *mask});
+    } else {
+      ctx->save_for_backward({x, cos, sin});
+    }
+    return BlockForward(model, static_cast<int>(layer), x, cos, sin, mask.value_or(at::Tensor()));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 
   static at::Tensor BlockForward(const Transformer* model, int layer, const at::Tensor& x, const at::Tensor& cos,
-                                 const at::Tensor& sin);
+                                 const at::Tensor& sin, const at::Tensor& mask);
 };
 
 }  // namespace
@@ -125,16 +123,16 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 // Friend-free access to the private Block through a small bridge.
 struct TransformerBridge {
   static at::Tensor Block(const Transformer* m, int layer, const at::Tensor& x, const at::Tensor& cos,
-                          const at::Tensor& sin) {
-    return m->Block(layer, x, cos, sin);
+                          const at::Tensor& sin, const at::Tensor& mask) {
+    return m->Block(layer, x, cos, sin, mask);
   }
 };
 
 namespace {
 
 at::Tensor CheckpointedBlock::BlockForward(const Transformer* model, int layer, const at::Tensor& x,
-                                           const at::Tensor& cos, const at::Tensor& sin) {
-  return TransformerBridge::Block(model, layer, x, cos, sin);
+                                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask) {
+  return TransformerBridge::Block(model, layer, x, cos, sin, mask);
 }
 
 variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list grads) {
@@ -147,12 +145,12 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   at::Tensor y;
   {
     at::AutoGradMode enable(true);
-    y = BlockForward(model, layer, x, saved[1], saved[2]);
+    y = BlockForward(model, layer, x, saved[1], saved[2], saved.size() > 3 ? saved[3] : at::Tensor());
   }
   if (hooks != nullptr && hooks->after_recompute) hooks->after_recompute(layer);
   torch::autograd::backward({y}, {grads[0]});
   if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
-  return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 }
 
 }  // namespace
@@ -211,7 +209,8 @@ absl::Status Transformer::CheckAgainstInventory(const std::vector<TensorSpec>& i
   return absl::OkStatus();
 }
 
-at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                              const at::Tensor& mask) const {
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t b = x.size(0), s = x.size(1);
   const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = spec_.head_dim();
@@ -220,7 +219,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     if (layernorm) {
       return at::layer_norm(in, {in.size(-1)}, Param(name + ".weight"), Param(name + ".bias"), kNormEps);
     }
-    return RmsNormFunction::apply(in, Param(name + ".weight"));
+    return HfRmsNorm(in, Param(name + ".weight"));
   };
   auto linear = [&](const at::Tensor& in, const std::string& name, bool bias) {
     return LinearFunction::apply(in, Param(name + ".weight"),
@@ -233,8 +232,8 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   at::Tensor k = linear(n1, p + "attn.k_proj", qkv_bias).view({b, s, kv, d});
   at::Tensor v = linear(n1, p + "attn.v_proj", qkv_bias).view({b, s, kv, d});
   if (spec_.qk_norm()) {
-    q = RmsNormFunction::apply(q, Param(p + "attn.q_norm.weight"));
-    k = RmsNormFunction::apply(k, Param(p + "attn.k_norm.weight"));
+    q = HfRmsNorm(q, Param(p + "attn.q_norm.weight"));
+    k = HfRmsNorm(k, Param(p + "attn.k_norm.weight"));
   }
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
@@ -246,12 +245,12 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   at::Tensor attn;
   const double dropout = spec_.dropout();
   if (spec_.attention_impl() == ATTENTION_EAGER) {
-    const at::Tensor kk = kv == a ? k : k.repeat_interleave(a / kv, 1);
-    const at::Tensor vv = kv == a ? v : v.repeat_interleave(a / kv, 1);
-    at::Tensor scores = at::matmul(q, kk.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d)));
-    const at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu_(1);
-    scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
-    at::Tensor probs = at::softmax(scores, -1);
+    // transformers' eager_attention_forward: scores plus the additive causal
+    // mask, softmax in fp32 (kept) cast back to the working dtype (kept).
+    const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
+    at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(d)));
+    scores = scores + mask;
+    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
     scores.reset();
     if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
     attn = at::matmul(probs, vv);
@@ -304,6 +303,14 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   if (spec_.position_embedding() == POSITION_LEARNED) {
     x = x + at::embedding(Param("embed_positions.weight"), at::arange(s, options.dtype(at::kLong)));
   }
+  // Eager attention's additive causal mask [b, 1, s, s] in the working dtype
+  // (transformers' eager_mask), alive until the blocks and final norm are
+  // done, or, with checkpointing, until the last recomputation.
+  at::Tensor mask;
+  if (spec_.attention_impl() == ATTENTION_EAGER) {
+    at::NoGradGuard no_grad;
+    mask = at::full({b, 1, s, s}, -std::numeric_limits<float>::infinity(), options.dtype(dtype_)).triu_(1);
+  }
   // Released after forward; gathered again before the embedding's backward
   // (its gradient is accumulated into the full-shaped parameter).
   if (hooks.active()) {
@@ -313,12 +320,13 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     if (hooks.active()) hooks.before_forward(layer);
     if (checkpointing) {
-      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), cos, sin, &hooks);
+      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), cos, sin,
+                                   mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, &hooks);
     } else if (hooks.active()) {
       x = AfterBackward::apply(x, &hooks, layer);
-      x = BeforeBackward::apply(Block(layer, x, cos, sin), &hooks, layer);
+      x = BeforeBackward::apply(Block(layer, x, cos, sin, mask), &hooks, layer);
     } else {
-      x = Block(layer, x, cos, sin);
+      x = Block(layer, x, cos, sin, mask);
     }
     if (hooks.active()) hooks.after_forward(layer);
   }
@@ -330,8 +338,9 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   }
   const at::Tensor final_norm = spec_.norm_type() == NORM_LAYERNORM
                                     ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
-                                    : RmsNormFunction::apply(x, Param("final_norm.weight"));
+                                    : HfRmsNorm(x, Param("final_norm.weight"));
   x.reset();
+  mask.reset();
   if (spec_.vocab_size() == 0) {
     at::Tensor out = final_norm;
     if (hooks.active()) out = BeforeBackward::apply(out, &hooks, head_part);

@@ -80,7 +80,9 @@ class Transformer {
  private:
   Transformer() = default;
   const at::Tensor& Param(const std::string& name) const;
-  at::Tensor Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
+  at::Tensor Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& mask) const;
 
   ModelSpec spec_;
   at::ScalarType dtype_ = at::kFloat;

@@ -66,26 +66,38 @@ TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
 // planner's inventory: blocks' saved tensors + final norm + fp32 log-probs.
 TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
   ASSERT_TRUE(InstallCountingCpuAllocator());
-  for (const auto& [preset, attention] : std::vector<std::pair<std::string, AttentionImpl>>{
-           {"debug-tiny", ATTENTION_SDPA}, {"debug-tiny", ATTENTION_EAGER}, {"gpt2", ATTENTION_SDPA}}) {
-    auto spec = LoadPreset(preset);
-    spec->set_attention_impl(attention);
+  struct Case {
+    std::string preset;
+    AttentionImpl attention;
+    at::ScalarType dtype;
+  };
+  for (const Case& c : std::vector<Case>{{"debug-tiny", ATTENTION_SDPA, at::kFloat},
+                                         {"debug-tiny", ATTENTION_EAGER, at::kFloat},
+                                         {"debug-tiny", ATTENTION_EAGER, at::kBFloat16},
+                                         {"qwen3-0.6b", ATTENTION_SDPA, at::kBFloat16},
+                                         {"gpt2", ATTENTION_SDPA, at::kFloat}}) {
+    auto spec = LoadPreset(c.preset);
+    spec->set_attention_impl(c.attention);
     spec->set_num_layers(2);
-    auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
-    const int64_t b = 2, s = 64;
+    auto model = Transformer::Create(*spec, c.dtype, 1, at::kCPU);
+    const int64_t b = 2, s = 64, w = c.dtype == at::kFloat ? 4 : 2;
+    const DType dtype = c.dtype == at::kFloat ? DTYPE_FP32 : DTYPE_BF16;
     const Batch batch = MakeBatch(*spec, b, s);
     const int64_t before = GetCpuMemoryStats().current_bytes;
     at::Tensor loss = model->Loss(batch.ids, batch.targets, false);
     const int64_t kept = GetCpuMemoryStats().current_bytes - before;
     int64_t planned = 0;
-    for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, DTYPE_FP32, 0)) planned += TensorBytes(t);
+    for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, dtype, 0)) planned += TensorBytes(t);
     planned *= spec->num_layers();
-    const int64_t norm_stats = spec->norm_type() == NORM_LAYERNORM ? 2 : 1;
-    planned += 2 * b * s * spec->hidden_size() * 4 + norm_stats * b * s * 4;  // final norm input, output, stats
-    planned += b * s * spec->vocab_size() * 4;                    // log-softmax output
-    if (spec->position_embedding() == POSITION_ROPE) planned += 2 * s * spec->head_dim() * 4;  // cos, sin
-    std::printf("%s attention %d: kept %lld bytes, planner %lld (%.2f%%)\n", preset.c_str(), attention,
-                static_cast<long long>(kept), static_cast<long long>(planned),
+    const int64_t tokens = b * s, h = spec->hidden_size();
+    // The final norm as a block's norms (LayerNorm: input, mean, rstd;
+    // RMSNorm: fp32 input, rstd, normalized), and its output the LM head keeps.
+    planned += spec->norm_type() == NORM_LAYERNORM ? 2 * tokens * h * w + 2 * tokens * 4
+                                                   : tokens * h * (4 + 2 * w) + tokens * 4;
+    planned += tokens * spec->vocab_size() * 4;                              // log-softmax output
+    if (spec->position_embedding() == POSITION_ROPE) planned += 2 * s * spec->head_dim() * w;  // cos, sin
+    std::printf("%s attention %d dtype %s: kept %lld bytes, planner %lld (%.2f%%)\n", c.preset.c_str(),
+                c.attention, c10::toString(c.dtype), static_cast<long long>(kept), static_cast<long long>(planned),
                 100.0 * (kept - planned) / planned);
     // The rest is the loss scalar and nll's total weight.
     EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);

@@ -120,13 +120,21 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
   if (micro) config->set_micro_batch_size(*micro);
   if (accum) config->set_gradient_accumulation_steps(*accum);
 
-  // Precision.
+  // Precision: DeepSpeed trains in fp32 unless fp16 or bf16 is enabled; an
+  // "auto" section is the Trainer's --bf16/--fp16, i.e. the flag's choice.
+  bool precision_auto = false, precision_set = false;
   for (const char* key : {"fp16", "bf16"}) {
     ZPLAN_ASSIGN_OR_RETURN(const JsonValue* section, r.Object(root, key, key));
     if (section == nullptr) continue;
+    const JsonValue* raw = section->Find("enabled");
+    precision_auto |= raw != nullptr && Reader::IsAuto(raw);
     ZPLAN_ASSIGN_OR_RETURN(auto enabled, r.Bool(*section, "enabled", absl::StrCat(key, ".enabled")));
-    if (enabled && *enabled) config->set_precision(std::string(key) == "fp16" ? PRECISION_FP16 : PRECISION_BF16);
+    if (enabled && *enabled) {
+      config->set_precision(std::string(key) == "fp16" ? PRECISION_FP16 : PRECISION_BF16);
+      precision_set = true;
+    }
   }
+  if (!precision_set && !precision_auto) config->set_precision(PRECISION_FP32);
 
   OptimizerConfig* opt = config->mutable_optimizer();
   ZPLAN_ASSIGN_OR_RETURN(auto clip, r.Number(root, "gradient_clipping", "gradient_clipping"));

@@ -45,6 +45,16 @@ TEST(DsConfigTest, ResolvesAutoLikeHuggingFace) {
   EXPECT_EQ(config.precision(), PRECISION_UNSPECIFIED);
 }
 
+TEST(DsConfigTest, WithoutHalfPrecisionDeepSpeedTrainsInFp32) {
+  RunConfig config;
+  config.set_precision(PRECISION_BF16);  // e.g. a default from elsewhere
+  ASSERT_TRUE(Apply(R"({"zero_optimization": {"stage": 1}})", &config).ok());
+  EXPECT_EQ(config.precision(), PRECISION_FP32);
+  config.set_precision(PRECISION_BF16);
+  ASSERT_TRUE(Apply(R"({"bf16": {"enabled": false}, "fp16": {"enabled": false}})", &config).ok());
+  EXPECT_EQ(config.precision(), PRECISION_FP32);
+}
+
 TEST(DsConfigTest, InfersAccumulationFromTrainBatchSize) {
   RunConfig config;
   config.mutable_cluster()->set_gpus_per_node(4);

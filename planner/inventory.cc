@@ -105,15 +105,21 @@ int64_t CountParameters(const ModelSpec& spec) {
   return total;
 }
 
-// What the executor's block keeps for backward (ATen saves only the inputs a
-// gradient formula needs; a shared input is one tensor):
-//   norm         input x, fp32 rstd (+ mean for LayerNorm)        [b,s,h]
-//   q/k/v proj   normed input n1                                  [b,s,h]
-//   qk-norm      q and k before the norm, fp32 rstd per head
+// What a transformers block of the model's type keeps for backward, which
+// the executor's block saves too (ATen saves only the inputs a gradient
+// formula needs; a shared input is one tensor):
+//   RMSNorm      transformers' LlamaRMSNorm (Qwen2/3, Mistral alike): the
+//                input upcast to fp32 (x.to(float32) saved by pow and mul;
+//                the input itself in fp32), fp32 rstd, the normalized
+//                x*rstd cast back to the working dtype (saved by weight*)
+//   LayerNorm    input x, fp32 mean and rstd (at::native_layer_norm)
+//   q/k/v proj   the norm's output n1                             [b,s,h]
+//   qk-norm      Qwen3's RMSNorm over head_dim on q and k, as above
 //   RoPE         nothing (multiplies by constant cos/sin)
 //   attention    SDPA: q, k, v (rotated), output, fp32 logsumexp [b,a,s]
-//                eager: q, k and v expanded to all heads, causal mask [s,s],
-//                probabilities [b,a,s,s], output
+//                eager (transformers' eager_attention_forward): q, k and v
+//                expanded to all heads (repeat_kv), the fp32 softmax output
+//                and its cast to the working dtype [b,a,s,s], output
 //   o_proj       attention output (the same tensor as above)
 //   residual     nothing
 //   mlp norm     residual stream h1, rstd; FFN input n2            [b,s,h]
@@ -132,25 +138,31 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   auto act = [&](const std::string& name, std::vector<int64_t> shape, DType t) {
     out.push_back(Make(p + "." + name, std::move(shape), t, ROLE_ACTIVATION, layer));
   };
-  const bool layernorm = spec.norm_type() == NORM_LAYERNORM;
-  act("attn_norm.input", {b, s, h}, dtype);
-  act("attn_norm.rstd", {b, s}, DTYPE_FP32);
-  if (layernorm) act("attn_norm.mean", {b, s}, DTYPE_FP32);
+  auto norm = [&](const std::string& name, std::vector<int64_t> shape) {
+    std::vector<int64_t> rows(shape.begin(), shape.end() - 1);
+    if (spec.norm_type() == NORM_LAYERNORM) {
+      act(name + ".input", shape, dtype);
+      act(name + ".mean", rows, DTYPE_FP32);
+    } else {
+      act(name + ".input_fp32", shape, DTYPE_FP32);
+      act(name + ".normalized", shape, dtype);
+    }
+    act(name + ".rstd", rows, DTYPE_FP32);
+  };
+  norm("attn_norm", {b, s, h});
   act("attn_norm.output", {b, s, h}, dtype);
   if (spec.qk_norm()) {
-    act("attn.q_norm.input", {b, s, a, d}, dtype);
-    act("attn.k_norm.input", {b, s, kv, d}, dtype);
-    act("attn.q_norm.rstd", {b, s, a}, DTYPE_FP32);
-    act("attn.k_norm.rstd", {b, s, kv}, DTYPE_FP32);
+    norm("attn.q_norm", {b, s, a, d});
+    norm("attn.k_norm", {b, s, kv, d});
   }
   act("attn.q", {b, a, s, d}, dtype);
   if (spec.attention_impl() == ATTENTION_EAGER) {
-    // The matmuls keep k and v expanded to every query head (repeat_interleave
-    // for GQA), the causal mask and the probabilities.
+    // The matmuls keep k and v expanded to every query head (repeat_kv for
+    // GQA); softmax (in fp32) keeps its output, the second matmul its cast.
     act("attn.k", {b, a, s, d}, dtype);
     act("attn.v", {b, a, s, d}, dtype);
-    act("attn.causal_mask", {s, s}, DTYPE_BOOL);
-    act("attn.probs", {b, a, s, s}, dtype);
+    act("attn.probs_fp32", {b, a, s, s}, DTYPE_FP32);
+    if (dtype != DTYPE_FP32) act("attn.probs", {b, a, s, s}, dtype);
     if (spec.dropout() > 0) act("attn.probs_dropout_mask", {b, a, s, s}, DTYPE_BOOL);
   } else {
     act("attn.k", {b, kv, s, d}, dtype);
@@ -159,9 +171,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   }
   act("attn.output", {b, s, a * d}, dtype);
   if (spec.dropout() > 0) act("attn.resid_dropout_mask", {b, s, h}, DTYPE_BOOL);
-  act("mlp_norm.input", {b, s, h}, dtype);
-  act("mlp_norm.rstd", {b, s}, DTYPE_FP32);
-  if (layernorm) act("mlp_norm.mean", {b, s}, DTYPE_FP32);
+  norm("mlp_norm", {b, s, h});
   act("mlp_norm.output", {b, s, h}, dtype);
   if (spec.ffn_type() == FFN_SWIGLU) {
     act("mlp.gate", {b, s, f}, dtype);

@@ -74,11 +74,14 @@ Moment BestMoment(const StepSizes& s) {
   auto saved_through = [&](int i) { return (s.checkpointing ? s.block_input : s.block_saved) * (i + 1); };
   Live base = Resident(s);
   base[kActivations] += s.step_inputs;
+  // The eager mask outlives the forward only as a checkpointed block's input.
+  if (s.checkpointing) base[kActivations] += s.attention_mask;
 
   // 1. Forward through the last block (activations only grow): at attention
   // (its temporaries, the MLP half not yet saved) and at the block's end.
   {
     Live l = base;
+    if (!s.checkpointing) l[kActivations] += s.attention_mask;
     l[kParams] += s.block_gather;
     if (s.checkpointing) {
       l[kActivations] += s.block_input * (last + 1);
@@ -92,6 +95,13 @@ Moment BestMoment(const StepSizes& s) {
       l[kActivations] += s.block_saved_mlp;
       consider(l, "forward, layer %d", last);
     }
+  }
+
+  // The final norm's saved tensors appear while the eager mask is still alive.
+  {
+    Live l = base;
+    l[kActivations] += saved_through(last) + s.final_norm_saved + (s.checkpointing ? 0 : s.attention_mask);
+    consider(l, "final norm saved");
   }
 
   // 2. Loss: logits, fp32 upcast, log-softmax and their gradients.
@@ -172,6 +182,7 @@ Moment BestMoment(const StepSizes& s) {
   // 4. Embedding backward: the embedding's gradient contribution.
   if (s.has_vocab) {
     Live l = base;
+    if (s.checkpointing) l[kActivations] -= s.attention_mask;
     l[kTemps] += s.act_grad;
     l[kParams] += s.embed_gather;
     if (s.grads_kept_on_production) {
@@ -376,9 +387,10 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
   // Under no_grad a block frees each intermediate after its last use; the FFN
   // branch (gate, up and their product, or up and GELU) is the widest point.
   const int64_t ffn_live = (model.ffn_type() == FFN_SWIGLU ? 3 : 2) * tokens * model.ffn_hidden_size() * w;
+  // Eager: the scores (working dtype) and softmax's fp32 output, or that and its cast.
   const int64_t attn_live =
       tokens * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w +
-      (model.attention_impl() == ATTENTION_EAGER ? 2 * b * model.num_attention_heads() * seq * seq * w : 0);
+      (model.attention_impl() == ATTENTION_EAGER ? (w + 4) * b * model.num_attention_heads() * seq * seq : 0);
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
   const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype);
   s.block_bwd_mlp_transient = bwd.mlp_bytes;
@@ -393,8 +405,11 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
   // cos and sin [s, head_dim] in the working dtype, shared by every layer.
   if (model.position_embedding() == POSITION_ROPE) s.step_inputs += 2 * seq * model.head_dim() * w;
   s.act_grad = tokens * h * w;
-  const int64_t norm_stats = model.norm_type() == NORM_LAYERNORM ? 2 : 1;
-  s.final_norm_saved = 2 * tokens * h * w + norm_stats * tokens * 4;
+  if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
+  // The final norm saves what a block's norms do (inventory.h), plus its
+  // output, which the LM head saves.
+  s.final_norm_saved = model.norm_type() == NORM_LAYERNORM ? 2 * tokens * h * w + 2 * tokens * 4
+                                                           : tokens * h * (4 + 2 * w) + tokens * 4;
   if (s.has_vocab) {
     s.logits_working = tokens * model.vocab_size() * w;
     s.logits_fp32 = tokens * model.vocab_size() * 4;

@@ -98,6 +98,10 @@ struct StepSizes {
 
   // Model ends.
   int64_t step_inputs = 0;           // ids + targets + RoPE cos/sin tables
+  // Eager attention's additive causal mask [b,1,s,s] (transformers'
+  // eager_mask): from the embedding to the final norm, or with checkpointing
+  // (a checkpointed block's input) to block 0's backward.
+  int64_t attention_mask = 0;
   int64_t act_grad = 0;              // gradient carried between blocks, b·s·h
   int64_t final_norm_saved = 0;
   int64_t final_norm_grads = 0;

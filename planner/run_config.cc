@@ -77,8 +77,12 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
                                  zero.reduce_bucket_elements(), "5e8"));
   ZPLAN_RETURN_IF_ERROR(positive("zero.allgather_bucket_elements (allgather_bucket_size)",
                                  zero.allgather_bucket_elements(), "5e8"));
-  ZPLAN_RETURN_IF_ERROR(positive("zero.stage3_prefetch_bucket_elements (stage3_prefetch_bucket_size)",
-                                 zero.stage3_prefetch_bucket_elements(), "5e7"));
+  // 0 turns prefetching off, as in DeepSpeed.
+  if (zero.stage3_prefetch_bucket_elements() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero.stage3_prefetch_bucket_elements (stage3_prefetch_bucket_size): must be >= 0 (0 = no prefetch), got ",
+        zero.stage3_prefetch_bucket_elements()));
+  }
   ZPLAN_RETURN_IF_ERROR(positive("zero.stage3_max_live_parameters", zero.stage3_max_live_parameters(), "1e9"));
   ZPLAN_RETURN_IF_ERROR(positive("zero.sub_group_elements (sub_group_size)", zero.sub_group_elements(), "1e9"));
   if (zero.stage3_param_persistence_threshold() < 0) {

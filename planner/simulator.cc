@@ -109,6 +109,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
 
   // Forward.
   const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.step_inputs, PHASE_FORWARD, -1, "token ids, targets, RoPE tables");
+  const int mask = r.Alloc(COMPONENT_ACTIVATIONS, s.attention_mask, PHASE_FORWARD, -1, "attention mask");
   if (s.has_vocab) {
     const int g = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_FORWARD, -1, "embedding gathered");
     r.Free(g, PHASE_FORWARD, -1, "embedding released");
@@ -133,6 +134,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     r.Free(gather, PHASE_FORWARD, i, layer + ", parameters released");
   }
   const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
+  if (!s.checkpointing) r.Free(mask, PHASE_FORWARD, -1, "attention mask freed");
 
   // Loss and the LM head's backward.
   int act_grad = -1, head_grad = -1;
@@ -215,6 +217,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     r.Free(saved_attn[i], PHASE_BACKWARD, i, layer + ", attention activations freed");
     r.Free(gather, PHASE_BACKWARD, i, layer + ", parameters released");
   }
+  if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
 
   // Embedding backward.
   if (s.has_vocab) {

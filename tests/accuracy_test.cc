@@ -25,7 +25,7 @@ TEST(AccuracyTest, EveryConfigurationMeetsTheGoalsAndTheDocIsCurrent) {
   o.zplan_path = std::filesystem::absolute("planner/zplan").string();
   o.zrun_path = std::filesystem::absolute("executor/zrun").string();
   o.work_dir = std::string(std::getenv("TEST_TMPDIR")) + "/accuracy";
-  auto rows = RunAccuracyMatrix(o);
+  auto rows = RunAccuracyMatrix(AccuracyMatrix(), o);
   ASSERT_TRUE(rows.ok()) << rows.status();
   for (const AccuracyRow& row : *rows) {
     const RankMeasurement& worst = row.ranks[row.worst_rank];

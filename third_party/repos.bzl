@@ -86,6 +86,10 @@ system_libs = repository_rule(
 _TORCH_BUILD = """\
 package(default_visibility = ["//visibility:public"])
 
+# The Python this LibTorch came from (tools/setup.sh's .venv, with deepspeed
+# and transformers), for tools and tests that drive a Python framework.
+exports_files(["python"])
+
 # LibTorch from the torch=={version} wheel at {torch_dir}.
 # include/google (an old protobuf bundled in the wheel) is deliberately not
 # linked into this repository, so it can never shadow the system protobuf.
@@ -149,6 +153,9 @@ def _torch_impl(rctx):
     else:
         rctx.file("cuda_include/README", "no CUDA toolkit at %s\n" % rctx.attr.cuda_include)
     rctx.symlink(site + "/nvidia/nccl/include", "nccl_include")
+    # A script, not a symlink: a venv's interpreter finds its site-packages
+    # from the path it is started by.
+    rctx.file("python", "#!/bin/sh\nexec %s \"$@\"\n" % python, executable = True)
     rctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % rctx.name)
     rctx.file("BUILD.bazel", _TORCH_BUILD.format(torch_dir = torch_dir, version = version, site = site))
 

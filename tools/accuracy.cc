@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "planner/memory_model.h"
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
@@ -68,21 +69,38 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
-  const std::string plan_path = dir + "/plan.pb", report_path = dir + "/report.pb";
+  const bool deepspeed = !c.ds_config_json.empty();
+  const std::string plan_path = dir + "/plan.pb";
+  const std::string report_path = dir + (deepspeed ? "/report.json" : "/report.pb");
+  const std::string ds_config_path = dir + "/ds_config.json";
+  if (deepspeed) ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(ds_config_path, c.ds_config_json));
 
   std::vector<std::string> zplan = {o.zplan_path, "--gpu", "cpu"};
   zplan.insert(zplan.end(), c.zplan_args.begin(), c.zplan_args.end());
+  if (deepspeed) zplan.insert(zplan.end(), {"--ds-config", ds_config_path});
   zplan.push_back("--out=" + plan_path);
   ZPLAN_ASSIGN_OR_RETURN(int code, RunLogged(zplan, dir + "/zplan.log"));
   if (code != 0) return absl::InternalError(absl::StrCat(c.name, ": zplan exited ", code, "; see ", dir, "/zplan.log"));
 
-  std::vector<std::string> zrun = {o.zrun_path, plan_path, "--report=" + report_path,
-                                   absl::StrCat("--steps=", o.steps)};
-  if (c.emulate_rank >= 0) zrun.push_back(absl::StrCat("--emulate_rank=", c.emulate_rank));
-  ZPLAN_ASSIGN_OR_RETURN(code, RunLogged(zrun, dir + "/zrun.log"));
-  // 3 = outside the plan's tolerance: still a row, judged below.
-  if (code != 0 && code != 3) {
-    return absl::InternalError(absl::StrCat(c.name, ": zrun exited ", code, "; see ", dir, "/zrun.log"));
+  if (deepspeed) {
+    std::vector<std::string> oracle = {o.python_path, o.oracle_path};
+    oracle.insert(oracle.end(), c.oracle_args.begin(), c.oracle_args.end());
+    oracle.insert(oracle.end(), {"--ds-config", ds_config_path, "--allocator", o.allocator_path, "--out",
+                                 report_path, absl::StrCat("--steps=", o.steps)});
+    ZPLAN_ASSIGN_OR_RETURN(code, RunLogged(oracle, dir + "/deepspeed.log"));
+    if (code != 0) {
+      return absl::InternalError(absl::StrCat(c.name, ": the DeepSpeed oracle exited ", code, "; see ", dir,
+                                              "/deepspeed.log"));
+    }
+  } else {
+    std::vector<std::string> zrun = {o.zrun_path, plan_path, "--report=" + report_path,
+                                     absl::StrCat("--steps=", o.steps)};
+    if (c.emulate_rank >= 0) zrun.push_back(absl::StrCat("--emulate_rank=", c.emulate_rank));
+    ZPLAN_ASSIGN_OR_RETURN(code, RunLogged(zrun, dir + "/zrun.log"));
+    // 3 = outside the plan's tolerance: still a row, judged below.
+    if (code != 0 && code != 3) {
+      return absl::InternalError(absl::StrCat(c.name, ": zrun exited ", code, "; see ", dir, "/zrun.log"));
+    }
   }
 
   AccuracyRow row;
@@ -90,6 +108,7 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
   ZPLAN_RETURN_IF_ERROR(ReadProtoFile(plan_path, &row.plan));
   Report report;
   ZPLAN_RETURN_IF_ERROR(ReadProtoFile(report_path, &report));
+  row.framework = report.framework().empty() ? "zrun" : report.framework();
   if (report.ranks().empty()) return absl::InternalError(absl::StrCat(c.name, ": report has no ranks"));
   const int64_t planned = LiveTensorBytes(row.plan.device_per_rank());
   row.host_planned_bytes = row.plan.ranks(0).host().peak_bytes();
@@ -105,6 +124,7 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
       row.worst_rank = row.ranks.size() - 1;
     }
     row.device_ok &= std::fabs(e) <= kDeviceGoalFraction;
+    if (deepspeed) continue;  // the oracle's Python process is not zrun's: host not judged
     const int64_t diff = m.host_hwm_bytes - row.host_planned_bytes;
     if (std::abs(diff) > std::abs(row.host_worst_diff_bytes) || row.ranks.size() == 1) row.host_worst_diff_bytes = diff;
     row.host_ok &= std::abs(diff) <= std::max<int64_t>(kHostGoalBytes, kHostGoalFraction * row.host_planned_bytes);
@@ -185,9 +205,113 @@ std::vector<AccuracyCase> AccuracyMatrix() {
   };
 }
 
-absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const AccuracyOptions& options) {
+AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::string ds_config_json, int world,
+                           int seq, const std::string& attention, bool checkpointing) {
+  AccuracyCase c;
+  c.name = std::move(name);
+  const std::vector<std::string> common = {"--hf-config", hf_config, "--seq", absl::StrCat(seq), "--attention",
+                                           attention};
+  c.zplan_args = common;
+  c.zplan_args.insert(c.zplan_args.end(), {"--gpus", absl::StrCat(world), "--checkpointing",
+                                           checkpointing ? "true" : "false"});
+  c.oracle_args = common;
+  c.oracle_args.insert(c.oracle_args.end(), {"--world", absl::StrCat(world)});
+  if (checkpointing) c.oracle_args.push_back("--checkpointing");
+  c.ds_config_json = std::move(ds_config_json);
+  return c;
+}
+
+namespace {
+
+// A ds_config: micro-batch, accumulation, precision ("bf16", "fp32"), the
+// optimizer block's "params" extras (e.g. "\"torch_adam\": true") and
+// zero_optimization's members after "stage".
+std::string DsConfig(int stage, const std::string& precision, int micro_batch, int grad_accum,
+                     const std::string& optimizer_extra = "", const std::string& zero_extra = "") {
+  std::string json = absl::StrFormat(
+      "{\n  \"train_micro_batch_size_per_gpu\": %d,\n  \"gradient_accumulation_steps\": %d,\n"
+      "  \"gradient_clipping\": 1.0,\n",
+      micro_batch, grad_accum);
+  if (precision == "bf16") absl::StrAppend(&json, "  \"bf16\": {\"enabled\": true},\n");
+  absl::StrAppend(&json, "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4, \"weight_decay\": 0.01",
+                  optimizer_extra.empty() ? "" : ", ", optimizer_extra, "}},\n",
+                  "  \"zero_optimization\": {\"stage\": ", stage, zero_extra.empty() ? "" : ", ", zero_extra,
+                  "}\n}\n");
+  return json;
+}
+
+// Buckets sized for models of a million parameters (DeepSpeed's 5e8-element
+// defaults would be most of the peak); the "default buckets" cases keep them.
+constexpr char kSmall[] = "\"reduce_bucket_size\": 200000, \"allgather_bucket_size\": 200000";
+constexpr char kSmall3[] =
+    "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 200000, "
+    "\"stage3_param_persistence_threshold\": 10000";
+constexpr char kTorchAdamW[] = "\"torch_adam\": true";
+constexpr char kForeach[] = "\"torch_adam\": true, \"foreach\": true";
+constexpr char kFused[] = "\"torch_adam\": true, \"fused\": true";
+constexpr char kOffload[] = "\"offload_optimizer\": {\"device\": \"cpu\"}";
+constexpr char kOffloadBoth[] = "\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}";
+
+std::string With(std::initializer_list<absl::string_view> parts) { return absl::StrJoin(parts, ", "); }
+
+}  // namespace
+
+std::vector<AccuracyCase> DeepSpeedMatrix() {
+  const std::string llama = "configs/hf/tiny/llama.json", qwen2 = "configs/hf/tiny/qwen2.json",
+                    qwen3 = "configs/hf/tiny/qwen3.json", mistral = "configs/hf/tiny/mistral.json",
+                    gpt2 = "configs/hf/tiny/gpt2.json";
+  return {
+      // ZeRO-0.
+      DeepSpeedCase("z0-bf16-fused-adam", llama, DsConfig(0, "bf16", 2, 1), 1, 128),
+      DeepSpeedCase("z0-fp32-torch-adamw", llama, DsConfig(0, "fp32", 2, 1, kTorchAdamW), 2, 128),
+      DeepSpeedCase("z0-bf16-eager-ckpt", qwen3, DsConfig(0, "bf16", 2, 1), 1, 256, "eager", true),
+      DeepSpeedCase("z0-bf16-gpt2-default-buckets", gpt2, DsConfig(0, "bf16", 4, 1), 2, 128),
+      // ZeRO-1.
+      DeepSpeedCase("z1-bf16-default-buckets", llama, DsConfig(1, "bf16", 2, 1), 1, 128),
+      DeepSpeedCase("z1-bf16-small-buckets", llama, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 128),
+      DeepSpeedCase("z1-fp32-torch-adamw", qwen2, DsConfig(1, "fp32", 2, 1, kTorchAdamW, kSmall), 2, 128),
+      DeepSpeedCase("z1-bf16-foreach-ga2", mistral, DsConfig(1, "bf16", 1, 2, kForeach, kSmall), 2, 128),
+      DeepSpeedCase("z1-bf16-offload-cpu-adam", llama, DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})), 2, 128),
+      DeepSpeedCase("z1-bf16-w4", qwen3, DsConfig(1, "bf16", 2, 1, "", kSmall), 4, 64),
+      // ZeRO-2.
+      DeepSpeedCase("z2-bf16-default-buckets", llama, DsConfig(2, "bf16", 2, 1), 2, 128),
+      DeepSpeedCase("z2-bf16-small-buckets", llama, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 128),
+      DeepSpeedCase("z2-bf16-torch-adamw", qwen3, DsConfig(2, "bf16", 2, 1, kTorchAdamW, kSmall), 1, 128),
+      DeepSpeedCase("z2-bf16-torch-fused", gpt2, DsConfig(2, "bf16", 2, 1, kFused, kSmall), 2, 128),
+      DeepSpeedCase("z2-fp32-eager", mistral, DsConfig(2, "fp32", 2, 1, "", kSmall), 2, 128, "eager"),
+      DeepSpeedCase("z2-bf16-ckpt-s512", llama, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
+      DeepSpeedCase("z2-bf16-overlap-comm", qwen2, DsConfig(2, "bf16", 2, 1, "", With({kSmall, "\"overlap_comm\": true"})), 2, 128),
+      DeepSpeedCase("z2-bf16-offload-cpu-adam", gpt2, DsConfig(2, "bf16", 2, 1, "", With({kSmall, kOffload})), 2, 128),
+      DeepSpeedCase("z2-bf16-b8-s256-w4", qwen3, DsConfig(2, "bf16", 8, 1, "", kSmall), 4, 256),
+      DeepSpeedCase("z2-bf16-ga4", llama, DsConfig(2, "bf16", 1, 4, "", kSmall), 2, 256),
+      // ZeRO-3.
+      DeepSpeedCase("z3-bf16-default-buckets", llama, DsConfig(3, "bf16", 2, 1), 2, 128),
+      DeepSpeedCase("z3-bf16-small-buckets", llama, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
+      DeepSpeedCase("z3-bf16-w1", qwen3, DsConfig(3, "bf16", 2, 1, "", kSmall3), 1, 128),
+      DeepSpeedCase("z3-fp32", gpt2, DsConfig(3, "fp32", 2, 1, "", kSmall3), 2, 128),
+      DeepSpeedCase("z3-bf16-eager-ckpt", mistral, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256, "eager", true),
+      DeepSpeedCase("z3-bf16-offload-optimizer", qwen2, DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffload})), 2, 128),
+      DeepSpeedCase("z3-bf16-offload-both", llama, DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 128),
+      DeepSpeedCase("z3-bf16-offload-both-ckpt-w4", qwen3,
+                    DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 4, 128, "sdpa", true),
+      DeepSpeedCase("z3-bf16-prefetch-0", llama,
+                    DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_prefetch_bucket_size\": 0"})), 2, 128),
+      DeepSpeedCase("z3-bf16-max-live-1e5", llama,
+                    DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_max_live_parameters\": 100000"})), 2, 128),
+      DeepSpeedCase("z3-bf16-reuse-distance-0", qwen2,
+                    DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_max_reuse_distance\": 0"})), 2, 128),
+      DeepSpeedCase("z3-bf16-persist-everything", gpt2,
+                    DsConfig(3, "bf16", 2, 1, "", "\"reduce_bucket_size\": 200000, "
+                                                  "\"stage3_param_persistence_threshold\": 1000000"), 2, 128),
+      DeepSpeedCase("z3-bf16-torch-adamw-sub-group", llama,
+                    DsConfig(3, "bf16", 2, 1, kTorchAdamW, With({kSmall3, "\"sub_group_size\": 300000"})), 2, 128),
+      DeepSpeedCase("z3-bf16-b4-s256-w4", mistral, DsConfig(3, "bf16", 4, 1, "", kSmall3), 4, 256),
+  };
+}
+
+absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const std::vector<AccuracyCase>& matrix,
+                                                          const AccuracyOptions& options) {
   std::vector<AccuracyRow> rows;
-  const std::vector<AccuracyCase> matrix = AccuracyMatrix();
   for (size_t i = 0; i < matrix.size(); ++i) {
     ZPLAN_ASSIGN_OR_RETURN(AccuracyRow row, RunCase(matrix[i], options, static_cast<int>(i + 1)));
     if (options.on_row) options.on_row(row);
@@ -195,6 +319,57 @@ absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const AccuracyOptions
   }
   return rows;
 }
+
+namespace {
+
+// The summary line and the two device tables, shared by both documents.
+void AppendDeviceTables(const std::vector<AccuracyRow>& rows, bool show_names, std::string* md) {
+  size_t worst = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (std::fabs(rows[i].device_error) > std::fabs(rows[worst].device_error)) worst = i;
+  }
+  int close = 0, within = 0;
+  for (const AccuracyRow& r : rows) {
+    close += std::fabs(r.device_error) < 0.001;
+    within += r.device_ok;
+  }
+  if (!rows.empty()) {
+    absl::StrAppend(md, absl::StrFormat(
+                            "%d configurations: %d within 3%%, %d within 0.1%%; worst: #%d %s, %s (%s).\n\n",
+                            rows.size(), within, close, worst + 1, rows[worst].config.name,
+                            Percent(rows[worst].device_error), Describe(rows[worst])));
+  }
+  absl::StrAppend(md, "## Device peak per rank\n\n",
+                  "| # | configuration | world | planned tensors | measured peak | error | peak (plan) |\n",
+                  "|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const AccuracyRow& r = rows[i];
+    const RankMeasurement& m = r.ranks[r.worst_rank];
+    const std::string what = show_names ? absl::StrCat("`", r.config.name, "`: ", Describe(r)) : Describe(r);
+    absl::StrAppend(md, absl::StrFormat("| %d | %s | %s | %s | %s | %s | %s |\n", i + 1, what, World(r),
+                                        FormatBytes(LiveTensorBytes(r.plan.device_per_rank())),
+                                        FormatBytes(m.device.peak_bytes()), Percent(r.device_error),
+                                        r.plan.device_per_rank().peak_event()));
+  }
+  absl::StrAppend(md, "\n## Per component at the peak (rank with the largest error)\n\n",
+                  "A cell is the measured bytes; where they differ from the plan, the error and the planned bytes.\n\n",
+                  "| # | rank |");
+  const std::vector<NamedBytes> names = TensorComponents(MemoryBreakdown());
+  for (const NamedBytes& n : names) absl::StrAppend(md, " ", n.name, " |");
+  absl::StrAppend(md, "\n|---|---|");
+  for (size_t k = 0; k < names.size(); ++k) absl::StrAppend(md, "---|");
+  absl::StrAppend(md, "\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const AccuracyRow& r = rows[i];
+    const RankMeasurement& m = r.ranks[r.worst_rank];
+    const std::vector<NamedBytes> p = TensorComponents(r.plan.device_per_rank()), q = TensorComponents(m.device);
+    absl::StrAppend(md, absl::StrFormat("| %d | %d |", i + 1, m.rank));
+    for (size_t k = 0; k < p.size(); ++k) absl::StrAppend(md, " ", Cell(p[k].bytes, q[k].bytes), " |");
+    absl::StrAppend(md, "\n");
+  }
+}
+
+}  // namespace
 
 std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows) {
   std::string md =
@@ -206,48 +381,7 @@ std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows) {
       "(Gloo ranks, or one emulated rank). zrun's CPU counting allocator sees every tensor byte and attributes it\n"
       "to the planner's components at the moment of the peak (steps after the first); so any difference is a\n"
       "modelling error. Goals: device peak within 3% on every rank; host VmHWM within 10% or 256 MiB.\n\n";
-  size_t worst = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (std::fabs(rows[i].device_error) > std::fabs(rows[worst].device_error)) worst = i;
-  }
-  int close = 0, within = 0;
-  for (const AccuracyRow& r : rows) {
-    close += std::fabs(r.device_error) < 0.001;
-    within += r.device_ok;
-  }
-  if (!rows.empty()) {
-    absl::StrAppend(&md, absl::StrFormat(
-                             "%d configurations: %d within 3%%, %d within 0.1%%; worst: #%d %s, %s (%s).\n\n",
-                             rows.size(), within, close, worst + 1, rows[worst].config.name,
-                             Percent(rows[worst].device_error), Describe(rows[worst])));
-  }
-  absl::StrAppend(&md, "## Device peak per rank\n\n",
-                  "| # | configuration | world | planned tensors | measured peak | error | peak (plan) |\n",
-                  "|---|---|---|---|---|---|---|\n");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const AccuracyRow& r = rows[i];
-    const RankMeasurement& m = r.ranks[r.worst_rank];
-    absl::StrAppend(&md, absl::StrFormat("| %d | %s | %s | %s | %s | %s | %s |\n", i + 1, Describe(r), World(r),
-                                         FormatBytes(LiveTensorBytes(r.plan.device_per_rank())),
-                                         FormatBytes(m.device.peak_bytes()), Percent(r.device_error),
-                                         r.plan.device_per_rank().peak_event()));
-  }
-  absl::StrAppend(&md, "\n## Per component at the peak (rank with the largest error)\n\n",
-                  "A cell is the measured bytes; where they differ from the plan, the error and the planned bytes.\n\n",
-                  "| # | rank |");
-  const std::vector<NamedBytes> names = TensorComponents(MemoryBreakdown());
-  for (const NamedBytes& n : names) absl::StrAppend(&md, " ", n.name, " |");
-  absl::StrAppend(&md, "\n|---|---|");
-  for (size_t k = 0; k < names.size(); ++k) absl::StrAppend(&md, "---|");
-  absl::StrAppend(&md, "\n");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const AccuracyRow& r = rows[i];
-    const RankMeasurement& m = r.ranks[r.worst_rank];
-    const std::vector<NamedBytes> p = TensorComponents(r.plan.device_per_rank()), q = TensorComponents(m.device);
-    absl::StrAppend(&md, absl::StrFormat("| %d | %d |", i + 1, m.rank));
-    for (size_t k = 0; k < p.size(); ++k) absl::StrAppend(&md, " ", Cell(p[k].bytes, q[k].bytes), " |");
-    absl::StrAppend(&md, "\n");
-  }
+  AppendDeviceTables(rows, /*show_names=*/false, &md);
   absl::StrAppend(&md, "\n", kHostSectionHeading, " per rank\n\n",
                   "Planned: the rank's tensors (resident pages only) plus the process baseline of the `cpu` catalog "
                   "entry.\nMeasured: VmHWM of the rank's process, the largest over ranks. These vary a little from "
@@ -262,6 +396,22 @@ std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows) {
                                          Percent(static_cast<double>(diff) / r.host_planned_bytes),
                                          r.host_ok ? "yes" : "NO"));
   }
+  return md;
+}
+
+
+std::string DeepSpeedAgreementMarkdown(const std::vector<AccuracyRow>& rows) {
+  std::string md = absl::StrCat(
+      "# Planner vs real DeepSpeed on CPU ranks\n\n"
+      "Generated by `bazel run //tools:accuracy -- --matrix deepspeed --out docs/deepspeed_agreement.md`.\n\n"
+      "Each configuration is a transformers `config.json` (`configs/hf/tiny/`) and a DeepSpeed config (its name\n"
+      "says what it sets; the JSON is in `tools/accuracy.cc`), planned by `zplan --gpu cpu --hf-config ...\n"
+      "--ds-config ...` and trained for 3 steps by real DeepSpeed + transformers on CPU ranks\n"
+      "(`tools/deepspeed_oracle.py`: `DS_ACCELERATOR=cpu`, gloo, one process per rank), measured with the counting\n"
+      "allocator zrun uses, loaded into each rank's Python process before the model exists. The peak is over\n"
+      "the steps after the first. Goal: device peak within 3% on every rank.\n\n",
+      rows.empty() ? "" : absl::StrCat("Trained by: ", rows.front().framework, ".\n\n"));
+  AppendDeviceTables(rows, /*show_names=*/true, &md);
   return md;
 }
 

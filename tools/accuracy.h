@@ -1,12 +1,17 @@
 // File: accuracy.h
-// The planner-vs-executor agreement matrix (issue 4): each configuration is
-// planned by the zplan binary (--gpu cpu --out plan.pb) and trained for a few
-// steps by the zrun binary, whose CPU counting allocator attributes every
-// tensor byte to the planner's components at the peak. Rows compare predicted
-// with measured device peak per rank and component, and host VmHWM.
+// Agreement matrices: each configuration is planned by the zplan binary
+// (--gpu cpu --out plan.pb) and trained for a few steps on CPU ranks, measured
+// by zplan's counting allocator (exact tensor bytes, attributed to the
+// planner's components at the peak), and one comparison turns plan and
+// Report into a row: device peak per rank and component, host VmHWM.
+//   * AccuracyMatrix(): trained by zrun (planner vs executor, DESIGN §7 rung 1).
+//   * DeepSpeedMatrix(): trained by real DeepSpeed + transformers through
+//     tools/deepspeed_oracle.py (planner vs what users run, rung 2); zplan
+//     reads the same config.json and ds_config.json.
 //
 // Goals (they are the contract, not tolerances to widen): device peak within
-// 3% on every rank; host within 10% or 256 MiB.
+// 3% on every rank; host (zrun only: the oracle's Python process is not
+// zrun's) within 10% or 256 MiB.
 //
 // Example:
 //   AccuracyOptions o{.zplan_path = "planner/zplan", .zrun_path = "executor/zrun", .work_dir = "/tmp/acc"};
@@ -34,12 +39,27 @@ struct AccuracyCase {
   std::string name;
   std::vector<std::string> zplan_args;  // besides --gpu cpu and --out
   int emulate_rank = -1;                // >= 0: zrun --emulate-rank
+  // Non-empty: trained by the DeepSpeed oracle with this ds_config (JSON
+  // text, written to the case folder and given to zplan as --ds-config too).
+  std::string ds_config_json;
+  std::vector<std::string> oracle_args; // besides --ds-config, --out, --allocator
 };
 
 // The matrix: >= 32 configurations over ZeRO 0-3, offloads, checkpointing,
 // fp32/bf16/fp16, world 1/2/4 and emulated ranks, micro-batches, sequence
 // lengths, eager/SDPA, tied/untied embeddings.
 std::vector<AccuracyCase> AccuracyMatrix();
+
+// A case trained by real DeepSpeed: the transformers config (a path under
+// the workspace), the ds_config JSON, ranks, sequence length, attention
+// implementation ("sdpa" or "eager") and activation checkpointing.
+AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::string ds_config_json, int world,
+                           int seq, const std::string& attention = "sdpa", bool checkpointing = false);
+
+// The DeepSpeed agreement matrix: stages 0-3, offloads, checkpointing,
+// fp32/bf16, SDPA/eager, world 1, 2 and 4, default and small buckets, the
+// stage-3 knobs, the optimizer implementations, five model types.
+std::vector<AccuracyCase> DeepSpeedMatrix();
 
 struct RankMeasurement {
   int rank = 0;
@@ -50,6 +70,7 @@ struct RankMeasurement {
 struct AccuracyRow {
   AccuracyCase config;
   Plan plan;
+  std::string framework;          // what trained: "zrun" or the Report's framework
   std::vector<RankMeasurement> ranks;
   // Derived: the rank with the largest |device error|, and the largest host miss.
   size_t worst_rank = 0;
@@ -63,17 +84,23 @@ struct AccuracyRow {
 struct AccuracyOptions {
   std::string zplan_path;
   std::string zrun_path;
+  // DeepSpeed cases: the Python with deepspeed + transformers (tools/setup.sh's
+  // .venv), tools/deepspeed_oracle.py and libzplan_counting_allocator.so.
+  std::string python_path, oracle_path, allocator_path;
   std::string work_dir;   // plans, reports and logs, one folder per case
   int steps = 3;
   std::function<void(const AccuracyRow&)> on_row;  // progress, optional
 };
 
 // Runs every case; an error names the case and its log.
-absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const AccuracyOptions& options);
+absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const std::vector<AccuracyCase>& matrix,
+                                                          const AccuracyOptions& options);
 
 // docs/accuracy.md. Everything above the "## Host" heading is deterministic
 // (exact byte counts); the host section varies from run to run.
 std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows);
+// docs/deepspeed_agreement.md (device only; deterministic).
+std::string DeepSpeedAgreementMarkdown(const std::vector<AccuracyRow>& rows);
 inline constexpr char kHostSectionHeading[] = "## Host";
 
 }  // namespace zplan

