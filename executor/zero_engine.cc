@@ -207,9 +207,9 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     at::Tensor t = at::zeros({e->owned_numel_}, at::TensorOptions().dtype(at::kFloat).device(state_device));
     return pin ? t.pin_memory() : t;
   };
-  // With offload the host always holds fp32 master weights (also in fp32
-  // training: the device copy is the working copy).
-  if (e->mixed_ || e->offload_) {
+  // Master weights where DeepSpeed keeps them (sharding.h); with offload on
+  // the host (also in fp32 training: the device copy is the working copy).
+  if (KeepsFp32Master(e->stage_, e->mixed_, e->offload_)) {
     e->master_ = fp32_state(COMPONENT_MASTER_PARAMS);
     if (e->stage_ < 3) {
       e->master_.copy_(e->flat_params_.narrow(0, e->owned_begin_, e->owned_numel_));

@@ -271,7 +271,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   }
   // Master and Adam states.
   if (!s.offload_optimizer) {
-    s.master_resident = s.mixed ? owned * kMasterBytesPerParam : 0;
+    s.master_resident = KeepsFp32Master(s.stage, s.mixed, false) ? owned * kMasterBytesPerParam : 0;
     s.optimizer_resident = owned * kAdamStateBytesPerParam;
   }
   // DeepSpeed's contiguous-gradients IPG buckets (stage_1_and_2.py / stage3.py).

@@ -47,6 +47,16 @@ inline int64_t Stage3ShardElements(int64_t numel, int64_t world) {
   return (numel + world - 1) / world;
 }
 
+// Whether DeepSpeed keeps fp32 master weights apart from the working
+// parameters: always in mixed precision and with optimizer offload (on the
+// host); in fp32 training the ZeRO-1/2 optimizer still clones its partition
+// (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.__init__:
+// weights_partition = ...detach().clone()), ZeRO-3 steps its fp32 partition
+// itself (stage3.py, _create_fp32_partitions) and so does ZeRO-0.
+inline bool KeepsFp32Master(int stage, bool mixed_precision, bool offload_optimizer) {
+  return mixed_precision || offload_optimizer || stage == 1 || stage == 2;
+}
+
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
                                int64_t persistence_threshold_elements);
 
