@@ -30,6 +30,11 @@ const std::vector<std::string> kGpt2 = {"--model", "gpt2",  "--layers", "2",   "
 const std::vector<std::string> kQwen3 = {"--model", "qwen3-0.6b", "--layers", "2",   "--hidden", "256",  // tied,
                                          "--heads", "4",          "--kv-heads", "2", "--head-dim", "64",  // qk-norm
                                          "--ffn",   "768",        "--vocab",  "4096"};
+// Realistic widths (hidden 1024, a 32k vocabulary, sequences of 1024-2048)
+// with two layers, so the per-element terms are checked where they are large.
+const std::vector<std::string> kWideQwen3 = {"--model", "qwen3-0.6b", "--layers", "2", "--vocab", "32000"};
+const std::vector<std::string> kWideGpt2 = {"--model", "gpt2",  "--layers", "2",    "--hidden", "1024", "--heads", "16",
+                                            "--head-dim", "64", "--ffn",   "4096", "--vocab",  "32000"};
 // DeepSpeed's default 5e8-element buckets would dwarf these models.
 constexpr char kSmallBuckets[] = "configs/ds/small_buckets.json";
 
@@ -202,6 +207,10 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen3-z2-fp32-w2-ckpt", kQwen3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
       Case("qwen3-z3-bf16-w2", kQwen3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("qwen3-z3-bf16-w2-offload-both", kQwen3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2", "--seq", "128"}),
+      Case("wide-qwen3-z1-bf16-w2-s1024", kWideQwen3, {"--ds-config", ds, "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "1", "--seq", "1024"}),
+      Case("wide-qwen3-z2-bf16-w2-ckpt-s1024", kWideQwen3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "1", "--seq", "1024"}),
+      Case("wide-qwen3-z2-fp32-w1-eager-s1024", kWideQwen3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "fp32", "--gpus", "1", "--attention", "eager", "--micro-batch", "1", "--seq", "1024"}),
+      Case("wide-gpt2-z0-bf16-w1-s1024", kWideGpt2, {"--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "1", "--seq", "1024"}),
   };
 }
 

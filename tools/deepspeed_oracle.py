@@ -330,7 +330,7 @@ def run_rank(args):
             alloc.tag(TEMPORARIES)
             if alloc.peak() > phase_peak:
                 phase_peak, steady_phase = alloc.peak(), f"backward (micro-step {micro_step})"
-            step_loss += float(loss) / accum
+            step_loss += float(loss.detach()) / accum
             del loss
             mark("loss freed")
             engine.step()
@@ -364,6 +364,12 @@ def run_rank(args):
     with open(args.out, "w") as f:
         json.dump(result, f)
     deepspeed.comm.barrier()
+    # Everything is written: skip interpreter teardown, where the process
+    # group's and DeepSpeed's C++ threads sometimes abort the process
+    # ("terminate called without an active exception") after a good run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv):
