@@ -40,8 +40,9 @@ TEST(DeepSpeedOracleTest, MeasuresEveryRanksParametersExactly) {
   const AccuracyRow& row = rows->front();
   EXPECT_EQ(row.framework.rfind("DeepSpeed 0.19.8, transformers 5.23.0", 0), 0u) << row.framework;
   ASSERT_EQ(row.ranks.size(), 2u);
-  // llama.json: 2 layers, head_dim 32 -> inv_freq and original_inv_freq, 16 fp32 each.
-  const int64_t rope_buffers_bytes = 2 * 2 * 16 * 4;
+  // llama.json: head_dim 32 -> the model's one rotary module keeps inv_freq
+  // and original_inv_freq, 16 fp32 each.
+  const int64_t rope_buffers_bytes = 2 * 16 * 4;
   for (const RankMeasurement& m : row.ranks) {
     EXPECT_EQ(m.device.params_bytes(), row.plan.device_per_rank().params_bytes() + rope_buffers_bytes)
         << "rank " << m.rank;

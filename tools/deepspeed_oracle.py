@@ -303,13 +303,19 @@ def run_rank(args):
                     pass
 
     losses = []
-    steady_phase, steady_breakdown = "", {}
+    steady_breakdown = {}
+    phase = {"peak": 0, "label": ""}  # the running peak of this step and the phase that set it
+
+    def note_phase(label):
+        if alloc.peak() > phase["peak"]:
+            phase["peak"], phase["label"] = alloc.peak(), label
+
     for step in range(args.steps):
         if step == 1:
             warmup_peak = alloc.peak()
             tag_resident_states(alloc, engine)  # optimizer states exist now
             alloc.lib.zplan_reset_peak()
-        phase_peak = alloc.peak()
+        phase["peak"] = alloc.peak()
         if args.trace and step == args.steps - 1:
             alloc.lib.zplan_log_enable(1)
             tracing[0] = True
@@ -323,30 +329,26 @@ def run_rank(args):
             loss = engine(input_ids=ids, labels=ids).loss
             mark("loss computed")
             alloc.tag(LOGITS)
-            if alloc.peak() > phase_peak:
-                phase_peak, steady_phase = alloc.peak(), f"forward (micro-step {micro_step})"
+            note_phase(f"forward (micro-step {micro_step})")
             engine.backward(loss)
             mark("backward done")
             alloc.tag(TEMPORARIES)
-            if alloc.peak() > phase_peak:
-                phase_peak, steady_phase = alloc.peak(), f"backward (micro-step {micro_step})"
+            note_phase(f"backward (micro-step {micro_step})")
             step_loss += float(loss.detach()) / accum
             del loss
             mark("loss freed")
             engine.step()
             mark("engine.step done")
-            if alloc.peak() > phase_peak:
-                phase_peak, steady_phase = alloc.peak(), "optimizer step" if micro_step == accum - 1 else \
-                    f"step boundary (micro-step {micro_step})"
+            note_phase("optimizer step" if micro_step == accum - 1 else f"step boundary (micro-step {micro_step})")
         losses.append(step_loss)
         if step >= 1:
             steady_breakdown = alloc.breakdown()
+            steady_breakdown["peak_event"] = phase["label"]
         alloc.tag(BUFFERS if step == 0 else TEMPORARIES)
 
     if tracing[0]:
         mark("end")
         alloc.lib.zplan_log_enable(0)
-    steady_breakdown["peak_event"] = steady_phase
     result = {
         "rank": engine.global_rank,
         "measured_device": steady_breakdown,
