@@ -89,12 +89,8 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     int64_t planned = 0;
     for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, dtype, 0)) planned += TensorBytes(t);
     planned *= spec->num_layers();
-    const int64_t tokens = b * s, h = spec->hidden_size();
-    // The final norm as a block's norms (LayerNorm: input, mean, rstd;
-    // RMSNorm: fp32 input, rstd, normalized), and its output the LM head keeps.
-    planned += spec->norm_type() == NORM_LAYERNORM ? 2 * tokens * h * w + 2 * tokens * 4
-                                                   : tokens * h * (4 + 2 * w) + tokens * 4;
-    planned += tokens * spec->vocab_size() * 4;                              // log-softmax output
+    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, dtype)) planned += TensorBytes(t);
+    planned += b * s * spec->vocab_size() * 4;                               // log-softmax output
     if (spec->position_embedding() == POSITION_ROPE) planned += 2 * s * spec->head_dim() * w;  // cos, sin
     std::printf("%s attention %d dtype %s: kept %lld bytes, planner %lld (%.2f%%)\n", c.preset.c_str(),
                 c.attention, c10::toString(c.dtype), static_cast<long long>(kept), static_cast<long long>(planned),

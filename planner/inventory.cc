@@ -105,6 +105,27 @@ int64_t CountParameters(const ModelSpec& spec) {
   return total;
 }
 
+namespace {
+
+// What one norm over the last dimension of `shape` saves (see below).
+void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+                     int layer, std::vector<TensorSpec>* out) {
+  const std::vector<int64_t> rows(shape.begin(), shape.end() - 1);
+  auto act = [&](const std::string& suffix, const std::vector<int64_t>& dims, DType t) {
+    out->push_back(Make(name + suffix, dims, t, ROLE_ACTIVATION, layer));
+  };
+  if (spec.norm_type() == NORM_LAYERNORM) {
+    act(".input", shape, dtype);
+    act(".mean", rows, DTYPE_FP32);
+  } else {
+    act(".input_fp32", shape, DTYPE_FP32);
+    act(".normalized", shape, dtype);
+  }
+  act(".rstd", rows, DTYPE_FP32);
+}
+
+}  // namespace
+
 // What a transformers block of the model's type keeps for backward, which
 // the executor's block saves too (ATen saves only the inputs a gradient
 // formula needs; a shared input is one tensor):
@@ -138,16 +159,8 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   auto act = [&](const std::string& name, std::vector<int64_t> shape, DType t) {
     out.push_back(Make(p + "." + name, std::move(shape), t, ROLE_ACTIVATION, layer));
   };
-  auto norm = [&](const std::string& name, std::vector<int64_t> shape) {
-    std::vector<int64_t> rows(shape.begin(), shape.end() - 1);
-    if (spec.norm_type() == NORM_LAYERNORM) {
-      act(name + ".input", shape, dtype);
-      act(name + ".mean", rows, DTYPE_FP32);
-    } else {
-      act(name + ".input_fp32", shape, DTYPE_FP32);
-      act(name + ".normalized", shape, dtype);
-    }
-    act(name + ".rstd", rows, DTYPE_FP32);
+  auto norm = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    AppendNormSaved(spec, p + "." + name, shape, dtype, layer, &out);
   };
   norm("attn_norm", {b, s, h});
   act("attn_norm.output", {b, s, h}, dtype);
@@ -183,6 +196,14 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     act("mlp.act", {b, s, f}, dtype);
   }
   if (spec.dropout() > 0) act("mlp.resid_dropout_mask", {b, s, h}, DTYPE_BOOL);
+  return out;
+}
+
+std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  std::vector<TensorSpec> out;
+  const int64_t h = spec.hidden_size();
+  AppendNormSaved(spec, "final_norm", {b, s, h}, dtype, -1, &out);
+  out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));
   return out;
 }
 

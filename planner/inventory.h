@@ -49,6 +49,11 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
 
 // Peak bytes of tensors that exist only inside one block's forward (e.g. eager
 // attention's pre-softmax scores next to the probabilities).
+// The final norm's saved tensors (as a block's norms save) and its output,
+// which the LM head saves; layer -1.
+std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch,
+                                                  int64_t seq_length, DType dtype);
+
 int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
                                    int64_t seq_length, DType dtype);
 

@@ -298,6 +298,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     if (IsMlpTensor(t)) mlp_saved_11 += TensorBytes(t);
   }
   sizer.saved_mlp_per_token_ = mlp_saved_11;
+  sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype));
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
   // causal mask): fit the three terms from the inventory, check a fourth point.
   auto saved = [&](int64_t b, int64_t seq) { return SumBytes(BlockSavedActivations(model, b, seq, dtype, 0)); };
@@ -406,10 +407,7 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
   if (model.position_embedding() == POSITION_ROPE) s.step_inputs += 2 * seq * model.head_dim() * w;
   s.act_grad = tokens * h * w;
   if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
-  // The final norm saves what a block's norms do (inventory.h), plus its
-  // output, which the LM head saves.
-  s.final_norm_saved = model.norm_type() == NORM_LAYERNORM ? 2 * tokens * h * w + 2 * tokens * 4
-                                                           : tokens * h * (4 + 2 * w) + tokens * 4;
+  s.final_norm_saved = final_norm_per_token_ * tokens;
   if (s.has_vocab) {
     s.logits_working = tokens * model.vocab_size() * w;
     s.logits_fp32 = tokens * model.vocab_size() * 4;

@@ -154,6 +154,7 @@ class StepSizer {
   int64_t saved_per_token_sq_ = 0;
   int64_t saved_per_seq_sq_ = 0;
   int64_t saved_mlp_per_token_ = 0;  // the MLP half: linear in b*s
+  int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations: linear in b*s
 };
 
 // Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).

@@ -3,7 +3,6 @@
 // docs/accuracy.md's device tables must be what this run measured (exact
 // byte counts; regenerate with bazel run //tools:accuracy -- --out docs/accuracy.md).
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -21,10 +20,7 @@ std::string DeviceSection(const std::string& markdown) {
 
 TEST(AccuracyTest, EveryConfigurationMeetsTheGoalsAndTheDocIsCurrent) {
   ASSERT_GE(AccuracyMatrix().size(), 32u);
-  AccuracyOptions o;
-  o.zplan_path = std::filesystem::absolute("planner/zplan").string();
-  o.zrun_path = std::filesystem::absolute("executor/zrun").string();
-  o.work_dir = std::string(std::getenv("TEST_TMPDIR")) + "/accuracy";
+  const AccuracyOptions o = RunfilesAccuracyOptions(std::string(std::getenv("TEST_TMPDIR")) + "/accuracy");
   auto rows = RunAccuracyMatrix(AccuracyMatrix(), o);
   ASSERT_TRUE(rows.ok()) << rows.status();
   for (const AccuracyRow& row : *rows) {

@@ -7,9 +7,7 @@
 // parameters DeepSpeed holds are the planner's parameter bytes (plus the
 // model's RoPE inv_freq buffers, which are not parameters), and the loss
 // falls from the initial ln(vocab).
-#include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -18,16 +16,6 @@
 namespace zplan {
 namespace {
 
-AccuracyOptions Options() {
-  AccuracyOptions o;
-  o.zplan_path = std::filesystem::absolute("planner/zplan").string();
-  o.python_path = std::filesystem::absolute("external/torch/python").string();
-  o.oracle_path = std::filesystem::absolute("tools/deepspeed_oracle.py").string();
-  o.allocator_path = std::filesystem::absolute("executor/libzplan_counting_allocator.so").string();
-  o.work_dir = std::string(std::getenv("TEST_TMPDIR")) + "/oracle";
-  return o;
-}
-
 TEST(DeepSpeedOracleTest, MeasuresEveryRanksParametersExactly) {
   // ZeRO-0 bf16, two ranks: every rank holds the whole bf16 model.
   const AccuracyCase c = DeepSpeedCase(
@@ -35,7 +23,7 @@ TEST(DeepSpeedOracleTest, MeasuresEveryRanksParametersExactly) {
       R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 0}})",
       /*world=*/2, /*seq=*/64);
-  auto rows = RunAccuracyMatrix({c}, Options());
+  auto rows = RunAccuracyMatrix({c}, RunfilesAccuracyOptions(std::string(std::getenv("TEST_TMPDIR")) + "/oracle"));
   ASSERT_TRUE(rows.ok()) << rows.status();
   const AccuracyRow& row = rows->front();
   EXPECT_EQ(row.framework.rfind("DeepSpeed 0.19.8, transformers 5.23.0", 0), 0u) << row.framework;

@@ -318,6 +318,17 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   };
 }
 
+AccuracyOptions RunfilesAccuracyOptions(std::string work_dir) {
+  AccuracyOptions o;
+  o.zplan_path = std::filesystem::absolute("planner/zplan").string();
+  o.zrun_path = std::filesystem::absolute("executor/zrun").string();
+  o.python_path = std::filesystem::absolute("external/torch/python").string();
+  o.oracle_path = std::filesystem::absolute("tools/deepspeed_oracle.py").string();
+  o.allocator_path = std::filesystem::absolute("executor/libzplan_counting_allocator.so").string();
+  o.work_dir = std::move(work_dir);
+  return o;
+}
+
 absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const std::vector<AccuracyCase>& matrix,
                                                           const AccuracyOptions& options) {
   std::vector<AccuracyRow> rows;

@@ -93,6 +93,10 @@ struct AccuracyOptions {
   std::function<void(const AccuracyRow&)> on_row;  // progress, optional
 };
 
+// Options whose tool paths are the runfiles of the calling binary or test
+// (relative to its working directory), writing into `work_dir`.
+AccuracyOptions RunfilesAccuracyOptions(std::string work_dir);
+
 // Runs every case; an error names the case and its log.
 absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const std::vector<AccuracyCase>& matrix,
                                                           const AccuracyOptions& options);

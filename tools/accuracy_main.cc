@@ -24,13 +24,8 @@ ABSL_FLAG(std::string, only, "", "run only the cases whose name contains this");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  zplan::AccuracyOptions o;
   // Under `bazel run` the binaries are runfiles relative to the start folder.
-  o.zplan_path = std::filesystem::absolute("planner/zplan").string();
-  o.zrun_path = std::filesystem::absolute("executor/zrun").string();
-  o.python_path = std::filesystem::absolute("external/torch/python").string();
-  o.oracle_path = std::filesystem::absolute("tools/deepspeed_oracle.py").string();
-  o.allocator_path = std::filesystem::absolute("executor/libzplan_counting_allocator.so").string();
+  zplan::AccuracyOptions o = zplan::RunfilesAccuracyOptions(absl::GetFlag(FLAGS_work_dir));
   const std::string matrix_name = absl::GetFlag(FLAGS_matrix);
   if (matrix_name != "zrun" && matrix_name != "deepspeed") {
     std::cerr << "accuracy: --matrix must be zrun or deepspeed, not " << matrix_name << "\n";
@@ -42,7 +37,6 @@ int main(int argc, char** argv) {
     if (c.name.find(absl::GetFlag(FLAGS_only)) != std::string::npos) matrix.push_back(std::move(c));
   }
   o.steps = absl::GetFlag(FLAGS_steps);
-  o.work_dir = absl::GetFlag(FLAGS_work_dir);
   if (o.work_dir.empty()) {
     char pattern[] = "/tmp/zplan-accuracy-XXXXXX";
     if (mkdtemp(pattern) == nullptr) return 1;
