@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "planner/proto_io.h"
@@ -141,8 +142,28 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
   if (clip) opt->set_gradient_clipping(*clip);
   ZPLAN_ASSIGN_OR_RETURN(const JsonValue* optimizer, r.Object(root, "optimizer", "optimizer"));
   if (optimizer != nullptr) {
+    // DeepSpeed builds Adam and AdamW itself (runtime/engine.py,
+    // _configure_basic_optimizer); other optimizers keep other states.
+    const JsonValue* type = optimizer->Find("type");
+    if (type != nullptr && !Reader::IsAuto(type) &&
+        !(type->is_string() && (absl::AsciiStrToLower(type->text()) == "adam" ||
+                                absl::AsciiStrToLower(type->text()) == "adamw"))) {
+      return r.Error(*type, "optimizer.type",
+                     "zplan models Adam and AdamW (fp32 m and v per parameter); remove the optimizer block or use "
+                     "\"AdamW\"");
+    }
     ZPLAN_ASSIGN_OR_RETURN(const JsonValue* params, r.Object(*optimizer, "params", "optimizer.params"));
     if (params != nullptr) {
+      ZPLAN_ASSIGN_OR_RETURN(auto torch_adam, r.Bool(*params, "torch_adam", "optimizer.params.torch_adam"));
+      ZPLAN_ASSIGN_OR_RETURN(auto foreach, r.Bool(*params, "foreach", "optimizer.params.foreach"));
+      ZPLAN_ASSIGN_OR_RETURN(auto fused, r.Bool(*params, "fused", "optimizer.params.fused"));
+      if (torch_adam && *torch_adam) {
+        opt->set_implementation(fused && *fused       ? ADAM_IMPL_TORCH_FUSED
+                                : foreach && *foreach ? ADAM_IMPL_TORCH_FOREACH
+                                                      : ADAM_IMPL_TORCH);
+      } else {
+        opt->set_implementation(ADAM_IMPL_DEEPSPEED);
+      }
       ZPLAN_ASSIGN_OR_RETURN(auto lr, r.Number(*params, "lr", "optimizer.params.lr"));
       ZPLAN_ASSIGN_OR_RETURN(auto eps, r.Number(*params, "eps", "optimizer.params.eps"));
       ZPLAN_ASSIGN_OR_RETURN(auto wd, r.Number(*params, "weight_decay", "optimizer.params.weight_decay"));

@@ -72,7 +72,14 @@ Moment BestMoment(const StepSizes& s) {
   // or are temporaries moved into a bucket / added into resident gradients.
   const Slot produced = s.grads_kept_on_production ? kGrads : kTemps;
   auto saved_through = [&](int i) { return (s.checkpointing ? s.block_input : s.block_saved) * (i + 1); };
+  // The stage-1/2 gradient partition from backward part `part` on (a carried
+  // over one is in base), and the IPG buckets once the first gradient exists.
+  const bool carried = s.grad_partition_from == s.kBeforeForward();
+  auto partition_at = [&](int part) {
+    return !carried && s.grad_partition_from >= part ? s.grad_partition : 0;
+  };
   Live base = Resident(s);
+  if (carried) base[kGrads] += s.grad_partition;
   base[kActivations] += s.step_inputs;
   // The eager mask outlives the forward only as a checkpointed block's input.
   if (s.checkpointing) base[kActivations] += s.attention_mask;
@@ -122,6 +129,7 @@ Moment BestMoment(const StepSizes& s) {
     Live l = with_logits(lw);
     l[kTemps] += s.act_grad;
     l[produced] += s.head_grad;
+    if (!s.tied) l[kBuffers] += s.ipg_buckets;  // its hook is the backward's first
     consider(l, "backward, LM head weight gradient");
   }
 
@@ -132,16 +140,25 @@ Moment BestMoment(const StepSizes& s) {
     l[kTemps] += 2 * s.act_grad;
     l[produced] += s.final_norm_grads;
     if (s.grads_kept_on_production || s.tied) l[produced] += s.head_grad;
+    l[kBuffers] += s.ipg_buckets;
+    l[kGrads] += partition_at(s.num_layers);
     consider(l, "backward, final norm");
   }
 
   // 3. Backward through block i: recompute (checkpointing), then gradients.
-  // Everything is linear in i, so the last and first blocks bound the rest.
+  // Everything is linear in i on either side of the block where the gradient
+  // partition appears, so those blocks' ends bound the rest.
   const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
-  for (int i : {last, 0}) {
+  std::vector<int> blocks = {last};
+  for (int i : {s.grad_partition_from + 1, s.grad_partition_from, 0}) {
+    if (i >= 0 && i < blocks.back()) blocks.push_back(i);
+  }
+  for (int i : blocks) {
     Live l = base;
     l[kTemps] += s.act_grad;
     l[kParams] += s.block_gather;
+    l[kBuffers] += s.ipg_buckets;
+    l[kGrads] += partition_at(i);
     if (s.grads_kept_on_production) {
       l[kGrads] += grads_before_blocks + s.block_grads * (last - i);
     } else if (s.tied) {
@@ -176,7 +193,6 @@ Moment BestMoment(const StepSizes& s) {
       attention[kTemps] += s.block_max_attn_grad;
     }
     consider(attention, "backward, layer %d, attention gradients", i);
-    if (s.num_layers == 1) break;
   }
 
   // 4. Embedding backward: the embedding's gradient contribution.
@@ -185,6 +201,8 @@ Moment BestMoment(const StepSizes& s) {
     if (s.checkpointing) l[kActivations] -= s.attention_mask;
     l[kTemps] += s.act_grad;
     l[kParams] += s.embed_gather;
+    l[kBuffers] += s.ipg_buckets;
+    l[kGrads] += partition_at(-1);
     if (s.grads_kept_on_production) {
       l[kGrads] += grads_before_blocks + s.block_grads * s.num_layers;
     } else if (s.tied) {
@@ -198,13 +216,67 @@ Moment BestMoment(const StepSizes& s) {
   // 5. After backward: every gradient, the reduce bucket, then the step.
   Live after = Resident(s);
   if (s.grads_kept_on_production) after[kGrads] += s.shards.total_elements * (s.mixed ? 2 : 4);
+  if (s.stage == 1 || s.stage == 2) {
+    // The epilogue reduces what is left (stage 1: everything) into the
+    // partition while the gradients and buckets still exist; the step then
+    // works on the partition alone.
+    Live epilogue = after;
+    epilogue[kBuffers] += s.ipg_buckets;
+    epilogue[kGrads] += s.grad_partition;
+    consider(epilogue, "backward epilogue, gradient partition");
+    Live step = Resident(s);
+    step[kGrads] += s.grad_partition - s.grads_resident;
+    Live norm = step;
+    norm[kTemps] += s.step_norm_copy;
+    consider(norm, "optimizer step, fp64 gradient copies for the norm");
+    Live flat = step;
+    flat[kTemps] += s.step_flat_grads + s.step_fp32_grads;
+    consider(flat, "optimizer step, flattened fp32 gradients");
+    Live adam = step;
+    adam[kGrads] -= s.grad_partition;
+    adam[kTemps] += s.step_fp32_grads + s.step_optimizer_temps;
+    consider(adam, "optimizer step, Adam temporaries");
+    return best;
+  }
   Live reduce = after;
   reduce[kTemps] += s.reduce_temp;
   consider(reduce, "gradient reduction bucket");
   Live step = after;
-  step[kTemps] += s.step_upcast;
+  step[kTemps] += s.step_upcast + s.step_optimizer_temps;
   consider(step, "optimizer step, fp32 gradient upcast");
   return best;
+}
+
+// Fp32 temporaries per stepped element an Adam implementation allocates:
+// torch.optim.AdamW's for-loop (_single_tensor_adamw: sqrt, then the
+// division, both alive), its foreach path (_multi_tensor_adamw: one sqrt
+// list, the rest in place), none for the fused kernels and DeepSpeed's
+// FusedAdam / CPU Adam. torch picks foreach by default only when every
+// tensor is on CUDA (optim/optimizer.py, _default_to_fused_or_foreach).
+int64_t AdamTemporariesPerElement(AdamImplementation impl, bool cpu_tensors) {
+  switch (impl) {
+    case ADAM_IMPL_TORCH: return cpu_tensors ? 2 : 1;
+    case ADAM_IMPL_TORCH_FOREACH: return 1;
+    default: return 0;
+  }
+}
+
+// The backward part (StepSizes::grad_partition_from) of the first stage-2
+// bucket reduction (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads):
+// a gradient that would overflow a non-empty bucket reduces it first, one
+// larger than the bucket fills it alone. Gradient hooks fire in reverse
+// parameter order (a tied embedding's last, after its second use).
+int FirstReductionPart(const std::vector<TensorSpec>& params, int num_layers, int64_t bucket_elements) {
+  int64_t fill = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    const int64_t numel = NumElements(*it);
+    if (fill > 0 && fill + numel > bucket_elements) {
+      if (it->layer() >= 0) return it->layer();
+      return it->name().rfind("embed", 0) == 0 ? -1 : num_layers;
+    }
+    fill += numel;
+  }
+  return StepSizes::kAtEpilogue;
 }
 
 int64_t AllocatorBand(const StepSizes& s, int64_t tensor_bytes) {
@@ -263,10 +335,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.params_resident = sh.stage3_persistent_elements * w;
     if (!s.offload_param) s.params_resident += sh.stage3_grad_shard_elements * w;
   }
-  // Gradients.
-  if (s.stage >= 2) {
+  // Gradients: the stage-3 partition; per-parameter accumulation at stages
+  // 0/1 (stage 2's partition is grad_partition, below).
+  if (s.stage == 3) {
     s.grads_resident = s.offload_optimizer ? 0 : owned * w;
-  } else if (s.grad_accum > 1) {
+  } else if (s.stage <= 1 && s.grad_accum > 1) {
     s.grads_resident = total * w;  // accumulated across micro-steps
   }
   // Master and Adam states.
@@ -274,11 +347,20 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.master_resident = KeepsFp32Master(s.stage, s.mixed, false) ? owned * kMasterBytesPerParam : 0;
     s.optimizer_resident = owned * kAdamStateBytesPerParam;
   }
-  // DeepSpeed's contiguous-gradients IPG buckets (stage_1_and_2.py / stage3.py).
-  if (s.stage >= 2 && zero.contiguous_gradients()) {
+  // DeepSpeed's contiguous-gradients reduce buckets: made per backward at
+  // stages 1/2 (stage_1_and_2.py, setup_buckets), at initialize at stage 3
+  // (stage3.py); a second one with overlap_comm.
+  if (s.stage >= 1 && zero.contiguous_gradients()) {
     const int64_t buckets = zero.overlap_comm() ? 2 : 1;
-    s.buckets_resident = zero.reduce_bucket_elements() * w * buckets;
+    (s.stage == 3 ? s.buckets_resident : s.ipg_buckets) = zero.reduce_bucket_elements() * w * buckets;
     s.buckets_touched = std::min(zero.reduce_bucket_elements(), total) * w * buckets;
+  }
+  if ((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) {
+    s.grad_partition = sh.flat_partition_params_elements * w;
+    if (s.stage == 2) {
+      s.grad_partition_from = s.grad_accum > 1 ? s.kBeforeForward()
+                                               : FirstReductionPart(params, s.num_layers, zero.reduce_bucket_elements());
+    }
   }
 
   // Blocks.
@@ -344,13 +426,24 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.pos_grad = model.max_position_embeddings() * h * w;
   }
 
-  // Stage 0/1 reduce gradients after backward through one flat bucket.
-  if (s.stage <= 1) s.reduce_temp = std::min(zero.reduce_bucket_elements(), total) * w;
-  // The optimizer takes this rank's gradients as contiguous fp32 one
-  // sub-group at a time: an upcast (mixed precision), or at stages 0/1 a
-  // gather from the per-parameter gradients (fp32 too).
-  if (!s.offload_optimizer && (s.mixed || s.stage <= 1)) {
-    s.step_upcast = std::min(zero.sub_group_elements(), owned) * 4;
+  // Stage 0 reduces gradients after backward through one flat bucket.
+  if (s.stage == 0) s.reduce_temp = std::min(zero.reduce_bucket_elements(), total) * w;
+  const int64_t adam_temps = AdamTemporariesPerElement(config.optimizer().implementation(), s.cpu_ranks);
+  if (s.offload_optimizer) {
+    // Nothing on the device: CPU Adam steps the host partition.
+  } else if (s.stage == 1 || s.stage == 2) {
+    const int64_t shard = sh.flat_shard_elements;
+    s.step_norm_copy = sh.flat_partition_max_piece_elements * 8;  // get_norm_dtype(): fp64
+    s.step_flat_grads = s.mixed ? shard * w : 0;                   // fp32: the flat copy is the fp32 one
+    s.step_fp32_grads = shard * 4;
+    s.step_optimizer_temps = adam_temps * shard * 4;
+  } else {
+    // Stages 0/3 take this rank's gradients as contiguous fp32 one sub-group
+    // at a time: an upcast (mixed precision), or at stage 0 a gather from
+    // the per-parameter gradients (fp32 too).
+    const int64_t sub_group = std::min(zero.sub_group_elements(), owned);
+    if (s.mixed || s.stage == 0) s.step_upcast = sub_group * 4;
+    if (s.stage == 3) s.step_optimizer_temps = adam_temps * sub_group * 4;
   }
 
   if (!s.cpu_ranks) {

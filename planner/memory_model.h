@@ -77,10 +77,25 @@ struct StepSizes {
   int64_t grads_resident = 0;        // stage-2/3 shard; stage-0/1 full with accumulation
   int64_t master_resident = 0;
   int64_t optimizer_resident = 0;
-  int64_t buckets_resident = 0;      // stage-2/3 reduce buckets
-  // Of those, the bytes ever written: a bucket larger than the model's
-  // gradients is never filled, and unwritten pages take no host RAM.
+  int64_t buckets_resident = 0;      // stage-3 reduce buckets
+  // Of the reduce buckets (resident or IPG), the bytes ever written: a
+  // bucket larger than the model's gradients is never filled, and unwritten
+  // pages take no host RAM.
   int64_t buckets_touched = 0;
+
+  // Stages 1/2 (DeepSpeed stage_1_and_2.py). The IPG reduce buckets exist
+  // from the first gradient hook of a backward (setup_buckets) to its end
+  // (_release_ipg_buffers). The gradient partition (copy_grads_in_partition)
+  // appears at the first bucket reduction -- in backward part
+  // grad_partition_from: num_layers the final norm, a block index, -1 the
+  // embedding, kAtEpilogue after backward (always at stage 1), or
+  // kBeforeForward when accumulation carries it over -- and lives into the
+  // step until its flattened fp32 copy exists (_release_preflattened_grad_buffers).
+  static constexpr int kAtEpilogue = -2;
+  int64_t ipg_buckets = 0;
+  int64_t grad_partition = 0;
+  int grad_partition_from = kAtEpilogue;
+  int kBeforeForward() const { return num_layers + 1; }
 
   // Per block.
   int64_t block_saved = 0;           // tensors saved for backward, no checkpointing
@@ -113,8 +128,17 @@ struct StepSizes {
   int64_t logits_fp32 = 0;           // b·s·V·4
 
   // After backward and in the step.
-  int64_t reduce_temp = 0;           // stage 0/1 reduce bucket
-  int64_t step_upcast = 0;           // fp32 gradient upcast per sub-group
+  int64_t reduce_temp = 0;           // stage 0 reduce bucket
+  int64_t step_upcast = 0;           // stages 0/3: fp32 gradient upcast per sub-group
+  // Stages 1/2 (stage_1_and_2.py, step): each gradient piece of the
+  // partition copied to fp64 for the norm (get_grad_norm_direct), the
+  // partition flattened in the working dtype and upcast to fp32.
+  int64_t step_norm_copy = 0;
+  int64_t step_flat_grads = 0;       // the working-dtype flat copy (mixed precision)
+  int64_t step_fp32_grads = 0;
+  // What the Adam implementation allocates beside the stepped fp32 tensor
+  // (the flat partition, or one stage-3 sub-group).
+  int64_t step_optimizer_temps = 0;
 
   // Runtime and allocator (device), from the catalog.
   int64_t runtime = 0;

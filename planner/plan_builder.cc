@@ -96,7 +96,7 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
     offloaded.clear_pinned_bytes();
     AddBreakdown(offloaded, &device);
     host_rank = device;
-    host_rank.set_buffers_bytes(s.buckets_touched);  // resident pages only
+    host_rank.set_buffers_bytes(std::min(host_rank.buffers_bytes(), s.buckets_touched));  // written pages only
     host_rank.set_runtime_bytes(s.host_process);
     host_rank.set_peak_bytes(LiveTensorBytes(host_rank) + s.host_process);
   }

@@ -44,6 +44,7 @@ RunConfig ResolveRunConfig(RunConfig config) {
   if (opt->beta2() == 0) opt->set_beta2(0.999);
   if (opt->eps() == 0) opt->set_eps(1e-8);
   if (opt->weight_decay() == 0) opt->set_weight_decay(0.01);
+  if (opt->implementation() == ADAM_IMPL_UNSPECIFIED) opt->set_implementation(ADAM_IMPL_DEEPSPEED);
   if (config.train_steps() == 0) config.set_train_steps(4);
   return config;
 }

@@ -1,5 +1,7 @@
 #include "planner/sharding.h"
 
+#include <algorithm>
+
 #include "planner/inventory.h"
 #include "planner/units.h"
 
@@ -25,6 +27,21 @@ ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_
   }
   layout.flat_shard_elements = FlatShardElements(layout.total_elements, world);
   layout.flat_padded_elements = layout.flat_shard_elements * world;
+  // Parameters in flat order against the shard boundaries.
+  const int64_t shard = layout.flat_shard_elements;
+  std::vector<int64_t> touching(world, 0);
+  int64_t offset = 0;
+  for (const TensorSpec& tensor : parameters) {
+    const int64_t begin = offset, end = offset + NumElements(tensor);
+    offset = end;
+    if (begin == end) continue;
+    for (int64_t rank = begin / shard; rank < world && rank * shard < end; ++rank) {
+      touching[rank] += end - begin;
+      const int64_t piece = std::min(end, (rank + 1) * shard) - std::max(begin, rank * shard);
+      layout.flat_partition_max_piece_elements = std::max(layout.flat_partition_max_piece_elements, piece);
+    }
+  }
+  layout.flat_partition_params_elements = *std::max_element(touching.begin(), touching.end());
   return layout;
 }
 

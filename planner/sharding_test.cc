@@ -39,5 +39,23 @@ TEST(ShardingTest, PersistenceThresholdKeepsSmallParametersWhole) {
   EXPECT_LT(some.stage3_persistent_elements, 1'000'000);
 }
 
+TEST(ShardingTest, PartitionHoldsEveryParameterThatTouchesTheShardWhole) {
+  // Parameters of 6, 10 and 4 elements over 2 ranks: shards [0, 10), [10, 20).
+  auto param = [](int64_t n) {
+    TensorSpec t;
+    t.add_shape(n);
+    t.set_dtype(DTYPE_BF16);
+    return t;
+  };
+  const ShardLayout layout = ComputeShardLayout({param(6), param(10), param(4)}, 2, 0);
+  EXPECT_EQ(layout.flat_shard_elements, 10);
+  // Rank 0 touches 6 and 10 (16 elements); rank 1 touches 10 and 4 (14).
+  EXPECT_EQ(layout.flat_partition_params_elements, 16);
+  EXPECT_EQ(layout.flat_partition_max_piece_elements, 6);
+  const ShardLayout one = ComputeShardLayout({param(6), param(10), param(4)}, 1, 0);
+  EXPECT_EQ(one.flat_partition_params_elements, 20);
+  EXPECT_EQ(one.flat_partition_max_piece_elements, 10);
+}
+
 }  // namespace
 }  // namespace zplan

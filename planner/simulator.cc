@@ -106,6 +106,17 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   r.Alloc(COMPONENT_MASTER_PARAMS, s.master_resident, PHASE_INIT, -1, "fp32 master parameters");
   r.Alloc(COMPONENT_OPTIMIZER_STATES, s.optimizer_resident, PHASE_INIT, -1, "Adam m and v");
   r.Alloc(COMPONENT_BUFFERS, s.buckets_resident, PHASE_INIT, -1, "reduce buckets");
+  // The stage-1/2 gradient partition and IPG buckets (memory_model.h).
+  const bool zero12 = s.stage == 1 || s.stage == 2;
+  int partition = -1, ipg = -1;
+  auto partition_from = [&](int part, Phase phase) {
+    if (s.grad_partition_from == part) {
+      partition = r.Alloc(COMPONENT_GRADS, s.grad_partition, phase, part,
+                          part == StepSizes::kAtEpilogue ? "backward epilogue, gradient partition"
+                                                         : "gradient partition");
+    }
+  };
+  partition_from(s.kBeforeForward(), PHASE_FORWARD);
 
   // Forward.
   const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.step_inputs, PHASE_FORWARD, -1, "token ids, targets, RoPE tables");
@@ -161,6 +172,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     }
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
     head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    if (!s.tied) ipg = r.Alloc(COMPONENT_BUFFERS, s.ipg_buckets, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
     if (kept) kept_grads.push_back(head_grad);
     if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
     r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient freed");
@@ -170,8 +182,10 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   }
 
   // Final norm backward.
+  partition_from(s.num_layers, PHASE_BACKWARD);
   const int act_grad_in = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm input");
   const int norm_grads = r.Alloc(produced, s.final_norm_grads, PHASE_BACKWARD, -1, "backward, final norm");
+  if (ipg < 0) ipg = r.Alloc(COMPONENT_BUFFERS, s.ipg_buckets, PHASE_BACKWARD, -1, "backward, final norm");
   if (kept) kept_grads.push_back(norm_grads);
   if (!kept) r.Free(norm_grads, PHASE_BACKWARD, -1, "final norm gradients into reduce bucket");
   r.Free(act_grad, PHASE_BACKWARD, -1, "gradient of final norm output freed");
@@ -180,6 +194,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Blocks, last to first.
   for (int i = last; i >= 0; --i) {
     const std::string layer = absl::StrCat("backward, layer ", i);
+    partition_from(i, PHASE_BACKWARD);
     const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_BACKWARD, i, layer + ", parameters gathered");
     int recomputed_attn = -1, recomputed_mlp = -1;
     if (s.checkpointing) {
@@ -220,6 +235,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
 
   // Embedding backward.
+  partition_from(-1, PHASE_BACKWARD);
   if (s.has_vocab) {
     const int gather = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "embedding gathered");
     const int contribution =
@@ -240,13 +256,38 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   r.Free(act_grad_in, PHASE_BACKWARD, -1, "block input gradient freed");
   r.Free(ids, PHASE_BACKWARD, -1, "token ids freed");
 
-  // Reduction (stages 0/1) and the optimizer step.
+  if (zero12) {
+    // The epilogue, then the step on the partition (memory_model.h).
+    partition_from(StepSizes::kAtEpilogue, PHASE_BACKWARD);
+    for (int g : kept_grads) r.Free(g, PHASE_BACKWARD, -1, "gradients released into the partition");
+    r.Free(grads_resident, PHASE_BACKWARD, -1, "accumulated gradients released into the partition");
+    r.Free(ipg, PHASE_BACKWARD, -1, "IPG reduce buckets released");
+    const int norm = r.Alloc(COMPONENT_TEMPORARIES, s.step_norm_copy, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, fp64 gradient copies for the norm");
+    r.Free(norm, PHASE_OPTIMIZER_STEP, -1, "fp64 copy freed");
+    const int flat = r.Alloc(COMPONENT_TEMPORARIES, s.step_flat_grads, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, flattened gradients");
+    const int fp32 = r.Alloc(COMPONENT_TEMPORARIES, s.step_fp32_grads, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, flattened fp32 gradients");
+    r.Free(flat, PHASE_OPTIMIZER_STEP, -1, "flattened gradients freed");
+    if (partition >= 0) r.Free(partition, PHASE_OPTIMIZER_STEP, -1, "gradient partition released");
+    const int adam = r.Alloc(COMPONENT_TEMPORARIES, s.step_optimizer_temps, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, Adam temporaries");
+    r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
+    r.Free(fp32, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
+    return r.Finish(s);
+  }
+
+  // Reduction (stage 0) and the optimizer step.
   const int bucket = r.Alloc(COMPONENT_TEMPORARIES, s.reduce_temp, PHASE_BACKWARD, -1, "gradient reduction bucket");
   r.Free(bucket, PHASE_BACKWARD, -1, "reduction bucket freed");
   const int upcast = r.Alloc(COMPONENT_TEMPORARIES, s.step_upcast, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp32 gradient upcast");
+  const int adam = r.Alloc(COMPONENT_TEMPORARIES, s.step_optimizer_temps, PHASE_OPTIMIZER_STEP, -1,
+                           "optimizer step, fp32 gradient upcast");
+  r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
   r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
-  if (s.stage <= 1) {
+  if (s.stage == 0) {
     r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
     for (int g : kept_grads) r.Free(g, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
   }

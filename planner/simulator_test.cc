@@ -68,6 +68,12 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
     config.set_gradient_accumulation_steps(c.grad_accum);
     config.set_micro_batch_size(c.micro_batch);
     config.set_seq_length(c.seq);
+    if (c.seq == 128) {
+      // Buckets that fill mid-backward (the stage-2 partition appears inside
+      // a block) and an Adam with temporaries.
+      config.mutable_zero()->set_reduce_bucket_elements(3'000'000);
+      config.mutable_optimizer()->set_implementation(ADAM_IMPL_TORCH);
+    }
     config = ResolveRunConfig(config);
     auto gpu = FindGpu(config.cluster().gpu());
     auto sizes = ComputeStepSizes(*model, config, *gpu);
@@ -90,7 +96,7 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
     EXPECT_EQ(sim.peak_event(), closed.peak_event());
     // Every allocation is released by the end of the step except the resident state.
     EXPECT_EQ(step.events.back().live_bytes(),
-              sizes->params_resident + (c.stage >= 2 ? sizes->grads_resident : 0) +
+              sizes->params_resident + (c.stage == 3 ? sizes->grads_resident : 0) +
                   sizes->master_resident + sizes->optimizer_resident + sizes->buckets_resident);
     ++checked;
   }
