@@ -153,17 +153,23 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     e->owned_numel_ = offset;
   }
 
-  // Gradient hooks: stages 2/3 reduce into buckets, stages 0/1 keep .grad.
-  // AccumulateGrad records its parameter's shape when created, so create
-  // them while every parameter is still whole.
+  // Gradient hooks: stages 1-3 see each gradient as it is produced (stage 1
+  // keeps it until the epilogue), stage 0 keeps .grad. AccumulateGrad
+  // records its parameter's shape when created, so create them while every
+  // parameter is still whole.
   for (size_t i = 0; i < e->slots_.size(); ++i) {
     std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(e->slots_[i].param);
-    if (e->stage_ >= 2) {
+    if (e->stage_ >= 1) {
       acc->add_post_hook(std::make_unique<GradReadyHook>(e.get(), i));
     } else {
       acc->add_post_hook(std::make_unique<GradKeptHook>(e->slots_[i].param));
     }
     e->accumulators_.push_back(std::move(acc));  // the graph holds accumulators weakly
+  }
+  // Stages 1/2: this rank's gradient partition holds every parameter that
+  // touches its shard whole (sharding.h).
+  for (const Slot& slot : e->slots_) {
+    if (e->stage_ < 3 && slot.own_hi > slot.own_lo) e->partition_numel_ += slot.numel;
   }
 
   at::NoGradGuard no_grad;
@@ -222,15 +228,11 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   e->step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(state_device));
   if (e->offload_) e->host_grads_ = fp32_state(COMPONENT_GRADS);
 
-  if (e->stage_ >= 2) {
+  if (e->stage_ == 3) {
     tag.emplace(COMPONENT_GRADS);
     if (!e->offload_) e->grad_shard_ = at::zeros({e->owned_numel_}, options);
     tag.emplace(COMPONENT_BUFFERS);
-    if (zero.contiguous_gradients()) {
-      for (int i = 0; i < (zero.overlap_comm() ? 2 : 1); ++i) {
-        e->buckets_.push_back(at::empty({zero.reduce_bucket_elements()}, options));
-      }
-    }
+    e->AllocateBuckets();
   }
   if (e->stage_ == 3) {
     ZeroEngine* engine = e.get();
@@ -307,6 +309,15 @@ absl::Status ZeroEngine::GatherWithPrefetch(int part, int next) {
   return absl::OkStatus();
 }
 
+void ZeroEngine::AllocateBuckets() {
+  const ZeroConfig& zero = config_.zero();
+  if (!buckets_.empty() || !zero.contiguous_gradients()) return;
+  ScopedMemoryTag tag(COMPONENT_BUFFERS);
+  for (int i = 0; i < (zero.overlap_comm() ? 2 : 1); ++i) {
+    buckets_.push_back(at::empty({zero.reduce_bucket_elements()}, at::TensorOptions().dtype(dtype_).device(device_)));
+  }
+}
+
 void ZeroEngine::AccumulateOwned(const Slot& slot, const at::Tensor& full_grad) {
   const int64_t len = slot.own_hi - slot.own_lo;
   if (len <= 0) return;
@@ -314,9 +325,20 @@ void ZeroEngine::AccumulateOwned(const Slot& slot, const at::Tensor& full_grad) 
   const double scale = 1.0 / comm_->world_size();
   if (offload_) {
     host_grads_.narrow(0, slot.own_dst, len).add_(part.to(at::kCPU, at::kFloat), scale);
-  } else {
-    grad_shard_.narrow(0, slot.own_dst, len).add_(part, scale);
+    return;
   }
+  EnsureGradPartition();
+  grad_shard_.narrow(0, slot.own_dst, len).add_(part, scale);
+}
+
+void ZeroEngine::EnsureGradPartition() {
+  if (grad_shard_.defined()) return;
+  // Stages 1/2: the partition appears at the first reduction that reaches
+  // this rank's shard (stage_1_and_2.py, copy_grads_in_partition), or the
+  // stage-1 epilogue; the owned elements are its first owned_numel_.
+  ScopedMemoryTag tag(COMPONENT_GRADS);
+  grad_shard_ =
+      at::zeros({partition_numel_}, at::TensorOptions().dtype(dtype_).device(device_)).narrow(0, 0, owned_numel_);
 }
 
 absl::Status ZeroEngine::ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill) {
@@ -339,6 +361,17 @@ absl::Status ZeroEngine::FlushBucket() {
 }
 
 void ZeroEngine::OnGradReady(size_t index) {
+  if (stage_ < 3) AllocateBuckets();  // stages 1/2: at the backward's first gradient (setup_buckets)
+  if (stage_ == 1) {
+    // Kept (accumulated) as .grad until the epilogue reduces it.
+    const at::Tensor& grad = slots_[index].param.grad();
+    if (grad.defined()) TagAllocation(grad.storage().data(), COMPONENT_GRADS);
+    return;
+  }
+  ReduceThroughBucket(index);
+}
+
+void ZeroEngine::ReduceThroughBucket(size_t index) {
   Slot& slot = slots_[index];
   at::Tensor grad = slot.param.grad();
   if (!grad.defined() || !hook_status_.ok()) return;
@@ -365,9 +398,21 @@ void ZeroEngine::OnGradReady(size_t index) {
 absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
   ZPLAN_RETURN_IF_ERROR(hook_status_);
   if (stage_ == 3) Release(-1);  // the embedding, gathered for its backward
-  if (stage_ >= 2) return FlushBucket();
+  if (stage_ == 3) return FlushBucket();
+  if (stage_ == 1 && last_micro_step && !offload_) {
+    // The epilogue: the partition first, then every kept gradient through
+    // the buckets, in backward order.
+    EnsureGradPartition();
+    for (size_t i = slots_.size(); i-- > 0;) ReduceThroughBucket(i);
+  }
+  if (stage_ >= 1) {
+    absl::Status status = FlushBucket();
+    buckets_.clear();  // _release_ipg_buffers
+    current_bucket_ = 0;
+    if (stage_ == 2 || !status.ok() || !offload_) return status;
+  }
   if (!last_micro_step) return absl::OkStatus();
-  // Stages 0/1: all-reduce every gradient through one flat bucket, in order.
+  // Stage 0 (and stage 1 with offload): all-reduce every gradient through one flat bucket, in order.
   at::NoGradGuard no_grad;
   const int64_t total = flat_params_.numel();
   const int64_t capacity = std::min(config_.zero().reduce_bucket_elements(), total);
@@ -404,12 +449,43 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
   return absl::OkStatus();
 }
 
+void ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
+                             double lr) {
+  const OptimizerConfig& opt = config_.optimizer();
+  const AdamImplementation impl = opt.implementation();
+  // torch.optim.AdamW's for-loop (CPU tensors by default) and foreach
+  // paths, with the temporaries they allocate; otherwise fused, in place
+  // (as DeepSpeed's FusedAdam and CPU Adam). planner/memory_model.cc,
+  // AdamTemporariesPerElement, counts the same.
+  if (offload_ || (impl != ADAM_IMPL_TORCH && impl != ADAM_IMPL_TORCH_FOREACH)) {
+    at::_fused_adamw_({weights}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step_count_}, lr, opt.beta1(), opt.beta2(),
+                      opt.weight_decay(), opt.eps(), /*amsgrad=*/false, /*maximize=*/false);
+    return;
+  }
+  const double step = step_count_.item<double>();
+  weights.mul_(1 - lr * opt.weight_decay());
+  exp_avg.lerp_(grad, 1 - opt.beta1());
+  exp_avg_sq.mul_(opt.beta2()).addcmul_(grad, grad, 1 - opt.beta2());
+  const double bias_correction1 = 1 - std::pow(opt.beta1(), step);
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(opt.beta2(), step));
+  at::Tensor denom;
+  if (impl == ADAM_IMPL_TORCH && device_.is_cpu()) {
+    // _single_tensor_adamw: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(opt.eps());
+  } else {
+    // _multi_tensor_adamw: one sqrt, then in place.
+    denom = exp_avg_sq.sqrt();
+    denom.div_(bias_correction2_sqrt).add_(opt.eps());
+  }
+  weights.addcdiv_(exp_avg, denom, -lr / bias_correction1);
+}
+
 at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   const int64_t len = end - begin;
-  if (stage_ >= 2) {
+  if (ReducedInBackward()) {
     return offload_ ? host_grads_.narrow(0, begin, len) : grad_shard_.narrow(0, begin, len).to(at::kFloat);
   }
-  // Stages 0/1: gather the owned range from the per-parameter gradients,
+  // Stage 0 (and 1 with offload): gather the owned range from the per-parameter gradients,
   // into the host fp32 gradient buffer with offload, else a temporary.
   at::Tensor out = offload_ ? host_grads_.narrow(0, begin, len).zero_()
                             : at::zeros({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
@@ -434,7 +510,17 @@ at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
       total += at::linalg_vector_norm(part, 2, std::nullopt, false, at::kFloat).pow(2).reshape({1}).to(device_);
     }
   };
-  if (stage_ >= 2) {
+  if ((stage_ == 1 || stage_ == 2) && !offload_) {
+    // Each parameter's piece of the partition copied to fp64
+    // (stage_1_and_2.py, get_grad_norm_direct; get_norm_dtype()).
+    for (const Slot& slot : slots_) {
+      if (slot.own_hi <= slot.own_lo || !grad_shard_.defined()) continue;
+      const at::Tensor piece = grad_shard_.narrow(0, slot.own_dst, slot.own_hi - slot.own_lo);
+      total += at::linalg_vector_norm(piece.to(at::kDouble), 2).pow(2).to(at::kFloat).reshape({1});
+    }
+    return total;
+  }
+  if (ReducedInBackward()) {
     add_squares(offload_ ? host_grads_ : grad_shard_);
     return total;
   }
@@ -482,17 +568,31 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
     // The working copy of the owned elements: a slice of the flat parameters
     // (stages 0-2) or the stage-3 shard buffer.
     at::Tensor working = stage_ < 3 ? flat_params_.narrow(0, owned_begin_, owned_numel_) : flat_shards_;
-    for (int64_t c = 0; c < owned_numel_; c += chunk) {
-      const int64_t len = std::min(chunk, owned_numel_ - c);
-      at::Tensor grad = OwnedGradFp32(c, c + len);
+    // Stages 1/2 step the whole partition (stage_1_and_2.py, step); the
+    // others one sub_group_size chunk at a time.
+    const bool flat_partition = (stage_ == 1 || stage_ == 2) && !offload_;
+    const int64_t step_chunk = flat_partition ? owned_numel_ : chunk;
+    for (int64_t c = 0; c < owned_numel_; c += step_chunk) {
+      const int64_t len = std::min(step_chunk, owned_numel_ - c);
+      at::Tensor grad;
+      if (flat_partition) {
+        // The partition flattened in the working dtype, upcast to fp32 (in
+        // fp32 training the flat copy is the fp32 one), then released
+        // (_get_preflattened_grad_partition, _release_preflattened_grad_buffers).
+        {
+          const at::Tensor flat = grad_shard_.clone();
+          grad = flat.to(at::kFloat);
+        }
+        grad_shard_ = at::Tensor();
+      } else {
+        grad = OwnedGradFp32(c, c + len);
+      }
       if (grad.device() != state_device) grad = grad.to(state_device);
       // In place: the gradients are consumed by this step (zeroed or
       // released after it), and a scaled copy would be one more chunk.
       if (multiplier != 1.0) grad.mul_(multiplier);
       at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : working.narrow(0, c, len);
-      at::_fused_adamw_({weights}, {grad}, {exp_avg_.narrow(0, c, len)}, {exp_avg_sq_.narrow(0, c, len)}, {},
-                        {step_count_}, learning_rate, opt.beta1(), opt.beta2(), opt.weight_decay(), opt.eps(),
-                        /*amsgrad=*/false, /*maximize=*/false);
+      AdamWUpdate(weights, grad, exp_avg_.narrow(0, c, len), exp_avg_sq_.narrow(0, c, len), learning_rate);
       if (master_.defined()) working.narrow(0, c, len).copy_(weights);
     }
     if (fp16_ && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;
@@ -503,8 +603,10 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   } else if (stage_ == 3) {
     ZPLAN_RETURN_IF_ERROR(RefreshPersistent());
   }
-  // Gradients: per-parameter ones are released; shards are zeroed.
+  // Gradients: per-parameter ones and the stage-1/2 partition are
+  // released; the other shards are zeroed.
   for (Slot& slot : slots_) slot.param.mutable_grad() = at::Tensor();
+  if (stage_ == 1 || stage_ == 2) grad_shard_ = at::Tensor();
   if (grad_shard_.defined()) grad_shard_.zero_();
   if (host_grads_.defined()) host_grads_.zero_();
   return result;

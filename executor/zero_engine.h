@@ -7,16 +7,23 @@
 //            all-reduced after backward through one reduce_bucket_size bucket;
 //            fp32 master and Adam states for every element.
 //   stage 1  as stage 0, but master and Adam states only for this rank's
-//            shard of the flat buffer (sharding.h's padding rule); updated
-//            shards are all-gathered back into the flat parameters.
-//   stage 2  as stage 1, and gradients leave backward as they are produced:
-//            each is copied into a persistent reduce bucket (two with
-//            overlap_comm), its .grad freed, and full buckets are reduced
-//            into this rank's gradient shard.
+//            shard of the flat buffer (sharding.h's padding rule); gradients
+//            stay .grad through backward, and its end (the epilogue) reduces
+//            them through the IPG buckets into this rank's gradient
+//            partition; updated shards are all-gathered back into the flat
+//            parameters.
+//   stage 2  as stage 1, but gradients leave backward as they are produced:
+//            each is copied into an IPG bucket, its .grad freed, and full
+//            buckets are reduced into the partition, made at the first
+//            reduction. The buckets (two with overlap_comm) exist from a
+//            backward's first gradient to its end. The step (stages 1/2)
+//            takes fp64 copies of each gradient piece for the norm, flattens
+//            the partition and upcasts it to fp32, releases the partition
+//            and steps the whole shard (DeepSpeed stage_1_and_2.py).
 //   offload_optimizer=cpu  master, Adam states and an fp32 gradient shard live
 //            on the host; Adam (at::_fused_adamw_) runs on the CPU and the
 //            updated shard is copied back.
-//   stage 3  as stage 2, and each parameter is partitioned on its own
+//   stage 3  as stage 2 (its buckets made once, in Create), and each parameter is partitioned on its own
 //            (ceil(numel / N) elements per rank, sharding.h) except those of
 //            at most stage3_param_persistence_threshold elements, which stay
 //            whole; a part (embedding, block, head) is all-gathered before its
@@ -27,7 +34,9 @@
 // Mixed precision keeps working-dtype parameters and gradients and fp32
 // master weights; fp16 adds dynamic loss scaling; fp32 updates the
 // parameters directly. Gradients are averaged over ranks and accumulation
-// steps. The optimizer upcasts gradients one sub_group_size chunk at a time.
+// steps. Stages 0/3 upcast gradients one sub_group_size chunk at a time.
+// Adam is the configured implementation's (fused, or torch's for-loop /
+// foreach with their temporaries).
 //
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(&model, comm.get(), config));
@@ -88,7 +97,7 @@ class ZeroEngine {
   // Stage-3 gather/release callbacks for Transformer::Loss (inactive below stage 3).
   const BlockHooks& hooks() const { return hooks_; }
 
-  // Stage-2/3 gradient hooks (public for the hook object; not part of the API).
+  // Gradient hooks of stages 1-3 (public for the hook object; not part of the API).
   void OnGradReady(size_t slot);
 
  private:
@@ -112,6 +121,13 @@ class ZeroEngine {
   };
 
   ZeroEngine() = default;
+  // Stages 1/2: the IPG buckets, made at a backward's first gradient and
+  // released after it (stage 3 keeps them from Create).
+  void AllocateBuckets();
+  void EnsureGradPartition();
+  // Copies a gradient into the current bucket (reducing the bucket first
+  // when it would overflow) and drops the parameter's .grad.
+  void ReduceThroughBucket(size_t slot);
   absl::Status ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill);
   absl::Status FlushBucket();
   // Adds this rank's part of a reduced full gradient of `slot` to the owned
@@ -124,6 +140,11 @@ class ZeroEngine {
   absl::Status RefreshPersistent();
   // Sum of squares of this rank's owned gradient elements, [1] fp32.
   at::Tensor OwnedGradSquaredNorm();
+  // One AdamW update of fp32 `weights` by the configured implementation.
+  void AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq, double lr);
+  // Whether gradients are reduced into grad_shard_ / host_grads_ during
+  // backward (all but stage 0 and stage 1 with optimizer offload).
+  bool ReducedInBackward() const { return stage_ >= 2 || (stage_ == 1 && !offload_); }
   // The fp32 gradient of owned elements [begin, end) (a temporary, or a view).
   at::Tensor OwnedGradFp32(int64_t begin, int64_t end);
 
@@ -143,9 +164,13 @@ class ZeroEngine {
   BlockHooks hooks_;
   int64_t owned_begin_ = 0, owned_numel_ = 0;
   at::Tensor master_, exp_avg_, exp_avg_sq_, step_count_;  // fp32 [owned]
-  at::Tensor grad_shard_;       // stage 2: working dtype [owned] on device, or fp32 on host (offload)
+  // Stages 1-3: this rank's reduced gradients, working dtype [owned] (at
+  // stages 1/2 a view of the partition of partition_numel_ elements, made at
+  // the first reduction and released in Step).
+  at::Tensor grad_shard_;
+  int64_t partition_numel_ = 0;
   at::Tensor host_grads_;       // offload: fp32 [owned] on host
-  std::vector<at::Tensor> buckets_;  // stage 2 IPG buckets
+  std::vector<at::Tensor> buckets_;  // IPG reduce buckets
   size_t current_bucket_ = 0;
   int64_t bucket_fill_ = 0;
   std::vector<Segment> segments_;
