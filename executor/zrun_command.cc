@@ -15,6 +15,7 @@
 #include "executor/device_memory.h"
 #include "executor/trainer.h"
 #include "planner/memory_model.h"
+#include "planner/plan_builder.h"
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
@@ -211,9 +212,9 @@ std::string ErrorPercent(int64_t planned, int64_t measured) {
 void JudgeReport(const Plan& plan, Report* report) {
   const double tolerance = plan.budget().tolerance();
   const int64_t device_budget = plan.budget().device_bytes_per_rank();
-  const MemoryBreakdown& planned = plan.device_per_rank();
   bool passed = true;
   for (const RankReport& rank : report->ranks()) {
+    const MemoryBreakdown& planned = PlannedDevice(plan, rank.rank());
     // Tensor bytes: the planned peak without runtime and allocator band, vs
     // the measured peak allocated (exact on CPU ranks).
     const int64_t predicted = LiveTensorBytes(planned);
@@ -259,17 +260,20 @@ std::string FormatReport(const Plan& plan, const Report& report) {
     absl::StrAppend(&out, absl::StrFormat("%-18s  %12s", planned_components[i].name,
                                           FormatBytes(planned_components[i].bytes)));
     for (int r = 0; r < columns; ++r) {
-      const int64_t measured = TensorComponents(report.ranks(r).measured_device())[i].bytes;
+      const RankReport& rank = report.ranks(r);
+      const int64_t measured = TensorComponents(rank.measured_device())[i].bytes;
       absl::StrAppend(&out, absl::StrFormat("  %12s %9s", FormatBytes(measured),
-                                            ErrorPercent(planned_components[i].bytes, measured)));
+                                            ErrorPercent(TensorComponents(PlannedDevice(plan, rank.rank()))[i].bytes,
+                                                         measured)));
     }
     absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out, absl::StrFormat("%-18s  %12s", "tensors at peak", FormatBytes(LiveTensorBytes(planned))));
   for (int r = 0; r < columns; ++r) {
     const int64_t measured = report.ranks(r).measured_device().peak_bytes();
-    absl::StrAppend(&out, absl::StrFormat("  %12s %9s", FormatBytes(measured),
-                                          ErrorPercent(LiveTensorBytes(planned), measured)));
+    absl::StrAppend(&out, absl::StrFormat(
+                              "  %12s %9s", FormatBytes(measured),
+                              ErrorPercent(LiveTensorBytes(PlannedDevice(plan, report.ranks(r).rank())), measured)));
   }
   absl::StrAppend(&out, "\n\n");
   absl::StrAppend(&out, absl::StrFormat("%-5s  %14s  %14s  %10s  %10s  %6s\n", "rank", "device total", "host VmHWM",

@@ -261,22 +261,40 @@ int64_t AdamTemporariesPerElement(AdamImplementation impl, bool cpu_tensors) {
   }
 }
 
-// The backward part (StepSizes::grad_partition_from) of the first stage-2
-// bucket reduction (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads):
-// a gradient that would overflow a non-empty bucket reduces it first, one
-// larger than the bucket fills it alone. Gradient hooks fire in reverse
-// parameter order (a tied embedding's last, after its second use).
-int FirstReductionPart(const std::vector<TensorSpec>& params, int num_layers, int64_t bucket_elements) {
+// Per rank, the backward part (StepSizes::grad_partition_from) of the first
+// stage-2 bucket reduction that carries one of its parameters
+// (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads: a
+// gradient that would overflow a non-empty bucket reduces it first, one
+// larger than the bucket fills it alone; the epilogue reduces the rest).
+// Gradient hooks fire in reverse parameter order, a tied embedding's last.
+std::vector<int> FirstReductionPartByRank(const std::vector<TensorSpec>& params,
+                                          const std::vector<FlatPartition>& partitions, int num_layers,
+                                          int64_t bucket_elements) {
+  std::vector<int> from(partitions.size(), StepSizes::kAtEpilogue);
+  std::vector<bool> seen(partitions.size(), false);
+  // A reduction of the bucket holding parameters [lo, hi] at part `part`.
+  auto reduce = [&](int lo, int hi, int part) {
+    for (size_t r = 0; r < partitions.size(); ++r) {
+      const FlatPartition& p = partitions[r];
+      if (!seen[r] && p.first_param >= 0 && p.first_param <= hi && p.last_param >= lo) {
+        seen[r] = true;
+        from[r] = part;
+      }
+    }
+  };
   int64_t fill = 0;
-  for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    const int64_t numel = NumElements(*it);
+  int hi = static_cast<int>(params.size()) - 1;
+  for (int i = hi; i >= 0; --i) {
+    const int64_t numel = NumElements(params[i]);
     if (fill > 0 && fill + numel > bucket_elements) {
-      if (it->layer() >= 0) return it->layer();
-      return it->name().rfind("embed", 0) == 0 ? -1 : num_layers;
+      const TensorSpec& t = params[i];
+      reduce(i + 1, hi, t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers);
+      fill = 0;
+      hi = i;
     }
     fill += numel;
   }
-  return StepSizes::kAtEpilogue;
+  return from;  // the rest: at the epilogue
 }
 
 int64_t AllocatorBand(const StepSizes& s, int64_t tensor_bytes) {
@@ -356,10 +374,21 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.buckets_touched = std::min(zero.reduce_bucket_elements(), total) * w * buckets;
   }
   if ((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) {
-    s.grad_partition = sh.flat_partition_params_elements * w;
-    if (s.stage == 2) {
-      s.grad_partition_from = s.grad_accum > 1 ? s.kBeforeForward()
-                                               : FirstReductionPart(params, s.num_layers, zero.reduce_bucket_elements());
+    const std::vector<FlatPartition> partitions = FlatPartitionsByRank(params, s.world_size);
+    std::vector<int> from(partitions.size(), StepSizes::kAtEpilogue);
+    if (s.stage == 2 && s.grad_accum > 1) {
+      from.assign(partitions.size(), s.kBeforeForward());
+    } else if (s.stage == 2) {
+      from = FirstReductionPartByRank(params, partitions, s.num_layers, zero.reduce_bucket_elements());
+    }
+    for (size_t r = 0; r < partitions.size(); ++r) {
+      RankVariant v;
+      v.grad_partition = partitions[r].params_elements * w;
+      v.grad_partition_from = from[r];
+      v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
+      auto it = std::find(sizer.variants_.begin(), sizer.variants_.end(), v);
+      sizer.rank_variant_.push_back(static_cast<int>(it - sizer.variants_.begin()));
+      if (it == sizer.variants_.end()) sizer.variants_.push_back(v);
     }
   }
 
@@ -433,7 +462,6 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // Nothing on the device: CPU Adam steps the host partition.
   } else if (s.stage == 1 || s.stage == 2) {
     const int64_t shard = sh.flat_shard_elements;
-    s.step_norm_copy = sh.flat_partition_max_piece_elements * 8;  // get_norm_dtype(): fp64
     s.step_flat_grads = s.mixed ? shard * w : 0;                   // fp32: the flat copy is the fp32 one
     s.step_fp32_grads = shard * 4;
     s.step_optimizer_temps = adam_temps * shard * 4;
@@ -467,7 +495,38 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   return sizer;
 }
 
+void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
+  s->grad_partition = v.grad_partition;
+  s->grad_partition_from = v.grad_partition_from;
+  s->step_norm_copy = v.step_norm_copy;
+}
+
 StepSizes StepSizer::For(int64_t b, int64_t seq) const {
+  StepSizes s = Shape(b, seq);
+  if (variants_.size() <= 1) {
+    if (!variants_.empty()) Apply(variants_.front(), &s);
+    return s;
+  }
+  StepSizes best = s;
+  int64_t best_peak = -1;
+  for (const RankVariant& v : variants_) {
+    Apply(v, &s);
+    const int64_t peak = ClosedFormPeakBytes(s);
+    if (peak > best_peak) {
+      best_peak = peak;
+      best = s;
+    }
+  }
+  return best;
+}
+
+StepSizes StepSizer::ForRank(int64_t b, int64_t seq, int64_t rank) const {
+  StepSizes s = Shape(b, seq);
+  if (!variants_.empty()) Apply(variants_[rank_variant_.at(rank)], &s);
+  return s;
+}
+
+StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   StepSizes s = base_;
   const ModelSpec& model = model_;
   const DType dtype = static_cast<DType>(working_dtype_);

@@ -91,6 +91,7 @@ struct StepSizes {
   // embedding, kAtEpilogue after backward (always at stage 1), or
   // kBeforeForward when accumulation carries it over -- and lives into the
   // step until its flattened fp32 copy exists (_release_preflattened_grad_buffers).
+  // Both depend on the rank (sharding.h, FlatPartition).
   static constexpr int kAtEpilogue = -2;
   int64_t ipg_buckets = 0;
   int64_t grad_partition = 0;
@@ -164,10 +165,27 @@ class StepSizer {
   static absl::StatusOr<StepSizer> Create(const ModelSpec& model, const RunConfig& config,
                                           const GpuSpec& gpu);
 
+  // The rank whose peak is the largest (the first of equals). Ranks differ
+  // only at stages 1/2, where each has its own gradient partition.
   StepSizes For(int64_t micro_batch, int64_t seq_length) const;
+  StepSizes ForRank(int64_t micro_batch, int64_t seq_length, int64_t rank) const;
 
  private:
+  // What distinguishes one rank from another (stages 1/2).
+  struct RankVariant {
+    int64_t grad_partition = 0;
+    int grad_partition_from = StepSizes::kAtEpilogue;
+    int64_t step_norm_copy = 0;
+    bool operator==(const RankVariant& o) const {
+      return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
+             step_norm_copy == o.step_norm_copy;
+    }
+  };
   StepSizer() = default;
+  StepSizes Shape(int64_t micro_batch, int64_t seq_length) const;
+  void Apply(const RankVariant& variant, StepSizes* sizes) const;
+  std::vector<RankVariant> variants_;  // distinct ones
+  std::vector<int> rank_variant_;      // rank -> index into variants_
   ModelSpec model_;
   StepSizes base_;                   // fields independent of batch and sequence
   int64_t dtype_bytes_ = 2;

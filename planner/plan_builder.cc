@@ -33,6 +33,28 @@ absl::StatusOr<Prepared> Prepare(const ModelSpec& model, const RunConfig& config
   return p;
 }
 
+// One rank's device peak and host memory.
+struct RankMemory {
+  MemoryBreakdown device, host;
+};
+RankMemory RankBreakdowns(const StepSizes& s) {
+  RankMemory m{ClosedFormDevicePeak(s), HostPerRank(s)};
+  if (s.cpu_ranks) {
+    // On CPU ranks "device" is all of the rank's tensors, which is what zrun's
+    // counting allocator measures: "offloaded" states live in the same RAM
+    // and are resident for the whole step. Host = those tensors + the process.
+    MemoryBreakdown offloaded = m.host;
+    offloaded.clear_runtime_bytes();
+    offloaded.clear_pinned_bytes();
+    AddBreakdown(offloaded, &m.device);
+    m.host = m.device;
+    m.host.set_buffers_bytes(std::min(m.host.buffers_bytes(), s.buckets_touched));  // written pages only
+    m.host.set_runtime_bytes(s.host_process);
+    m.host.set_peak_bytes(LiveTensorBytes(m.host) + s.host_process);
+  }
+  return m;
+}
+
 int64_t DeviceBudget(const GpuSpec& gpu, int64_t budget_bytes) {
   return budget_bytes > 0 ? budget_bytes : gpu.capacity_bytes();
 }
@@ -78,40 +100,29 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   plan.set_total_params(s.shards.total_elements);
   plan.set_model_states_bytes_per_rank(ModelStatesBytes(s));
 
-  MemoryBreakdown device = ClosedFormDevicePeak(s);
   const SimulatedStep step = SimulateStep(s, options.record_timeline);
   // The simulator and the closed form are tested to agree; a mismatch here is a planner bug.
-  ZPLAN_CHECK(step.peak.peak_bytes() == device.peak_bytes());
+  ZPLAN_CHECK(step.peak.peak_bytes() == ClosedFormPeakBytes(s));
   if (options.record_timeline) {
     for (const MemoryEvent& e : step.events) *plan.add_timeline() = e;
   }
-
-  MemoryBreakdown host_rank = HostPerRank(s);
-  if (s.cpu_ranks) {
-    // On CPU ranks "device" is all of the rank's tensors, which is what zrun's
-    // counting allocator measures: "offloaded" states live in the same RAM
-    // and are resident for the whole step. Host = those tensors + the process.
-    MemoryBreakdown offloaded = host_rank;
-    offloaded.clear_runtime_bytes();
-    offloaded.clear_pinned_bytes();
-    AddBreakdown(offloaded, &device);
-    host_rank = device;
-    host_rank.set_buffers_bytes(std::min(host_rank.buffers_bytes(), s.buckets_touched));  // written pages only
-    host_rank.set_runtime_bytes(s.host_process);
-    host_rank.set_peak_bytes(LiveTensorBytes(host_rank) + s.host_process);
-  }
+  RankMemory worst = RankBreakdowns(s);
   const int64_t local = s.ranks_per_node;
-  *plan.mutable_device_per_rank() = device;
-  *plan.mutable_host_per_node() = ScaledBreakdown(host_rank, local);
+  *plan.mutable_device_per_rank() = worst.device;
+  *plan.mutable_host_per_node() = ScaledBreakdown(worst.host, local);
   const MemoryBreakdown& host_node = plan.host_per_node();
+  const MemoryBreakdown& device = plan.device_per_rank();
   plan.set_host_init_peak_bytes_per_node((s.host_init_per_rank + s.host_process) * local);
 
+  // Ranks differ where DeepSpeed's gradient partitions do (stages 1/2).
+  ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(p.model, p.config, p.gpu));
   for (int64_t rank = 0; rank < s.world_size; ++rank) {
     RankPlan* r = plan.add_ranks();
     r->set_rank(static_cast<int>(rank));
     r->set_node(static_cast<int>(rank / local));
-    *r->mutable_device() = plan.device_per_rank();
-    *r->mutable_host() = host_rank;
+    RankMemory mine = RankBreakdowns(sizer.ForRank(p.config.micro_batch_size(), p.config.seq_length(), rank));
+    *r->mutable_device() = std::move(mine.device);
+    *r->mutable_host() = std::move(mine.host);
   }
 
   Budget* budget = plan.mutable_budget();
@@ -130,6 +141,13 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   }
   plan.set_fits(fits);
   return plan;
+}
+
+const MemoryBreakdown& PlannedDevice(const Plan& plan, int rank) {
+  for (const RankPlan& r : plan.ranks()) {
+    if (r.rank() == rank) return r.device();
+  }
+  return plan.device_per_rank();
 }
 
 absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config) {

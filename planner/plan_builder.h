@@ -38,6 +38,10 @@ struct PlanOptions {
 absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
                                const PlanOptions& options = {});
 
+// The planned device peak of `rank` (its RankPlan; the largest rank's,
+// device_per_rank, when the plan has no entry for it).
+const MemoryBreakdown& PlannedDevice(const Plan& plan, int rank);
+
 // Device peak (bytes) of a configuration, closed form only: the fast path for
 // searches. Errors as BuildPlan.
 absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config);

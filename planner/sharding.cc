@@ -27,22 +27,28 @@ ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_
   }
   layout.flat_shard_elements = FlatShardElements(layout.total_elements, world);
   layout.flat_padded_elements = layout.flat_shard_elements * world;
-  // Parameters in flat order against the shard boundaries.
-  const int64_t shard = layout.flat_shard_elements;
-  std::vector<int64_t> touching(world, 0);
+  return layout;
+}
+
+std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& parameters, int64_t world) {
+  int64_t total = 0;
+  for (const TensorSpec& tensor : parameters) total += NumElements(tensor);
+  const int64_t shard = FlatShardElements(total, world);
+  std::vector<FlatPartition> out(world);
   int64_t offset = 0;
-  for (const TensorSpec& tensor : parameters) {
-    const int64_t begin = offset, end = offset + NumElements(tensor);
+  for (int i = 0; i < static_cast<int>(parameters.size()); ++i) {
+    const int64_t begin = offset, end = offset + NumElements(parameters[i]);
     offset = end;
-    if (begin == end) continue;
     for (int64_t rank = begin / shard; rank < world && rank * shard < end; ++rank) {
-      touching[rank] += end - begin;
-      const int64_t piece = std::min(end, (rank + 1) * shard) - std::max(begin, rank * shard);
-      layout.flat_partition_max_piece_elements = std::max(layout.flat_partition_max_piece_elements, piece);
+      FlatPartition& p = out[rank];
+      p.params_elements += end - begin;
+      p.max_piece_elements =
+          std::max(p.max_piece_elements, std::min(end, (rank + 1) * shard) - std::max(begin, rank * shard));
+      if (p.first_param < 0) p.first_param = i;
+      p.last_param = i;
     }
   }
-  layout.flat_partition_params_elements = *std::max_element(touching.begin(), touching.end());
-  return layout;
+  return out;
 }
 
 }  // namespace zplan

@@ -34,13 +34,6 @@ struct ShardLayout {
   int64_t total_elements = 0;             // all parameters
   int64_t flat_padded_elements = 0;       // stage 1/2 flat buffer incl. padding
   int64_t flat_shard_elements = 0;        // stage 1/2 elements per rank
-  // Stage 1/2, the largest over ranks: the gradient partition DeepSpeed
-  // allocates holds every parameter that touches the rank's shard whole
-  // (stage_1_and_2.py, copy_grads_in_partition: sum of param.numel() over
-  // params_in_partition), and the largest piece of one parameter inside a
-  // shard (get_grad_norm_direct copies each piece to fp64).
-  int64_t flat_partition_params_elements = 0;
-  int64_t flat_partition_max_piece_elements = 0;
   int64_t stage3_shard_elements = 0;      // stage 3 partitioned params, per rank
   int64_t stage3_persistent_elements = 0; // stage 3 params kept whole on every rank
   int64_t stage3_grad_shard_elements = 0; // stage 3 gradient partition, per rank
@@ -63,6 +56,18 @@ inline int64_t Stage3ShardElements(int64_t numel, int64_t world) {
 inline bool KeepsFp32Master(int stage, bool mixed_precision, bool offload_optimizer) {
   return mixed_precision || offload_optimizer || stage == 1 || stage == 2;
 }
+
+// Stage 1/2, per rank: the gradient partition DeepSpeed allocates holds
+// every parameter that touches the rank's shard whole (stage_1_and_2.py,
+// copy_grads_in_partition: sum of param.numel() over params_in_partition),
+// and get_grad_norm_direct copies each parameter's piece of it to fp64.
+struct FlatPartition {
+  int64_t params_elements = 0;     // the parameters touching the shard, whole
+  int64_t max_piece_elements = 0;  // the largest piece of one parameter inside it
+  int first_param = -1;            // index range of those parameters
+  int last_param = -1;
+};
+std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& parameters, int64_t world);
 
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
                                int64_t persistence_threshold_elements);

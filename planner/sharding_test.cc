@@ -47,14 +47,19 @@ TEST(ShardingTest, PartitionHoldsEveryParameterThatTouchesTheShardWhole) {
     t.set_dtype(DTYPE_BF16);
     return t;
   };
-  const ShardLayout layout = ComputeShardLayout({param(6), param(10), param(4)}, 2, 0);
-  EXPECT_EQ(layout.flat_shard_elements, 10);
-  // Rank 0 touches 6 and 10 (16 elements); rank 1 touches 10 and 4 (14).
-  EXPECT_EQ(layout.flat_partition_params_elements, 16);
-  EXPECT_EQ(layout.flat_partition_max_piece_elements, 6);
-  const ShardLayout one = ComputeShardLayout({param(6), param(10), param(4)}, 1, 0);
-  EXPECT_EQ(one.flat_partition_params_elements, 20);
-  EXPECT_EQ(one.flat_partition_max_piece_elements, 10);
+  const std::vector<FlatPartition> two = FlatPartitionsByRank({param(6), param(10), param(4)}, 2);
+  ASSERT_EQ(two.size(), 2u);
+  // Rank 0 touches the 6 and the 10 (16 elements), rank 1 the 10 and the 4.
+  EXPECT_EQ(two[0].params_elements, 16);
+  EXPECT_EQ(two[0].max_piece_elements, 6);
+  EXPECT_EQ(two[0].first_param, 0);
+  EXPECT_EQ(two[0].last_param, 1);
+  EXPECT_EQ(two[1].params_elements, 14);
+  EXPECT_EQ(two[1].max_piece_elements, 6);
+  EXPECT_EQ(two[1].first_param, 1);
+  const std::vector<FlatPartition> one = FlatPartitionsByRank({param(6), param(10), param(4)}, 1);
+  EXPECT_EQ(one[0].params_elements, 20);
+  EXPECT_EQ(one[0].max_piece_elements, 10);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "planner/memory_model.h"
+#include "planner/plan_builder.h"
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
@@ -115,7 +116,6 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
   ZPLAN_RETURN_IF_ERROR(ReadProtoFile(report_path, &report));
   row.framework = report.framework().empty() ? "zrun" : report.framework();
   if (report.ranks().empty()) return absl::InternalError(absl::StrCat(c.name, ": report has no ranks"));
-  const int64_t planned = LiveTensorBytes(row.plan.device_per_rank());
   row.host_planned_bytes = row.plan.ranks(0).host().peak_bytes();
   row.device_ok = row.host_ok = true;
   for (const RankReport& r : report.ranks()) {
@@ -123,6 +123,7 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
     m.rank = r.rank();
     m.device = r.measured_device();
     m.host_hwm_bytes = r.measured_host().peak_bytes();
+    const int64_t planned = LiveTensorBytes(PlannedDevice(row.plan, r.rank()));
     const double e = static_cast<double>(m.device.peak_bytes() - planned) / planned;
     if (row.ranks.size() == 1 || std::fabs(e) > std::fabs(row.device_error)) {
       row.device_error = e;
