@@ -270,7 +270,16 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     const at::Tensor up = linear(n2, p + "mlp.up_proj", mlp_bias);
     mlp = linear(at::silu(gate) * up, p + "mlp.down_proj", mlp_bias);
   } else {
-    mlp = linear(at::gelu(linear(n2, p + "mlp.up_proj", mlp_bias), "tanh"), p + "mlp.down_proj", mlp_bias);
+    const at::Tensor up = linear(n2, p + "mlp.up_proj", mlp_bias);
+    at::Tensor act;
+    if (spec_.ffn_type() == FFN_GELU_NEW) {
+      // transformers' NewGELUActivation, op by op as it is written (and saves).
+      constexpr double kSqrt2OverPi = 0.7978845608028654;
+      act = (up * 0.5) * (1.0 + at::tanh((up + at::pow(up, 3.0) * 0.044715) * kSqrt2OverPi));
+    } else {
+      act = at::gelu(up, "tanh");
+    }
+    mlp = linear(act, p + "mlp.down_proj", mlp_bias);
   }
   if (dropout > 0) mlp = at::dropout(mlp, dropout, true);
   return h + mlp;

@@ -70,13 +70,16 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     std::string preset;
     AttentionImpl attention;
     at::ScalarType dtype;
+    FfnType ffn = FFN_TYPE_UNSPECIFIED;  // the preset's
   };
   for (const Case& c : std::vector<Case>{{"debug-tiny", ATTENTION_SDPA, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16},
                                          {"qwen3-0.6b", ATTENTION_SDPA, at::kBFloat16},
-                                         {"gpt2", ATTENTION_SDPA, at::kFloat}}) {
+                                         {"gpt2", ATTENTION_SDPA, at::kFloat},
+                                         {"gpt2", ATTENTION_SDPA, at::kBFloat16, FFN_GELU_NEW}}) {
     auto spec = LoadPreset(c.preset);
+    if (c.ffn != FFN_TYPE_UNSPECIFIED) spec->set_ffn_type(c.ffn);
     spec->set_attention_impl(c.attention);
     spec->set_num_layers(2);
     auto model = Transformer::Create(*spec, c.dtype, 1, at::kCPU);

@@ -352,6 +352,16 @@ absl::Status ZeroEngine::ReduceBucket(at::Tensor& bucket, const std::vector<Segm
 }
 
 absl::Status ZeroEngine::FlushBucket() {
+  if (oversized_ >= 0) {
+    Slot& slot = slots_[oversized_];
+    oversized_ = -1;
+    bucket_fill_ = 0;
+    at::Tensor flat = slot.param.grad().reshape(-1);
+    slot.param.mutable_grad() = at::Tensor();
+    ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(flat));
+    AccumulateOwned(slot, flat);
+    return absl::OkStatus();
+  }
   if (bucket_fill_ == 0) return absl::OkStatus();
   absl::Status status = ReduceBucket(buckets_[current_bucket_], segments_, bucket_fill_);
   segments_.clear();
@@ -378,13 +388,21 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
   at::NoGradGuard no_grad;
   const int64_t capacity = buckets_.empty() ? 0 : buckets_.front().numel();
   absl::Status status;
-  if (slot.numel > capacity) {
+  if (stage_ == 3 && slot.numel > capacity) {
     // Larger than a bucket (or no buckets): reduce the gradient itself.
     at::Tensor flat = grad.reshape(-1);
     status = comm_->AllReduceSum(flat);
     if (status.ok()) AccumulateOwned(slot, flat);
   } else {
-    if (bucket_fill_ + slot.numel > capacity) status = FlushBucket();
+    // Stages 1/2 as stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads:
+    // a gradient that would overflow the bucket reduces it first; one larger
+    // than a bucket waits, alone, for the next reduction.
+    if (bucket_fill_ > 0 && bucket_fill_ + slot.numel > capacity) status = FlushBucket();
+    if (status.ok() && slot.numel > capacity) {
+      oversized_ = static_cast<int64_t>(index);
+      bucket_fill_ = slot.numel;
+      return;  // its .grad stays until then
+    }
     if (status.ok()) {
       buckets_[current_bucket_].narrow(0, bucket_fill_, slot.numel).copy_(grad.reshape(-1));
       segments_.push_back({index, bucket_fill_});

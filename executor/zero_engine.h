@@ -173,6 +173,7 @@ class ZeroEngine {
   std::vector<at::Tensor> buckets_;  // IPG reduce buckets
   size_t current_bucket_ = 0;
   int64_t bucket_fill_ = 0;
+  int64_t oversized_ = -1;      // stages 1/2: a slot larger than a bucket, reduced next
   std::vector<Segment> segments_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   absl::Status hook_status_;

@@ -55,6 +55,21 @@ TEST(DsConfigTest, WithoutHalfPrecisionDeepSpeedTrainsInFp32) {
   EXPECT_EQ(config.precision(), PRECISION_FP32);
 }
 
+TEST(DsConfigTest, ReadsTheAdamImplementation) {
+  RunConfig config;
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})", &config).ok());
+  EXPECT_EQ(config.optimizer().implementation(), ADAM_IMPL_DEEPSPEED);
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "Adam", "params": {"torch_adam": true}}})", &config).ok());
+  EXPECT_EQ(config.optimizer().implementation(), ADAM_IMPL_TORCH);
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"torch_adam": true, "foreach": true}}})", &config).ok());
+  EXPECT_EQ(config.optimizer().implementation(), ADAM_IMPL_TORCH_FOREACH);
+  ASSERT_TRUE(Apply(R"({"optimizer": {"type": "AdamW", "params": {"torch_adam": true, "fused": true}}})", &config).ok());
+  EXPECT_EQ(config.optimizer().implementation(), ADAM_IMPL_TORCH_FUSED);
+  const absl::Status lamb = Apply(R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}})", &config);
+  EXPECT_EQ(lamb.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(lamb.message().find("optimizer.type"), std::string::npos) << lamb.message();
+}
+
 TEST(DsConfigTest, InfersAccumulationFromTrainBatchSize) {
   RunConfig config;
   config.mutable_cluster()->set_gpus_per_node(4);

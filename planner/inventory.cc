@@ -146,6 +146,7 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
 //   mlp norm     residual stream h1, rstd; FFN input n2            [b,s,h]
 //   SwiGLU       gate, up, silu(gate), silu(gate)*up               [b,s,f] x4
 //   GELU MLP     up output, gelu output                            [b,s,f] x2
+//   gelu_new     transformers' NewGELUActivation also: 0.5x, tanh, 1+tanh [b,s,f] x3
 //   dropout      a 1-byte mask per site (attention probs, two residual adds)
 std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, int64_t s,
                                               DType dtype, int layer) {
@@ -193,6 +194,13 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     act("mlp.product", {b, s, f}, dtype);
   } else {
     act("mlp.up", {b, s, f}, dtype);
+    if (spec.ffn_type() == FFN_GELU_NEW) {
+      // 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3))): pow saves x, tanh
+      // its output t, the product both factors 0.5x and 1 + t.
+      act("mlp.gelu_half_input", {b, s, f}, dtype);
+      act("mlp.gelu_tanh", {b, s, f}, dtype);
+      act("mlp.gelu_one_plus_tanh", {b, s, f}, dtype);
+    }
     act("mlp.act", {b, s, f}, dtype);
   }
   if (spec.dropout() > 0) act("mlp.resid_dropout_mask", {b, s, h}, DTYPE_BOOL);

@@ -154,11 +154,14 @@ Moment BestMoment(const StepSizes& s) {
     if (i >= 0 && i < blocks.back()) blocks.push_back(i);
   }
   for (int i : blocks) {
+    // The partition may appear only in the block's attention half.
+    const int64_t partition_mlp =
+        i == s.grad_partition_from && s.grad_partition_at_attention ? 0 : partition_at(i);
     Live l = base;
     l[kTemps] += s.act_grad;
     l[kParams] += s.block_gather;
     l[kBuffers] += s.ipg_buckets;
-    l[kGrads] += partition_at(i);
+    l[kGrads] += partition_mlp;
     if (s.grads_kept_on_production) {
       l[kGrads] += grads_before_blocks + s.block_grads * (last - i);
     } else if (s.tied) {
@@ -185,6 +188,7 @@ Moment BestMoment(const StepSizes& s) {
     }
     consider(mlp, "backward, layer %d, MLP gradients", i);
     Live attention = l;
+    attention[kGrads] += partition_at(i) - partition_mlp;
     attention[kActivations] -= s.block_saved_mlp;
     attention[kTemps] += s.block_bwd_attn_transient;
     if (s.grads_kept_on_production) {
@@ -267,18 +271,39 @@ int64_t AdamTemporariesPerElement(AdamImplementation impl, bool cpu_tensors) {
 // gradient that would overflow a non-empty bucket reduces it first, one
 // larger than the bucket fills it alone; the epilogue reduces the rest).
 // Gradient hooks fire in reverse parameter order, a tied embedding's last.
-std::vector<int> FirstReductionPartByRank(const std::vector<TensorSpec>& params,
-                                          const std::vector<FlatPartition>& partitions, int num_layers,
-                                          int64_t bucket_elements) {
-  std::vector<int> from(partitions.size(), StepSizes::kAtEpilogue);
+struct PartitionStart {
+  int part = StepSizes::kAtEpilogue;
+  bool at_attention = false;  // a block's attention half
+};
+std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpec>& params,
+                                                     const std::vector<FlatPartition>& partitions, int num_layers,
+                                                     int64_t bucket_elements) {
+  std::vector<PartitionStart> from(partitions.size());
   std::vector<bool> seen(partitions.size(), false);
-  // A reduction of the bucket holding parameters [lo, hi] at part `part`.
-  auto reduce = [&](int lo, int hi, int part) {
+  // A reduction of the bucket holding parameters [lo, hi] at parameter i's
+  // hook. The closed form's moments of a block half are its first
+  // gradient's (the widest point), so a partition made at a later hook of
+  // the half counts from the next half.
+  auto reduce = [&](int lo, int hi, int i) {
+    const TensorSpec& t = params[i];
+    PartitionStart start;
+    start.part = t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers;
+    start.at_attention = t.layer() >= 0 && !IsMlpTensor(t);
+    const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
+                               IsMlpTensor(params[i + 1]) != IsMlpTensor(t);
+    if (t.layer() >= 0 && !first_of_half) {
+      if (!start.at_attention) {
+        start.at_attention = true;
+      } else {
+        start.part = t.layer() - 1;  // the previous block's MLP half, or the embedding (-1)
+        start.at_attention = false;
+      }
+    }
     for (size_t r = 0; r < partitions.size(); ++r) {
       const FlatPartition& p = partitions[r];
       if (!seen[r] && p.first_param >= 0 && p.first_param <= hi && p.last_param >= lo) {
         seen[r] = true;
-        from[r] = part;
+        from[r] = start;
       }
     }
   };
@@ -287,8 +312,7 @@ std::vector<int> FirstReductionPartByRank(const std::vector<TensorSpec>& params,
   for (int i = hi; i >= 0; --i) {
     const int64_t numel = NumElements(params[i]);
     if (fill > 0 && fill + numel > bucket_elements) {
-      const TensorSpec& t = params[i];
-      reduce(i + 1, hi, t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers);
+      reduce(i + 1, hi, i);
       fill = 0;
       hi = i;
     }
@@ -375,16 +399,17 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   }
   if ((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) {
     const std::vector<FlatPartition> partitions = FlatPartitionsByRank(params, s.world_size);
-    std::vector<int> from(partitions.size(), StepSizes::kAtEpilogue);
+    std::vector<PartitionStart> from(partitions.size());
     if (s.stage == 2 && s.grad_accum > 1) {
-      from.assign(partitions.size(), s.kBeforeForward());
+      from.assign(partitions.size(), PartitionStart{s.kBeforeForward()});
     } else if (s.stage == 2) {
       from = FirstReductionPartByRank(params, partitions, s.num_layers, zero.reduce_bucket_elements());
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
       RankVariant v;
       v.grad_partition = partitions[r].params_elements * w;
-      v.grad_partition_from = from[r];
+      v.grad_partition_from = from[r].part;
+      v.grad_partition_at_attention = from[r].at_attention;
       v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
       auto it = std::find(sizer.variants_.begin(), sizer.variants_.end(), v);
       sizer.rank_variant_.push_back(static_cast<int>(it - sizer.variants_.begin()));
@@ -498,6 +523,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
 void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
   s->grad_partition = v.grad_partition;
   s->grad_partition_from = v.grad_partition_from;
+  s->grad_partition_at_attention = v.grad_partition_at_attention;
   s->step_norm_copy = v.step_norm_copy;
 }
 
@@ -539,7 +565,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype);
   // Under no_grad a block frees each intermediate after its last use; the FFN
   // branch (gate, up and their product, or up and GELU) is the widest point.
-  const int64_t ffn_live = (model.ffn_type() == FFN_SWIGLU ? 3 : 2) * tokens * model.ffn_hidden_size() * w;
+  // (NewGELUActivation: x, 0.5x, tanh and 1 + tanh, then the product.)
+  const int64_t ffn_branches = model.ffn_type() == FFN_SWIGLU ? 3 : model.ffn_type() == FFN_GELU_NEW ? 4 : 2;
+  const int64_t ffn_live = ffn_branches * tokens * model.ffn_hidden_size() * w;
   // Eager: the scores (working dtype) and softmax's fp32 output, or that and its cast.
   const int64_t attn_live =
       tokens * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w +

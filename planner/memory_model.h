@@ -96,6 +96,7 @@ struct StepSizes {
   int64_t ipg_buckets = 0;
   int64_t grad_partition = 0;
   int grad_partition_from = kAtEpilogue;
+  bool grad_partition_at_attention = false;  // in that block's attention half, not its MLP's
   int kBeforeForward() const { return num_layers + 1; }
 
   // Per block.
@@ -175,10 +176,11 @@ class StepSizer {
   struct RankVariant {
     int64_t grad_partition = 0;
     int grad_partition_from = StepSizes::kAtEpilogue;
+    bool grad_partition_at_attention = false;
     int64_t step_norm_copy = 0;
     bool operator==(const RankVariant& o) const {
       return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
-             step_norm_copy == o.step_norm_copy;
+             grad_partition_at_attention == o.grad_partition_at_attention && step_norm_copy == o.step_norm_copy;
     }
   };
   StepSizer() = default;

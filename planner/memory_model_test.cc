@@ -7,6 +7,7 @@
 #include "planner/inventory.h"
 #include "planner/model_spec.h"
 #include "planner/run_config.h"
+#include "planner/simulator.h"
 
 namespace zplan {
 namespace {
@@ -87,6 +88,61 @@ TEST(MemoryModelTest, OffloadMovesMasterAndAdamToHost) {
   const MemoryBreakdown host = HostPerRank(sizes);
   EXPECT_EQ(host.master_params_bytes() + host.optimizer_states_bytes() + host.grads_bytes(), 16 * owned);
   EXPECT_EQ(host.pinned_bytes(), 16 * owned);
+}
+
+TEST(MemoryModelTest, Zero12BucketsLiveOnlyThroughBackward) {
+  auto model = LoadPreset("gpt2");
+  for (int stage : {1, 2}) {
+    RunConfig config = Config(stage, 8);
+    config.set_seq_length(128);
+    const StepSizes sizes = Sizes(*model, config);
+    EXPECT_EQ(sizes.buckets_resident, 0);
+    EXPECT_EQ(sizes.ipg_buckets, config.zero().reduce_bucket_elements() * 2);
+    // 5e8-element buckets dwarf a 124M model: they are in the peak, made in
+    // backward and released before the step.
+    EXPECT_EQ(ClosedFormDevicePeak(sizes).buffers_bytes(), sizes.ipg_buckets);
+    const SimulatedStep step = SimulateStep(sizes);
+    std::vector<Phase> phases;
+    for (const MemoryEvent& e : step.events) {
+      if (e.component() == COMPONENT_BUFFERS) phases.push_back(e.phase());
+    }
+    EXPECT_EQ(phases, (std::vector<Phase>{PHASE_BACKWARD, PHASE_BACKWARD})) << stage;
+  }
+  const StepSizes stage3 = Sizes(*model, Config(3, 8));
+  EXPECT_EQ(stage3.ipg_buckets, 0);
+  EXPECT_GT(stage3.buckets_resident, 0);
+}
+
+TEST(MemoryModelTest, Stage2PartitionAppearsAtTheFirstReductionOfEachRank) {
+  auto model = LoadPreset("debug-tiny");
+  RunConfig config = Config(2, 2);
+  config.mutable_zero()->set_reduce_bucket_elements(100'000);
+  auto gpu = FindGpu(config.cluster().gpu());
+  auto sizer = StepSizer::Create(*model, config, *gpu);
+  ASSERT_TRUE(sizer.ok());
+  // Rank 1 owns the LM head, reduced as soon as the final norm's gradient
+  // overflows the bucket; rank 0's shard starts with the embedding, whose
+  // gradient comes last (reduced by the epilogue, or with block 0's).
+  const StepSizes rank0 = sizer->ForRank(2, 128, 0), rank1 = sizer->ForRank(2, 128, 1);
+  EXPECT_EQ(rank1.grad_partition_from, model->num_layers());
+  EXPECT_LT(rank0.grad_partition_from, model->num_layers());
+  EXPECT_GT(rank0.grad_partition, 0);
+  // The plan's sizes are the rank with the larger peak.
+  const int64_t worst = std::max(ClosedFormPeakBytes(rank0), ClosedFormPeakBytes(rank1));
+  EXPECT_EQ(ClosedFormPeakBytes(sizer->For(2, 128)), worst);
+}
+
+TEST(MemoryModelTest, AdamImplementationSetsStepTemporaries) {
+  auto model = LoadPreset("gpt2");
+  RunConfig config = Config(2, 4);
+  const int64_t shard_fp32 = Sizes(*model, config).shards.flat_shard_elements * 4;
+  EXPECT_EQ(Sizes(*model, config).step_optimizer_temps, 0);  // DeepSpeed's FusedAdam
+  config.mutable_optimizer()->set_implementation(ADAM_IMPL_TORCH_FOREACH);
+  EXPECT_EQ(Sizes(*model, config).step_optimizer_temps, shard_fp32);
+  config.mutable_optimizer()->set_implementation(ADAM_IMPL_TORCH);
+  EXPECT_EQ(Sizes(*model, config).step_optimizer_temps, shard_fp32);  // foreach on CUDA
+  config.mutable_cluster()->set_gpu("cpu");
+  EXPECT_EQ(Sizes(*model, config).step_optimizer_temps, 2 * shard_fp32);  // the for-loop on CPU tensors
 }
 
 TEST(MemoryModelTest, OffloadOptimizerAtStage0IsRejected) {

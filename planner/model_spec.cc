@@ -139,7 +139,9 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
   if (act.empty()) act = ReadString(config, "activation_function");
   const bool gated = !gpt2 && (act.empty() || act == "silu" || act == "swish" || act == "swiglu" ||
                                model_type == "gemma" || model_type == "gemma2");
-  spec.set_ffn_type(gated ? FFN_SWIGLU : FFN_GELU);
+  // GPT-2's activation_function defaults to "gelu_new".
+  const bool gelu_new = act == "gelu_new" || (gpt2 && act.empty());
+  spec.set_ffn_type(gated ? FFN_SWIGLU : gelu_new ? FFN_GELU_NEW : FFN_GELU);
   if (gpt2 && ffn == 0) ffn = 4 * hidden;  // n_inner: null means 4 * n_embd
   if (qwen1) ffn /= 2;                     // w1 and w2 each take half of intermediate_size
   spec.set_num_layers(layers);

@@ -194,7 +194,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Blocks, last to first.
   for (int i = last; i >= 0; --i) {
     const std::string layer = absl::StrCat("backward, layer ", i);
-    partition_from(i, PHASE_BACKWARD);
+    if (!s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
     const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_BACKWARD, i, layer + ", parameters gathered");
     int recomputed_attn = -1, recomputed_mlp = -1;
     if (s.checkpointing) {
@@ -217,6 +217,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     if (recomputed_mlp >= 0) r.Free(recomputed_mlp, PHASE_BACKWARD, i, layer + ", recomputed MLP activations freed");
     r.Free(saved_mlp[i], PHASE_BACKWARD, i, layer + ", MLP activations freed");
     // Attention half.
+    if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
     const std::string attention = layer + ", attention gradients";
     const int attn_transient =
         r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
