@@ -227,6 +227,20 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   e->exp_avg_sq_ = fp32_state(COMPONENT_OPTIMIZER_STATES);
   e->step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(state_device));
   if (e->offload_) e->host_grads_ = fp32_state(COMPONENT_GRADS);
+  if (e->offload_ && e->stage_ <= 2) {
+    // stage_1_and_2.py, __init__: param_buffer_of_bit16_for_cpu_offload_groups,
+    // temp_grad_buffer_for_cpu_offload / _for_gpu_offload.
+    tag.emplace(COMPONENT_BUFFERS);
+    int64_t largest = 0;
+    for (const Slot& slot : e->slots_) largest = std::max(largest, slot.numel);
+    auto host = [&](int64_t numel) {
+      at::Tensor t = at::zeros({numel}, options.device(at::kCPU));
+      return pin ? t.pin_memory() : t;
+    };
+    e->offload_bit16_ = host(e->owned_numel_);
+    e->offload_grad_host_ = host(largest);
+    e->offload_grad_device_ = at::zeros({largest}, options);
+  }
 
   if (e->stage_ == 3) {
     tag.emplace(COMPONENT_GRADS);
@@ -324,11 +338,18 @@ void ZeroEngine::AccumulateOwned(const Slot& slot, const at::Tensor& full_grad) 
   const at::Tensor part = full_grad.narrow(0, slot.own_lo, len);
   const double scale = 1.0 / comm_->world_size();
   if (offload_) {
-    host_grads_.narrow(0, slot.own_dst, len).add_(part.to(at::kCPU, at::kFloat), scale);
+    host_grads_.narrow(0, slot.own_dst, len).add_(StageToHost(part), scale);
     return;
   }
   EnsureGradPartition();
   grad_shard_.narrow(0, slot.own_dst, len).add_(part, scale);
+}
+
+at::Tensor ZeroEngine::StageToHost(const at::Tensor& grad) {
+  if (!offload_grad_host_.defined()) return grad.to(at::kCPU, at::kFloat);
+  const int64_t n = grad.numel();
+  at::Tensor device = offload_grad_device_.narrow(0, 0, n).copy_(grad.reshape(-1));
+  return offload_grad_host_.narrow(0, 0, n).copy_(device);
 }
 
 void ZeroEngine::EnsureGradPartition() {
@@ -511,8 +532,8 @@ at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
     const int64_t a = std::max(begin, slot.own_dst);
     const int64_t b = std::min(end, slot.own_dst + slot.own_hi - slot.own_lo);
     if (a >= b || !slot.param.grad().defined()) continue;
-    out.narrow(0, a - begin, b - a)
-        .copy_(slot.param.grad().view(-1).narrow(0, slot.own_lo + a - slot.own_dst, b - a));
+    const at::Tensor piece = slot.param.grad().view(-1).narrow(0, slot.own_lo + a - slot.own_dst, b - a);
+    out.narrow(0, a - begin, b - a).copy_(offload_ ? StageToHost(piece) : piece);
   }
   return out;
 }
@@ -611,7 +632,11 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
       if (multiplier != 1.0) grad.mul_(multiplier);
       at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : working.narrow(0, c, len);
       AdamWUpdate(weights, grad, exp_avg_.narrow(0, c, len), exp_avg_sq_.narrow(0, c, len), learning_rate);
-      if (master_.defined()) working.narrow(0, c, len).copy_(weights);
+      if (offload_bit16_.defined()) {
+        working.narrow(0, c, len).copy_(offload_bit16_.narrow(0, c, len).copy_(weights));
+      } else if (master_.defined()) {
+        working.narrow(0, c, len).copy_(weights);
+      }
     }
     if (fp16_ && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;
   }

@@ -125,6 +125,9 @@ class ZeroEngine {
   // released after it (stage 3 keeps them from Create).
   void AllocateBuckets();
   void EnsureGradPartition();
+  // A gradient (piece) on the host in the working dtype, through the offload
+  // staging buffers where they exist.
+  at::Tensor StageToHost(const at::Tensor& grad);
   // Copies a gradient into the current bucket (reducing the bucket first
   // when it would overflow) and drops the parameter's .grad.
   void ReduceThroughBucket(size_t slot);
@@ -170,6 +173,10 @@ class ZeroEngine {
   at::Tensor grad_shard_;
   int64_t partition_numel_ = 0;
   at::Tensor host_grads_;       // offload: fp32 [owned] on host
+  // Stages 1/2 with offload, as DeepSpeed: the updated partition goes back
+  // through a working-dtype host copy, gradients through device and host
+  // staging buffers the size of the largest parameter.
+  at::Tensor offload_bit16_, offload_grad_device_, offload_grad_host_;
   std::vector<at::Tensor> buckets_;  // IPG reduce buckets
   size_t current_bucket_ = 0;
   int64_t bucket_fill_ = 0;

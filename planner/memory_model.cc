@@ -49,7 +49,7 @@ Live Resident(const StepSizes& s) {
   l[kGrads] = s.grads_resident;
   l[kMaster] = s.master_resident;
   l[kOptimizer] = s.optimizer_resident;
-  l[kBuffers] = s.buckets_resident;
+  l[kBuffers] = s.buckets_resident + s.offload_staging_resident;
   return l;
 }
 
@@ -513,6 +513,12 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.host_grads = owned * kOffloadGradBytesPerParam;
   }
   if (s.offload_param) s.host_params = sh.stage3_grad_shard_elements * w;
+  if (s.offload_optimizer && s.stage <= 2) {
+    int64_t largest = 0;
+    for (const TensorSpec& t : params) largest = std::max(largest, NumElements(t));
+    s.offload_staging_resident = largest * w;
+    s.host_offload_staging = largest * w + sh.flat_shard_elements * w;
+  }
   // Without zero.Init every local rank first builds the whole fp32 model.
   const bool sharded_init = s.stage == 3 && zero.zero_init();
   s.host_init_per_rank =
@@ -690,8 +696,11 @@ MemoryBreakdown HostPerRank(const StepSizes& s) {
   b.set_grads_bytes(s.host_grads);
   b.set_master_params_bytes(s.host_master);
   b.set_optimizer_states_bytes(s.host_optimizer);
+  b.set_buffers_bytes(s.host_offload_staging);
   b.set_runtime_bytes(s.host_process);
-  if (s.pin_memory) b.set_pinned_bytes(s.host_params + s.host_grads + s.host_master + s.host_optimizer);
+  if (s.pin_memory) {
+    b.set_pinned_bytes(s.host_params + s.host_grads + s.host_master + s.host_optimizer + s.host_offload_staging);
+  }
   b.set_peak_bytes(LiveTensorBytes(b) + b.runtime_bytes());
   b.set_peak_event("steady state");
   return b;

@@ -78,6 +78,11 @@ struct StepSizes {
   int64_t master_resident = 0;
   int64_t optimizer_resident = 0;
   int64_t buckets_resident = 0;      // stage-3 reduce buckets
+  // Stages 1/2 with optimizer offload (stage_1_and_2.py, __init__): a device
+  // gradient staging buffer the size of the largest parameter
+  // (temp_grad_buffer_for_gpu_offload); its host twin and a working-dtype
+  // copy of the partition are host_offload_staging.
+  int64_t offload_staging_resident = 0;
   // Of the reduce buckets (resident or IPG), the bytes ever written: a
   // bucket larger than the model's gradients is never filled, and unwritten
   // pages take no host RAM.
@@ -152,6 +157,7 @@ struct StepSizes {
   int64_t host_grads = 0;            // offload_optimizer fp32 grads
   int64_t host_master = 0;
   int64_t host_optimizer = 0;
+  int64_t host_offload_staging = 0;  // temp_grad_buffer_for_cpu_offload + param_buffer_of_bit16_for_cpu_offload_groups
   int64_t host_init_per_rank = 0;    // model construction peak tensors
 };
 

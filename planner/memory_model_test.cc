@@ -87,7 +87,12 @@ TEST(MemoryModelTest, OffloadMovesMasterAndAdamToHost) {
   const int64_t owned = sizes.shards.flat_shard_elements;
   const MemoryBreakdown host = HostPerRank(sizes);
   EXPECT_EQ(host.master_params_bytes() + host.optimizer_states_bytes() + host.grads_bytes(), 16 * owned);
-  EXPECT_EQ(host.pinned_bytes(), 16 * owned);
+  // DeepSpeed's staging: a bf16 copy of the partition and a gradient buffer
+  // the size of the largest parameter (the embedding), device and host.
+  const int64_t embedding_bytes = model->vocab_size() * model->hidden_size() * 2;
+  EXPECT_EQ(sizes.offload_staging_resident, embedding_bytes);
+  EXPECT_EQ(host.buffers_bytes(), 2 * owned + embedding_bytes);
+  EXPECT_EQ(host.pinned_bytes(), 16 * owned + host.buffers_bytes());
 }
 
 TEST(MemoryModelTest, Zero12BucketsLiveOnlyThroughBackward) {

@@ -48,7 +48,9 @@ RankMemory RankBreakdowns(const StepSizes& s) {
     offloaded.clear_pinned_bytes();
     AddBreakdown(offloaded, &m.device);
     m.host = m.device;
-    m.host.set_buffers_bytes(std::min(m.host.buffers_bytes(), s.buckets_touched));  // written pages only
+    // Reduce buckets take host RAM only where written; staging buffers are zeroed.
+    const int64_t staging = s.offload_staging_resident + s.host_offload_staging;
+    m.host.set_buffers_bytes(staging + std::min(m.host.buffers_bytes() - staging, s.buckets_touched));
     m.host.set_runtime_bytes(s.host_process);
     m.host.set_peak_bytes(LiveTensorBytes(m.host) + s.host_process);
   }
