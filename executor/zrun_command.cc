@@ -1,5 +1,6 @@
 #include "executor/zrun_command.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -296,7 +297,17 @@ std::string FormatReport(const Plan& plan, const Report& report) {
   return out;
 }
 
+// glibc serves blocks under its mmap threshold from heaps it rarely returns,
+// and raises that threshold (up to 32 MiB) as large blocks are freed, so a
+// tensor freed in backward can hold host RAM that the next allocation of
+// another size does not reuse: VmHWM then exceeds every moment's live tensors
+// by hundreds of MiB (docs/accuracy.md, #37). A fixed 1 MiB threshold maps
+// every larger tensor on its own, so host RSS follows the live tensors the
+// plan counts; smaller blocks keep glibc's heaps.
+constexpr int kMmapThresholdBytes = 1 << 20;
+
 int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
+  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
   Plan plan;
   absl::Status status = ReadProtoFile(options.plan_path, &plan);
   if (status.ok()) status = ValidatePlanForExecution(plan, options.plan_path);
