@@ -618,6 +618,7 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
         // The partition flattened in the working dtype, upcast to fp32 (in
         // fp32 training the flat copy is the fp32 one), then released
         // (_get_preflattened_grad_partition, _release_preflattened_grad_buffers).
+        EnsureGradPartition();  // a rank no gradient reached (zeros)
         {
           const at::Tensor flat = grad_shard_.clone();
           grad = flat.to(at::kFloat);
