@@ -245,10 +245,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   if (e->stage_ == 3) {
     tag.emplace(COMPONENT_GRADS);
     if (!e->offload_) e->grad_shard_ = at::zeros({e->owned_numel_}, options);
-    tag.emplace(COMPONENT_BUFFERS);
     e->AllocateBuckets();
-  }
-  if (e->stage_ == 3) {
     ZeroEngine* engine = e.get();
     auto fail = [engine](absl::Status s) {
       if (!s.ok() && engine->hook_status_.ok()) engine->hook_status_ = s;
@@ -436,8 +433,10 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
 
 absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
   ZPLAN_RETURN_IF_ERROR(hook_status_);
-  if (stage_ == 3) Release(-1);  // the embedding, gathered for its backward
-  if (stage_ == 3) return FlushBucket();
+  if (stage_ == 3) {
+    Release(-1);  // the embedding, gathered for its backward
+    return FlushBucket();
+  }
   if (stage_ == 1 && last_micro_step && !offload_) {
     // The epilogue: the partition first, then every kept gradient through
     // the buckets, in backward order.
@@ -549,7 +548,7 @@ at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
       total += at::linalg_vector_norm(part, 2, std::nullopt, false, at::kFloat).pow(2).reshape({1}).to(device_);
     }
   };
-  if ((stage_ == 1 || stage_ == 2) && !offload_) {
+  if (StepsGradPartition()) {
     // Each parameter's piece of the partition copied to fp64
     // (stage_1_and_2.py, get_grad_norm_direct; get_norm_dtype()).
     for (const Slot& slot : slots_) {
@@ -609,7 +608,7 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
     at::Tensor working = stage_ < 3 ? flat_params_.narrow(0, owned_begin_, owned_numel_) : flat_shards_;
     // Stages 1/2 step the whole partition (stage_1_and_2.py, step); the
     // others one sub_group_size chunk at a time.
-    const bool flat_partition = (stage_ == 1 || stage_ == 2) && !offload_;
+    const bool flat_partition = StepsGradPartition();
     const int64_t step_chunk = flat_partition ? owned_numel_ : chunk;
     for (int64_t c = 0; c < owned_numel_; c += step_chunk) {
       const int64_t len = std::min(step_chunk, owned_numel_ - c);

@@ -148,6 +148,9 @@ class ZeroEngine {
   // Whether gradients are reduced into grad_shard_ / host_grads_ during
   // backward (all but stage 0 and stage 1 with optimizer offload).
   bool ReducedInBackward() const { return stage_ >= 2 || (stage_ == 1 && !offload_); }
+  // Stages 1/2 without offload: the step works on the device gradient
+  // partition (fp64 norm pieces, flatten and fp32 upcast, one Adam call).
+  bool StepsGradPartition() const { return (stage_ == 1 || stage_ == 2) && !offload_; }
   // The fp32 gradient of owned elements [begin, end) (a temporary, or a view).
   at::Tensor OwnedGradFp32(int64_t begin, int64_t end);
 
