@@ -53,6 +53,23 @@ Live Resident(const StepSizes& s) {
   return l;
 }
 
+// Stage 3: gathered bytes of blocks 0..i kept since their forward.
+int64_t KeptThrough(const StepSizes& s, int i) {
+  if (i < s.gather_kept_from - 1) return 0;
+  return s.gather_kept_partial + std::max(0, i - s.gather_kept_from + 1) * s.gather_kept_block;
+}
+
+// Stage 3: gathered block parameters while block i computes. Forward: the
+// block and its prefetch beside the earlier blocks kept. Backward: a kept
+// block is still there (and DeepSpeed prefetches past it while anything
+// below is partitioned); another is gathered again with its prefetch.
+int64_t ForwardGather(const StepSizes& s, int i) { return s.block_gather + KeptThrough(s, i - 1); }
+int64_t BackwardGather(const StepSizes& s, int i) {
+  if (i < s.gather_kept_from) return s.block_gather;
+  const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
+  return KeptThrough(s, i) + (below ? s.block_gather - s.gather_kept_block : 0);
+}
+
 // The moments where a step can peak, in step order; the first largest wins
 // (the simulator breaks ties the same way).
 Moment BestMoment(const StepSizes& s) {
@@ -80,6 +97,8 @@ Moment BestMoment(const StepSizes& s) {
   };
   Live base = Resident(s);
   if (carried) base[kGrads] += s.grad_partition;
+  // A kept embedding stays gathered from its forward to its backward.
+  const int64_t embed_kept = s.embed_kept ? s.embed_gather : 0;
   base[kActivations] += s.step_inputs;
   // The eager mask outlives the forward only as a checkpointed block's input.
   if (s.checkpointing) base[kActivations] += s.attention_mask;
@@ -89,7 +108,7 @@ Moment BestMoment(const StepSizes& s) {
   {
     Live l = base;
     if (!s.checkpointing) l[kActivations] += s.attention_mask;
-    l[kParams] += s.block_gather;
+    l[kParams] += embed_kept + ForwardGather(s, last);
     if (s.checkpointing) {
       l[kActivations] += s.block_input * (last + 1);
       l[kTemps] += s.block_nograd_peak;
@@ -108,25 +127,36 @@ Moment BestMoment(const StepSizes& s) {
   {
     Live l = base;
     l[kActivations] += saved_through(last) + s.final_norm_saved + (s.checkpointing ? 0 : s.attention_mask);
+    l[kParams] += embed_kept + KeptThrough(s, last);
     consider(l, "final norm saved");
   }
 
   // 2. Loss: logits, fp32 upcast, log-softmax and their gradients.
+  // Stage 3: the LM head (a tied one is the embedding) is gathered for its
+  // forward, and stays for the loss when kept; it is gathered for its backward.
   Live loss = base;
   loss[kActivations] += saved_through(last) + s.final_norm_saved;
-  loss[kParams] += s.embed_gather;
+  loss[kParams] += KeptThrough(s, last) + (s.tied ? 0 : embed_kept);
+  const int64_t head_in_loss = s.head_kept || (s.tied && s.embed_kept) ? s.embed_gather : 0;
   if (s.has_vocab) {
     const int64_t lw = s.logits_working, l32 = s.logits_fp32;
     auto with_logits = [&](int64_t bytes) {
       Live l = loss;
       l[kLogits] += bytes;
+      l[kParams] += head_in_loss;
       return l;
     };
+    if (head_in_loss == 0 && s.embed_gather > 0) {
+      Live head = with_logits(lw);
+      head[kParams] += s.embed_gather;
+      consider(head, "loss forward, LM head logits");
+    }
     if (s.mixed) consider(with_logits(lw + l32), "loss forward, fp32 upcast of logits");
     consider(with_logits(2 * l32), "loss forward, log-softmax");
     consider(with_logits(3 * l32), "loss backward, log-softmax gradient");
     if (s.mixed) consider(with_logits(l32 + lw), "loss backward, logits gradient cast");
     Live l = with_logits(lw);
+    l[kParams] += s.embed_gather - head_in_loss;
     l[kTemps] += s.act_grad;
     l[produced] += s.head_grad;
     if (!s.tied) l[kBuffers] += s.ipg_buckets;  // its hook is the backward's first
@@ -138,6 +168,7 @@ Moment BestMoment(const StepSizes& s) {
     Live l = base;
     l[kActivations] += saved_through(last) + s.final_norm_saved;
     l[kTemps] += 2 * s.act_grad;
+    l[kParams] += embed_kept + KeptThrough(s, last);
     l[produced] += s.final_norm_grads;
     if (s.grads_kept_on_production || s.tied) l[produced] += s.head_grad;
     l[kBuffers] += s.ipg_buckets;
@@ -149,17 +180,19 @@ Moment BestMoment(const StepSizes& s) {
   // Everything is linear in i on either side of the block where the gradient
   // partition appears, so those blocks' ends bound the rest.
   const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
-  std::vector<int> blocks = {last};
-  for (int i : {s.grad_partition_from + 1, s.grad_partition_from, 0}) {
-    if (i >= 0 && i < blocks.back()) blocks.push_back(i);
+  std::vector<int> blocks;
+  for (int i : {last, s.grad_partition_from + 1, s.grad_partition_from, s.gather_kept_from, s.gather_kept_from - 1, 0}) {
+    if (i >= 0 && i <= last) blocks.push_back(i);
   }
+  std::sort(blocks.rbegin(), blocks.rend());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
   for (int i : blocks) {
     // The partition may appear only in the block's attention half.
     const int64_t partition_mlp =
         i == s.grad_partition_from && s.grad_partition_at_attention ? 0 : partition_at(i);
     Live l = base;
     l[kTemps] += s.act_grad;
-    l[kParams] += s.block_gather;
+    l[kParams] += embed_kept + BackwardGather(s, i);
     l[kBuffers] += s.ipg_buckets;
     l[kGrads] += partition_mlp;
     if (s.grads_kept_on_production) {
@@ -372,9 +405,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (s.stage < 3) {
     s.params_resident = total * w;
   } else {
-    // zrun keeps this rank's chunk of every parameter (the optimizer's
-    // contiguous working copy), and small persistent ones also whole.
-    s.params_resident = sh.stage3_persistent_elements * w;
+    // This rank's chunk of every parameter (the optimizer's contiguous
+    // working copy), and small persistent ones also whole. On one rank the
+    // chunk is the parameter: nothing is ever gathered.
+    s.params_resident = s.world_size > 1 ? sh.stage3_persistent_elements * w : 0;
     if (!s.offload_param) s.params_resident += sh.stage3_grad_shard_elements * w;
   }
   // Gradients: the stage-3 partition; per-parameter accumulation at stages
@@ -390,10 +424,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.optimizer_resident = owned * kAdamStateBytesPerParam;
   }
   // DeepSpeed's contiguous-gradients reduce buckets: made per backward at
-  // stages 1/2 (stage_1_and_2.py, setup_buckets), at initialize at stage 3
-  // (stage3.py); a second one with overlap_comm.
+  // stages 1/2 (stage_1_and_2.py, setup_buckets; a second one with
+  // overlap_comm), at initialize at stage 3, one per gradient dtype
+  // (stage3.py, DeepSpeedZeroOptimizer_Stage3.__init__: ipg_buckets).
   if (s.stage >= 1 && zero.contiguous_gradients()) {
-    const int64_t buckets = zero.overlap_comm() ? 2 : 1;
+    const int64_t buckets = zero.overlap_comm() && s.stage < 3 ? 2 : 1;
     (s.stage == 3 ? s.buckets_resident : s.ipg_buckets) = zero.reduce_bucket_elements() * w * buckets;
     s.buckets_touched = std::min(zero.reduce_bucket_elements(), total) * w * buckets;
   }
@@ -448,7 +483,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.block_grads_mlp = mlp_elements * w;
   s.block_max_mlp_grad = largest_mlp * w;
   s.block_max_attn_grad = largest_attn * w;
-  if (s.stage == 3) {
+  if (s.stage == 3 && s.world_size > 1) {
     int64_t partitioned = 0;
     for (const TensorSpec& t : block_params) {
       if (NumElements(t) > zero.stage3_param_persistence_threshold()) partitioned += NumElements(t);
@@ -465,6 +500,23 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
       if (NumElements(t) > zero.stage3_param_persistence_threshold()) prefetched += NumElements(t);
     }
     s.block_gather = (partitioned + prefetched) * w;
+    s.gather_kept_block = partitioned * w;
+    // Kept parameters (sharding.h): the later the block, the nearer its
+    // backward, so blocks from some index on are kept whole.
+    const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero.stage3_max_reuse_distance());
+    std::vector<int64_t> kept(s.num_layers, 0);
+    for (size_t j = 0; j < params.size(); ++j) {
+      const TensorSpec& t = params[j];
+      if (t.layer() >= 0 && retention.kept_after_forward[j] && NumElements(t) > zero.stage3_param_persistence_threshold()) {
+        kept[t.layer()] += NumElements(t) * w;
+      }
+    }
+    int from = s.num_layers;
+    while (from > 0 && kept[from - 1] == s.gather_kept_block) --from;
+    s.gather_kept_from = from;
+    s.gather_kept_partial = from > 0 ? kept[from - 1] : 0;
+    s.embed_kept = retention.embedding_kept;
+    s.head_kept = retention.head_kept;
   }
 
   // Model ends.
@@ -472,7 +524,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (s.has_vocab) {
     s.head_grad = vocab * h * w;
     s.embed_grad = vocab * h * w;
-    if (s.stage == 3 && vocab * h > zero.stage3_param_persistence_threshold()) {
+    if (s.stage == 3 && s.world_size > 1 && vocab * h > zero.stage3_param_persistence_threshold()) {
       s.embed_gather = vocab * h * w;
     }
   }

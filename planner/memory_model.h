@@ -117,6 +117,16 @@ struct StepSizes {
   int64_t block_max_mlp_grad = 0;    // largest single parameter of each half
   int64_t block_max_attn_grad = 0;
   int64_t block_gather = 0;          // stage 3: gathered block + prefetch
+  // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
+  // keeps from their forward to their backward -- blocks gather_kept_from
+  // onwards whole (gather_kept_block bytes each) and gather_kept_partial bytes
+  // of the block before; the embedding through the whole step when
+  // embed_kept; the LM head from its forward to its backward when head_kept.
+  int gather_kept_from = 0;
+  int64_t gather_kept_block = 0;
+  int64_t gather_kept_partial = 0;
+  bool embed_kept = false;
+  bool head_kept = false;
 
   // Model ends.
   int64_t step_inputs = 0;           // ids + targets + RoPE cos/sin tables

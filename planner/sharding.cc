@@ -1,6 +1,7 @@
 #include "planner/sharding.h"
 
 #include <algorithm>
+#include <string>
 
 #include "planner/inventory.h"
 #include "planner/units.h"
@@ -47,6 +48,36 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
       if (p.first_param < 0) p.first_param = i;
       p.last_param = i;
     }
+  }
+  return out;
+}
+
+Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
+                                  int64_t max_reuse_distance_elements) {
+  auto module_of = [](const std::string& name) { return name.substr(0, name.rfind('.')); };
+  const int64_t reuse = max_reuse_distance_elements;
+  Stage3Retention out;
+  out.kept_after_forward.assign(parameters.size(), false);
+  // A tied LM head is one more module after the last parameter.
+  const int64_t tied_head =
+      tied_embeddings && !parameters.empty() && parameters.front().name().rfind("embed_tokens", 0) == 0
+          ? NumElements(parameters.front())
+          : 0;
+  int64_t after = tied_head;  // elements of the modules after the current one
+  for (size_t i = parameters.size(); i-- > 0;) {
+    size_t first = i;  // the module's parameters are [first, i]
+    while (first > 0 && module_of(parameters[first - 1].name()) == module_of(parameters[i].name())) --first;
+    for (size_t j = first; j <= i; ++j) out.kept_after_forward[j] = 2 * after < reuse;
+    for (size_t j = first; j <= i; ++j) after += NumElements(parameters[j]);
+    i = first;
+  }
+  out.head_kept = reuse > 0;
+  if (tied_head > 0) {
+    // Next used by the head's forward: the blocks and final norm in between.
+    out.embedding_kept = after - 2 * tied_head < reuse;
+    out.kept_after_forward[0] = out.embedding_kept;
+  } else if (!parameters.empty() && parameters.front().name().rfind("embed_tokens", 0) == 0) {
+    out.embedding_kept = out.kept_after_forward[0];
   }
   return out;
 }

@@ -69,6 +69,23 @@ struct FlatPartition {
 };
 std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& parameters, int64_t world);
 
+// Stage 3: which gathered parameters DeepSpeed keeps from their forward to
+// their backward instead of releasing them after their module's forward
+// (partitioned_param_coordinator.py, __params_to_release): those whose module
+// is used again within stage3_max_reuse_distance elements of the parameter
+// trace, i.e. when the elements of every module between this use and the
+// next (the later modules' forward, then their backward in reverse) are fewer
+// than the distance. In inventory (forward) order. A tied embedding's next use
+// is the LM head's forward; the LM head (tied or not) is used again at once
+// in its backward, so it is kept whenever the distance is positive.
+struct Stage3Retention {
+  std::vector<bool> kept_after_forward;  // per parameter of the inventory
+  bool embedding_kept = false;  // the (tied) embedding, from its forward through the whole backward
+  bool head_kept = false;       // the LM head, from its forward to its backward
+};
+Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
+                                  int64_t max_reuse_distance_elements);
+
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
                                int64_t persistence_threshold_elements);
 

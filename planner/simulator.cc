@@ -122,16 +122,28 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Forward.
   const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.step_inputs, PHASE_FORWARD, -1, "token ids, targets, RoPE tables");
   const int mask = r.Alloc(COMPONENT_ACTIVATIONS, s.attention_mask, PHASE_FORWARD, -1, "attention mask");
+  // Stage 3: gathered parameters kept from their forward to their backward
+  // (memory_model.h) have their own handles.
+  int embed_kept = -1;
   if (s.has_vocab) {
     const int g = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_FORWARD, -1, "embedding gathered");
-    r.Free(g, PHASE_FORWARD, -1, "embedding released");
+    if (s.embed_kept) {
+      embed_kept = g;
+    } else {
+      r.Free(g, PHASE_FORWARD, -1, "embedding released");
+    }
   }
+  auto kept_of_block = [&](int i) {
+    return i >= s.gather_kept_from ? s.gather_kept_block : i == s.gather_kept_from - 1 ? s.gather_kept_partial : 0;
+  };
   // Per block: the attention half's saved tensors, then the MLP half's
   // (with checkpointing only the block input, in the first).
-  std::vector<int> saved_attn(s.num_layers), saved_mlp(s.num_layers);
+  std::vector<int> saved_attn(s.num_layers), saved_mlp(s.num_layers), kept_gather(s.num_layers);
   for (int i = 0; i < s.num_layers; ++i) {
     const std::string layer = absl::StrCat("forward, layer ", i);
-    const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_FORWARD, i, layer + ", parameters gathered");
+    kept_gather[i] = r.Alloc(COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i, layer + ", parameters gathered (kept)");
+    const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
+                               layer + ", parameters gathered");
     if (s.checkpointing) {
       saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, layer + ", checkpointed input");
       saved_mlp[i] = r.Alloc(COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, layer);
@@ -151,8 +163,15 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Loss and the LM head's backward.
   int act_grad = -1, head_grad = -1;
   if (s.has_vocab) {
-    const int gather = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_LOSS, -1, "LM head gathered");
-    const int logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "logits");
+    // The LM head (a tied one is the embedding, maybe still gathered) for
+    // its forward; released after it unless kept for its backward.
+    const bool head_is_kept_embedding = s.tied && embed_kept >= 0;
+    int gather = head_is_kept_embedding ? -1 : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_LOSS, -1, "LM head gathered");
+    const int logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, LM head logits");
+    if (gather >= 0 && !s.head_kept) {
+      r.Free(gather, PHASE_LOSS, -1, "LM head released");
+      gather = -1;
+    }
     int logits32 = logits;
     if (s.mixed) {
       logits32 = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, fp32 upcast of logits");
@@ -171,13 +190,16 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
                             "loss backward, logits gradient cast");
       r.Free(grad32, PHASE_BACKWARD, -1, "fp32 logits gradient freed");
     }
+    if (gather < 0 && !head_is_kept_embedding) {
+      gather = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "LM head gathered");
+    }
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
     head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
     if (!s.tied) ipg = r.Alloc(COMPONENT_BUFFERS, s.ipg_buckets, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
     if (kept) kept_grads.push_back(head_grad);
     if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
     r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient freed");
-    r.Free(gather, PHASE_BACKWARD, -1, "LM head released");
+    if (gather >= 0) r.Free(gather, PHASE_BACKWARD, -1, "LM head released");
   } else {
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
   }
@@ -196,7 +218,12 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   for (int i = last; i >= 0; --i) {
     const std::string layer = absl::StrCat("backward, layer ", i);
     if (!s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
-    const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather, PHASE_BACKWARD, i, layer + ", parameters gathered");
+    // A kept block is still gathered (DeepSpeed prefetches past it while
+    // anything below is partitioned); another is gathered again.
+    const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
+    const int64_t gather_bytes = i >= s.gather_kept_from ? (below ? s.block_gather - s.gather_kept_block : 0)
+                                                         : s.block_gather - kept_of_block(i);
+    const int gather = r.Alloc(COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i, layer + ", parameters gathered");
     int recomputed_attn = -1, recomputed_mlp = -1;
     if (s.checkpointing) {
       recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved - s.block_saved_mlp, PHASE_BACKWARD, i,
@@ -233,13 +260,15 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     if (recomputed_attn >= 0) r.Free(recomputed_attn, PHASE_BACKWARD, i, layer + ", recomputed activations freed");
     r.Free(saved_attn[i], PHASE_BACKWARD, i, layer + ", attention activations freed");
     r.Free(gather, PHASE_BACKWARD, i, layer + ", parameters released");
+    r.Free(kept_gather[i], PHASE_BACKWARD, i, layer + ", kept parameters released");
   }
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
 
   // Embedding backward.
   partition_from(-1, PHASE_BACKWARD);
   if (s.has_vocab) {
-    const int gather = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "embedding gathered");
+    const int gather =
+        embed_kept >= 0 ? embed_kept : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "embedding gathered");
     const int contribution =
         r.Alloc(kept && !s.tied ? COMPONENT_GRADS : COMPONENT_TEMPORARIES, s.embed_grad, PHASE_BACKWARD, -1,
                 "backward, embedding gradient");

@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "planner/gpu_catalog.h"
+#include "planner/inventory.h"
 #include "planner/model_spec.h"
 #include "planner/run_config.h"
 #include "planner/units.h"
@@ -73,6 +74,8 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
       // a block) and an Adam with temporaries.
       config.mutable_zero()->set_reduce_bucket_elements(3'000'000);
       config.mutable_optimizer()->set_implementation(ADAM_IMPL_TORCH);
+      // Stage 3: about half the blocks kept from forward to backward, or none.
+      config.mutable_zero()->set_stage3_max_reuse_distance(c.grad_accum == 4 ? 0 : CountParameters(*model));
     }
     config = ResolveRunConfig(config);
     auto gpu = FindGpu(config.cluster().gpu());
