@@ -53,32 +53,112 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 }
 
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  int64_t max_reuse_distance_elements) {
-  auto module_of = [](const std::string& name) { return name.substr(0, name.rfind('.')); };
-  const int64_t reuse = max_reuse_distance_elements;
+                                  const Stage3Coordinator& c) {
+  const int n = static_cast<int>(parameters.size());
+  std::vector<int64_t> numel(n);
+  for (int p = 0; p < n; ++p) numel[p] = NumElements(parameters[p]);
+  // Modules in forward order (parameters of one module are adjacent).
+  auto module_of = [&](int p) { return parameters[p].name().substr(0, parameters[p].name().rfind('.')); };
+  std::vector<std::vector<int>> modules;
+  for (int p = 0; p < n; ++p) {
+    if (p == 0 || module_of(p) != module_of(p - 1)) modules.emplace_back();
+    modules.back().push_back(p);
+  }
+  const bool has_embedding = n > 0 && parameters[0].name().rfind("embed_tokens", 0) == 0;
+  int head = -1;  // the head module's index in `modules`
+  if (tied_embeddings && has_embedding) {
+    modules.push_back({0});
+    head = static_cast<int>(modules.size()) - 1;
+  } else if (n > 0 && parameters[n - 1].name().rfind("lm_head", 0) == 0) {
+    head = static_cast<int>(modules.size()) - 1;
+  }
+  // The module trace DeepSpeed records: the model and its decoder (no
+  // parameters of their own), the modules in forward order; then the
+  // model's backward hook, the head's, the decoder's and the rest in reverse.
+  const int num_modules = static_cast<int>(modules.size());
+  std::vector<int> trace = {-1, -1};
+  for (int m = 0; m < num_modules; ++m) trace.push_back(m);
+  const int forward_end = static_cast<int>(trace.size());
+  trace.push_back(-1);
+  if (head >= 0) trace.push_back(head);
+  trace.push_back(-1);
+  for (int m = num_modules; m-- > 0;) {
+    if (m != head) trace.push_back(m);
+  }
+  struct Entry {
+    int param;
+    int step;
+  };
+  std::vector<Entry> queue;
+  for (int t = 0; t < static_cast<int>(trace.size()); ++t) {
+    if (trace[t] >= 0) {
+      for (int p : modules[trace[t]]) queue.push_back({p, t});
+    }
+  }
+  auto persistent = [&](int p) { return numel[p] <= c.persistence_threshold_elements; };
+  std::vector<bool> available(n), kept_forward(n, false);
+  for (int p = 0; p < n; ++p) available[p] = persistent(p);
+  std::vector<int64_t> last_popped(n, -1);
+  int64_t n_available = 0;
+  size_t front = 0;
   Stage3Retention out;
-  out.kept_after_forward.assign(parameters.size(), false);
-  // A tied LM head is one more module after the last parameter.
-  const int64_t tied_head =
-      tied_embeddings && !parameters.empty() && parameters.front().name().rfind("embed_tokens", 0) == 0
-          ? NumElements(parameters.front())
-          : 0;
-  int64_t after = tied_head;  // elements of the modules after the current one
-  for (size_t i = parameters.size(); i-- > 0;) {
-    size_t first = i;  // the module's parameters are [first, i]
-    while (first > 0 && module_of(parameters[first - 1].name()) == module_of(parameters[i].name())) --first;
-    for (size_t j = first; j <= i; ++j) out.kept_after_forward[j] = 2 * after < reuse;
-    for (size_t j = first; j <= i; ++j) after += NumElements(parameters[j]);
-    i = first;
+  out.embedding_kept = has_embedding;
+  out.head_kept = head >= 0;
+  auto gather = [&](int p) {
+    if (available[p]) return;
+    available[p] = true;
+    n_available += numel[p];
+  };
+  for (int t = 0; t < static_cast<int>(trace.size()); ++t) {
+    const std::vector<int> none;
+    const std::vector<int>& params = trace[t] >= 0 ? modules[trace[t]] : none;
+    // fetch_sub_module: this module's parameters, its queue entries, then the prefetch.
+    int to_pop = 0;
+    for (int p : params) {
+      if (last_popped[p] < t) ++to_pop;
+      gather(p);
+    }
+    for (; to_pop > 0 && front < queue.size(); --to_pop, ++front) last_popped[queue[front].param] = queue[front].step;
+    if (c.prefetch_bucket_elements > 0) {
+      const int64_t limit = std::min(c.max_live_parameters - n_available, c.prefetch_bucket_elements);
+      int64_t prefetching = 0;
+      std::vector<int> prefetch;
+      while (front < queue.size() && prefetching < limit) {
+        const Entry e = queue[front++];
+        last_popped[e.param] = std::max<int64_t>(last_popped[e.param], e.step);
+        if (!available[e.param] && std::find(prefetch.begin(), prefetch.end(), e.param) == prefetch.end()) {
+          prefetch.push_back(e.param);
+          prefetching += numel[e.param];
+        }
+      }
+      for (int p : prefetch) gather(p);
+    }
+    // release_sub_module: the step counter has moved past this module.
+    const int next = t + 1;
+    for (int p : params) {
+      if (persistent(p)) continue;
+      bool keep = last_popped[p] > next;
+      int64_t traversed = 0;
+      for (int u = next; !keep && u < static_cast<int>(trace.size()); ++u) {
+        if (traversed >= c.max_reuse_distance_elements) break;
+        if (trace[u] < 0) continue;
+        for (int q : modules[trace[u]]) {
+          keep = keep || q == p;
+          traversed += numel[q];
+        }
+      }
+      if (t < forward_end && trace[t] != head) kept_forward[p] = keep;
+      if (trace[t] == head && t < forward_end) out.head_kept = keep;
+      const bool final_use = t >= forward_end && (p != 0 || trace[t] != head);
+      if (!keep && !final_use && p == 0 && has_embedding) out.embedding_kept = false;
+      if (!keep && available[p]) {
+        available[p] = false;
+        n_available -= numel[p];
+      }
+    }
   }
-  out.head_kept = reuse > 0;
-  if (tied_head > 0) {
-    // Next used by the head's forward: the blocks and final norm in between.
-    out.embedding_kept = after - 2 * tied_head < reuse;
-    out.kept_after_forward[0] = out.embedding_kept;
-  } else if (!parameters.empty() && parameters.front().name().rfind("embed_tokens", 0) == 0) {
-    out.embedding_kept = out.kept_after_forward[0];
-  }
+  out.kept_after_forward = kept_forward;
+  if (head >= 0 && !(tied_embeddings && has_embedding)) out.kept_after_forward[n - 1] = out.head_kept;
   return out;
 }
 

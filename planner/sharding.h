@@ -71,20 +71,31 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 
 // Stage 3: which gathered parameters DeepSpeed keeps from their forward to
 // their backward instead of releasing them after their module's forward
-// (partitioned_param_coordinator.py, __params_to_release): those whose module
-// is used again within stage3_max_reuse_distance elements of the parameter
-// trace, i.e. when the elements of every module between this use and the
-// next (the later modules' forward, then their backward in reverse) are fewer
-// than the distance. In inventory (forward) order. A tied embedding's next use
-// is the LM head's forward; the LM head (tied or not) is used again at once
-// in its backward, so it is kept whenever the distance is positive.
+// (runtime/zero/partitioned_param_coordinator.py). Once the module trace is
+// recorded, release_sub_module keeps a parameter (__params_to_release) when
+// its module is used again within stage3_max_reuse_distance elements of the
+// trace (the later modules' forward, then the backward in reverse), or when
+// a prefetch (fetch_sub_module) has already consumed its next use from the
+// fetch queue: the prefetcher pops queue entries until it has gathered
+// stage3_prefetch_bucket_size elements, and entries of parameters already
+// gathered are popped for free, so near the end of the forward it runs into
+// the backward's entries and marks what is still gathered. Replayed here
+// module by module over the inventory (forward order; a tied LM head is one
+// more module after the last), with parameters of at most
+// stage3_param_persistence_threshold elements always present.
+struct Stage3Coordinator {
+  int64_t persistence_threshold_elements = 0;
+  int64_t prefetch_bucket_elements = 0;
+  int64_t max_live_parameters = 0;
+  int64_t max_reuse_distance_elements = 0;
+};
 struct Stage3Retention {
   std::vector<bool> kept_after_forward;  // per parameter of the inventory
-  bool embedding_kept = false;  // the (tied) embedding, from its forward through the whole backward
+  bool embedding_kept = false;  // the embedding (tied: also as the head), from its forward through its backward
   bool head_kept = false;       // the LM head, from its forward to its backward
 };
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  int64_t max_reuse_distance_elements);
+                                  const Stage3Coordinator& coordinator);
 
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
                                int64_t persistence_threshold_elements);

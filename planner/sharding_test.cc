@@ -1,5 +1,8 @@
 #include "planner/sharding.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
 #include "planner/model_spec.h"
@@ -60,6 +63,68 @@ TEST(ShardingTest, PartitionHoldsEveryParameterThatTouchesTheShardWhole) {
   const std::vector<FlatPartition> one = FlatPartitionsByRank({param(6), param(10), param(4)}, 1);
   EXPECT_EQ(one[0].params_elements, 20);
   EXPECT_EQ(one[0].max_piece_elements, 10);
+}
+
+// Kept parameters by layer: how many of a layer's partitioned parameters stay gathered.
+std::vector<int> KeptPerLayer(const std::vector<TensorSpec>& params, const Stage3Retention& r, int layers) {
+  std::vector<int> kept(layers, 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].layer() >= 0 && r.kept_after_forward[i]) ++kept[params[i].layer()];
+  }
+  return kept;
+}
+
+TEST(ShardingTest, Stage3KeepsWhatIsReusedWithinTheReuseDistance) {
+  auto model = LoadPreset("gpt2");  // tied, 12 layers, 124M parameters
+  const auto params = ParameterInventory(*model);
+  Stage3Coordinator c;
+  c.persistence_threshold_elements = 100'000;
+  c.max_live_parameters = 1'000'000'000;
+  // No prefetch: only the reuse distance decides. DeepSpeed's default (1e9)
+  // keeps the whole model gathered from its forward to its backward.
+  c.max_reuse_distance_elements = 1'000'000'000;
+  Stage3Retention r = Stage3RetentionOf(params, /*tied_embeddings=*/true, c);
+  EXPECT_TRUE(r.embedding_kept);
+  EXPECT_TRUE(r.head_kept);
+  EXPECT_EQ(KeptPerLayer(params, r, 12), std::vector<int>(12, 6));  // q, k, v, o, up, down
+  // A distance of the whole model: a block is kept when twice the elements
+  // after it (its forward and its backward) are fewer, so the later half.
+  c.max_reuse_distance_elements = CountParameters(*model);
+  r = Stage3RetentionOf(params, true, c);
+  std::vector<int> kept = KeptPerLayer(params, r, 12);
+  EXPECT_EQ(kept.front(), 0);
+  EXPECT_EQ(kept.back(), 6);
+  EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+  EXPECT_TRUE(r.embedding_kept);  // next used by the head's forward, 85M elements later
+  EXPECT_TRUE(r.head_kept);
+  // Distance 0: nothing kept, not even the head for its backward right after.
+  c.max_reuse_distance_elements = 0;
+  r = Stage3RetentionOf(params, true, c);
+  EXPECT_EQ(KeptPerLayer(params, r, 12), std::vector<int>(12, 0));
+  EXPECT_FALSE(r.head_kept);
+  EXPECT_FALSE(r.embedding_kept);
+}
+
+TEST(ShardingTest, Stage3PrefetchConsumesTheNextUsesOfWhatIsGathered) {
+  auto model = LoadPreset("gpt2");
+  const auto params = ParameterInventory(*model);
+  Stage3Coordinator c;
+  c.persistence_threshold_elements = 100'000;
+  c.max_live_parameters = 1'000'000'000;
+  c.max_reuse_distance_elements = 0;
+  // A prefetch bucket of one block: at the end of the forward the
+  // prefetcher pops the head's next use and the last blocks' backward
+  // entries while they are still gathered.
+  c.prefetch_bucket_elements = 7'087'872;  // one GPT-2 block
+  const Stage3Retention r = Stage3RetentionOf(params, true, c);
+  EXPECT_TRUE(r.head_kept);
+  const std::vector<int> kept = KeptPerLayer(params, r, 12);
+  EXPECT_EQ(kept.front(), 0);
+  EXPECT_GT(kept.back(), 0);
+  // A bucket larger than the model: everything is gathered early and every
+  // next use is popped while it is gathered.
+  c.prefetch_bucket_elements = 1'000'000'000;
+  EXPECT_EQ(KeptPerLayer(params, Stage3RetentionOf(params, true, c), 12), std::vector<int>(12, 6));
 }
 
 }  // namespace
