@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "executor/counting_allocator.h"
+#include "planner/inventory.h"
 #include "planner/run_config.h"
 #include "planner/sharding.h"
 #include "planner/status_macros.h"
@@ -144,7 +145,10 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     int64_t offset = 0;
     for (Slot& slot : e->slots_) {
       slot.shard_numel = Stage3ShardElements(slot.numel, world);
-      slot.persistent = slot.numel <= zero.stage3_param_persistence_threshold();
+      // On one rank without parameter offload the chunk is the parameter
+      // (DeepSpeed gathers nothing there): nothing is ever released.
+      slot.persistent = slot.numel <= zero.stage3_param_persistence_threshold() ||
+                        (world == 1 && zero.offload_param() != OFFLOAD_CPU);
       slot.own_lo = std::min(rank * slot.shard_numel, slot.numel);
       slot.own_hi = std::min((rank + 1) * slot.shard_numel, slot.numel);
       slot.own_dst = offset;
@@ -191,18 +195,26 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     at::Tensor shards = at::zeros({e->owned_numel_}, options.device(offload_param ? at::kCPU : e->device_));
     e->flat_shards_ = offload_param && zero.pin_memory() && e->device_.is_cuda() ? shards.pin_memory() : shards;
     e->parts_.resize(static_cast<size_t>(num_layers) + 2);
+    e->unpartitioned_ = world == 1 && !offload_param;
     for (size_t i = 0; i < e->slots_.size(); ++i) {
       Slot& slot = e->slots_[i];
-      e->flat_shards_.narrow(0, slot.own_dst, slot.own_hi - slot.own_lo)
-          .copy_(slot.param.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+      at::Tensor chunk = e->flat_shards_.narrow(0, slot.own_dst, slot.own_hi - slot.own_lo);
+      chunk.copy_(slot.param.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+      if (e->unpartitioned_) slot.param.set_data(chunk.view(slot.shape));
       e->parts_[PartOf(slot.name, num_layers) + 1].push_back(i);
       slot.gathered = true;
     }
     // A tied LM head uses the embedding matrix.
-    if (model->spec().tie_word_embeddings() && model->spec().vocab_size() > 0) {
-      e->parts_[num_layers + 1].push_back(0);
-    }
-    for (int part = -1; part <= num_layers; ++part) e->Release(part);
+    e->tied_head_ = model->spec().tie_word_embeddings() && model->spec().vocab_size() > 0;
+    if (e->tied_head_) e->parts_[num_layers + 1].push_back(0);
+    // What DeepSpeed's coordinator keeps gathered from forward to backward.
+    Stage3Coordinator coordinator;
+    coordinator.persistence_threshold_elements = zero.stage3_param_persistence_threshold();
+    coordinator.prefetch_bucket_elements = zero.stage3_prefetch_bucket_elements();
+    coordinator.max_live_parameters = zero.stage3_max_live_parameters();
+    coordinator.max_reuse_distance_elements = zero.stage3_max_reuse_distance();
+    e->retention_ = Stage3RetentionOf(ParameterInventory(model->spec()), e->tied_head_, coordinator);
+    for (int part = -1; part <= num_layers; ++part) e->Release(part, kReleaseAll);
   }
 
   // Master weights and Adam states for the owned elements (host with offload).
@@ -253,13 +265,11 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     e->hooks_.before_forward = [engine, fail, num_layers](int part) {
       fail(engine->GatherWithPrefetch(part, part >= 0 && part + 1 < num_layers ? part + 1 : -2));
     };
-    e->hooks_.after_forward = [engine, num_layers](int part) {
-      if (part != num_layers) engine->Release(part);  // the head stays until its backward
-    };
+    e->hooks_.after_forward = [engine](int part) { engine->Release(part, kAfterForward); };
     e->hooks_.before_backward = [engine, fail, num_layers](int part) {
       fail(engine->GatherWithPrefetch(part, part >= 1 && part < num_layers ? part - 1 : -2));
     };
-    e->hooks_.after_backward = [engine](int part) { engine->Release(part); };
+    e->hooks_.after_backward = [engine](int part) { engine->Release(part, kAfterBackward); };
   }
   return e;
 }
@@ -291,10 +301,14 @@ absl::Status ZeroEngine::GatherSlot(size_t index) {
   return absl::OkStatus();
 }
 
-void ZeroEngine::Release(int part) {
+void ZeroEngine::Release(int part, ReleasePoint point) {
+  const bool head = part + 2 == static_cast<int>(parts_.size());
   for (size_t index : parts_[part + 1]) {
     Slot& slot = slots_[index];
     if (slot.persistent || !slot.gathered) continue;
+    // DeepSpeed keeps what it will use again soon (sharding.h, Stage3Retention).
+    if (point == kAfterForward && (head ? retention_.head_kept : retention_.kept_after_forward[index])) continue;
+    if (point == kAfterBackward && head && tied_head_ && retention_.embedding_kept) continue;
     slot.param.set_data(at::empty({0}, at::TensorOptions().dtype(dtype_).device(device_)));
     slot.gathered = false;
   }
@@ -302,6 +316,15 @@ void ZeroEngine::Release(int part) {
 
 absl::Status ZeroEngine::GatherWithPrefetch(int part, int next) {
   ZPLAN_RETURN_IF_ERROR(Gather(part));
+  // Backward: DeepSpeed's prefetch passes over parts still gathered (kept)
+  // to the next one it has to gather.
+  auto all_gathered = [&](int p) {
+    for (size_t index : parts_[p + 1]) {
+      if (!slots_[index].persistent && !slots_[index].gathered) return false;
+    }
+    return true;
+  };
+  while (next >= 0 && next < part && all_gathered(next)) --next;
   if (next < -1) return absl::OkStatus();
   // Then the next part's parameters, in order, while fewer than
   // min(prefetch bucket, live cap - gathered) elements are in flight; the
@@ -313,7 +336,7 @@ absl::Status ZeroEngine::GatherWithPrefetch(int part, int next) {
   int64_t prefetched = 0;
   for (size_t index : parts_[next + 1]) {
     if (prefetched >= limit) break;
-    if (slots_[index].persistent) continue;
+    if (slots_[index].persistent || slots_[index].gathered) continue;
     ZPLAN_RETURN_IF_ERROR(GatherSlot(index));
     prefetched += slots_[index].numel;
   }
@@ -324,7 +347,8 @@ void ZeroEngine::AllocateBuckets() {
   const ZeroConfig& zero = config_.zero();
   if (!buckets_.empty() || !zero.contiguous_gradients()) return;
   ScopedMemoryTag tag(COMPONENT_BUFFERS);
-  for (int i = 0; i < (zero.overlap_comm() ? 2 : 1); ++i) {
+  // Stage 3 keeps one bucket per gradient dtype (stage3.py, ipg_buckets).
+  for (int i = 0; i < (zero.overlap_comm() && stage_ < 3 ? 2 : 1); ++i) {
     buckets_.push_back(at::empty({zero.reduce_bucket_elements()}, at::TensorOptions().dtype(dtype_).device(device_)));
   }
 }
@@ -434,7 +458,7 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
 absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
   ZPLAN_RETURN_IF_ERROR(hook_status_);
   if (stage_ == 3) {
-    Release(-1);  // the embedding, gathered for its backward
+    Release(-1, kAfterBackward);  // the embedding, gathered for its backward
     return FlushBucket();
   }
   if (stage_ == 1 && last_micro_step && !offload_) {
@@ -570,6 +594,7 @@ at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
 }
 
 absl::Status ZeroEngine::RefreshPersistent() {
+  if (unpartitioned_) return absl::OkStatus();  // the parameters are their chunks
   const int world = comm_->world_size();
   for (Slot& slot : slots_) {
     if (!slot.persistent) continue;

@@ -55,6 +55,7 @@
 #include "absl/status/statusor.h"
 #include "executor/collectives.h"
 #include "executor/transformer.h"
+#include "planner/sharding.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/run_config.pb.h"
 
@@ -138,7 +139,8 @@ class ZeroEngine {
   void AccumulateOwned(const Slot& slot, const at::Tensor& full_grad);
   absl::Status Gather(int part);
   absl::Status GatherSlot(size_t index);
-  void Release(int part);
+  enum ReleasePoint { kAfterForward, kAfterBackward, kReleaseAll };
+  void Release(int part, ReleasePoint point);
   absl::Status GatherWithPrefetch(int part, int next);
   absl::Status RefreshPersistent();
   // Sum of squares of this rank's owned gradient elements, [1] fp32.
@@ -167,6 +169,9 @@ class ZeroEngine {
   at::Tensor flat_params_;      // stages 0-2: [padded] working dtype; parameters are views
   at::Tensor flat_shards_;      // stage 3: [owned] working dtype (host with offload_param)
   std::vector<std::vector<size_t>> parts_;  // stage 3: slots of part p at index p + 1
+  bool tied_head_ = false;      // stage 3: the head's part holds the embedding
+  bool unpartitioned_ = false;  // stage 3 on one rank: parameters are views of flat_shards_
+  Stage3Retention retention_;
   BlockHooks hooks_;
   int64_t owned_begin_ = 0, owned_numel_ = 0;
   at::Tensor master_, exp_avg_, exp_avg_sq_, step_count_;  // fp32 [owned]

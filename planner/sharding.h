@@ -51,10 +51,12 @@ inline int64_t Stage3ShardElements(int64_t numel, int64_t world) {
 // parameters: always in mixed precision and with optimizer offload (on the
 // host); in fp32 training the ZeRO-1/2 optimizer still clones its partition
 // (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.__init__:
-// weights_partition = ...detach().clone()), ZeRO-3 steps its fp32 partition
-// itself (stage3.py, _create_fp32_partitions) and so does ZeRO-0.
+// weights_partition = ...detach().clone()) and so does ZeRO-3
+// (stage3.py, _create_fp32_partitions: converted.clone(); seen as a second
+// fp32 partition in the oracle's allocation log); ZeRO-0 steps its
+// parameters.
 inline bool KeepsFp32Master(int stage, bool mixed_precision, bool offload_optimizer) {
-  return mixed_precision || offload_optimizer || stage == 1 || stage == 2;
+  return mixed_precision || offload_optimizer || stage >= 1;
 }
 
 // Stage 1/2, per rank: the gradient partition DeepSpeed allocates holds
