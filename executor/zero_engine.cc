@@ -255,8 +255,16 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   }
 
   if (e->stage_ == 3) {
+    // The gradient partition; with optimizer offload on the host, upcast
+    // into host_grads_ at the accumulation boundary (stage3.py,
+    // grad_partitions_flat_buffer on the offload device).
     tag.emplace(COMPONENT_GRADS);
-    if (!e->offload_) e->grad_shard_ = at::zeros({e->owned_numel_}, options);
+    if (e->offload_) {
+      at::Tensor host = at::zeros({e->owned_numel_}, options.device(at::kCPU));
+      e->grad_shard_ = pin ? host.pin_memory() : host;
+    } else {
+      e->grad_shard_ = at::zeros({e->owned_numel_}, options);
+    }
     e->AllocateBuckets();
     ZeroEngine* engine = e.get();
     auto fail = [engine](absl::Status s) {
@@ -358,6 +366,10 @@ void ZeroEngine::AccumulateOwned(const Slot& slot, const at::Tensor& full_grad) 
   if (len <= 0) return;
   const at::Tensor part = full_grad.narrow(0, slot.own_lo, len);
   const double scale = 1.0 / comm_->world_size();
+  if (offload_ && stage_ == 3) {
+    grad_shard_.narrow(0, slot.own_dst, len).add_(part.to(at::kCPU), scale);
+    return;
+  }
   if (offload_) {
     host_grads_.narrow(0, slot.own_dst, len).add_(StageToHost(part), scale);
     return;
@@ -459,7 +471,12 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
   ZPLAN_RETURN_IF_ERROR(hook_status_);
   if (stage_ == 3) {
     Release(-1, kAfterBackward);  // the embedding, gathered for its backward
-    return FlushBucket();
+    ZPLAN_RETURN_IF_ERROR(FlushBucket());
+    if (offload_ && last_micro_step) {
+      host_grads_.copy_(grad_shard_);
+      grad_shard_.zero_();
+    }
+    return absl::OkStatus();
   }
   if (stage_ == 1 && last_micro_step && !offload_) {
     // The epilogue: the partition first, then every kept gradient through

@@ -569,6 +569,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.host_master = owned * kMasterBytesPerParam;
     s.host_optimizer = owned * kAdamStateBytesPerParam;
     s.host_grads = owned * kOffloadGradBytesPerParam;
+    // Stage 3 reduces into a working-dtype partition on the host first
+    // (stage3.py, grad_partitions_flat_buffer on the offload device), upcast
+    // into the fp32 gradients at the accumulation boundary.
+    if (s.stage == 3) s.host_grads += owned * w;
   }
   if (s.offload_param) s.host_params = sh.stage3_grad_shard_elements * w;
   if (s.offload_optimizer && s.stage <= 2) {
