@@ -208,12 +208,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     e->tied_head_ = model->spec().tie_word_embeddings() && model->spec().vocab_size() > 0;
     if (e->tied_head_) e->parts_[num_layers + 1].push_back(0);
     // What DeepSpeed's coordinator keeps gathered from forward to backward.
-    Stage3Coordinator coordinator;
-    coordinator.persistence_threshold_elements = zero.stage3_param_persistence_threshold();
-    coordinator.prefetch_bucket_elements = zero.stage3_prefetch_bucket_elements();
-    coordinator.max_live_parameters = zero.stage3_max_live_parameters();
-    coordinator.max_reuse_distance_elements = zero.stage3_max_reuse_distance();
-    e->retention_ = Stage3RetentionOf(ParameterInventory(model->spec()), e->tied_head_, coordinator);
+    e->retention_ = Stage3RetentionOf(ParameterInventory(model->spec()), e->tied_head_, zero);
     for (int part = -1; part <= num_layers; ++part) e->Release(part, kReleaseAll);
   }
 

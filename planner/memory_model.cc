@@ -504,12 +504,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // Kept parameters (sharding.h): the later the block, the nearer its
     // backward, so blocks from some index on are kept whole (the closed form
     // relies on it; the simulator test checks it).
-    Stage3Coordinator coordinator;
-    coordinator.persistence_threshold_elements = zero.stage3_param_persistence_threshold();
-    coordinator.prefetch_bucket_elements = zero.stage3_prefetch_bucket_elements();
-    coordinator.max_live_parameters = zero.stage3_max_live_parameters();
-    coordinator.max_reuse_distance_elements = zero.stage3_max_reuse_distance();
-    const Stage3Retention retention = Stage3RetentionOf(params, s.tied, coordinator);
+    const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero);
     std::vector<int64_t> kept(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
       const TensorSpec& t = params[j];

@@ -53,7 +53,7 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 }
 
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const Stage3Coordinator& c) {
+                                  const ZeroConfig& zero) {
   const int n = static_cast<int>(parameters.size());
   std::vector<int64_t> numel(n);
   for (int p = 0; p < n; ++p) numel[p] = NumElements(parameters[p]);
@@ -95,7 +95,7 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
       for (int p : modules[trace[t]]) queue.push_back({p, t});
     }
   }
-  auto persistent = [&](int p) { return numel[p] <= c.persistence_threshold_elements; };
+  auto persistent = [&](int p) { return numel[p] <= zero.stage3_param_persistence_threshold(); };
   std::vector<bool> available(n), kept_forward(n, false);
   for (int p = 0; p < n; ++p) available[p] = persistent(p);
   std::vector<int64_t> last_popped(n, -1);
@@ -119,8 +119,9 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
       gather(p);
     }
     for (; to_pop > 0 && front < queue.size(); --to_pop, ++front) last_popped[queue[front].param] = queue[front].step;
-    if (c.prefetch_bucket_elements > 0) {
-      const int64_t limit = std::min(c.max_live_parameters - n_available, c.prefetch_bucket_elements);
+    if (zero.stage3_prefetch_bucket_elements() > 0) {
+      const int64_t limit =
+          std::min(zero.stage3_max_live_parameters() - n_available, zero.stage3_prefetch_bucket_elements());
       int64_t prefetching = 0;
       std::vector<int> prefetch;
       while (front < queue.size() && prefetching < limit) {
@@ -140,7 +141,7 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
       bool keep = last_popped[p] > next;
       int64_t traversed = 0;
       for (int u = next; !keep && u < static_cast<int>(trace.size()); ++u) {
-        if (traversed >= c.max_reuse_distance_elements) break;
+        if (traversed >= zero.stage3_max_reuse_distance()) break;
         if (trace[u] < 0) continue;
         for (int q : modules[trace[u]]) {
           keep = keep || q == p;

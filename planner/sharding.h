@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "proto/inventory.pb.h"
+#include "proto/run_config.pb.h"
 
 namespace zplan {
 
@@ -84,20 +85,15 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 // the backward's entries and marks what is still gathered. Replayed here
 // module by module over the inventory (forward order; a tied LM head is one
 // more module after the last), with parameters of at most
-// stage3_param_persistence_threshold elements always present.
-struct Stage3Coordinator {
-  int64_t persistence_threshold_elements = 0;
-  int64_t prefetch_bucket_elements = 0;
-  int64_t max_live_parameters = 0;
-  int64_t max_reuse_distance_elements = 0;
-};
+// stage3_param_persistence_threshold elements always present. `zero` must
+// be resolved (ResolveRunConfig).
 struct Stage3Retention {
   std::vector<bool> kept_after_forward;  // per parameter of the inventory
   bool embedding_kept = false;  // the embedding (tied: also as the head), from its forward through its backward
   bool head_kept = false;       // the LM head, from its forward to its backward
 };
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const Stage3Coordinator& coordinator);
+                                  const ZeroConfig& zero);
 
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
                                int64_t persistence_threshold_elements);

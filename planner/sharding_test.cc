@@ -77,19 +77,20 @@ std::vector<int> KeptPerLayer(const std::vector<TensorSpec>& params, const Stage
 TEST(ShardingTest, Stage3KeepsWhatIsReusedWithinTheReuseDistance) {
   auto model = LoadPreset("gpt2");  // tied, 12 layers, 124M parameters
   const auto params = ParameterInventory(*model);
-  Stage3Coordinator c;
-  c.persistence_threshold_elements = 100'000;
-  c.max_live_parameters = 1'000'000'000;
+  ZeroConfig c;
+  c.set_stage3_param_persistence_threshold(100'000);
+  c.set_stage3_max_live_parameters(1'000'000'000);
+  c.set_stage3_prefetch_bucket_elements(0);
   // No prefetch: only the reuse distance decides. DeepSpeed's default (1e9)
   // keeps the whole model gathered from its forward to its backward.
-  c.max_reuse_distance_elements = 1'000'000'000;
+  c.set_stage3_max_reuse_distance(1'000'000'000);
   Stage3Retention r = Stage3RetentionOf(params, /*tied_embeddings=*/true, c);
   EXPECT_TRUE(r.embedding_kept);
   EXPECT_TRUE(r.head_kept);
   EXPECT_EQ(KeptPerLayer(params, r, 12), std::vector<int>(12, 6));  // q, k, v, o, up, down
   // A distance of the whole model: a block is kept when twice the elements
   // after it (its forward and its backward) are fewer, so the later half.
-  c.max_reuse_distance_elements = CountParameters(*model);
+  c.set_stage3_max_reuse_distance(CountParameters(*model));
   r = Stage3RetentionOf(params, true, c);
   std::vector<int> kept = KeptPerLayer(params, r, 12);
   EXPECT_EQ(kept.front(), 0);
@@ -98,7 +99,7 @@ TEST(ShardingTest, Stage3KeepsWhatIsReusedWithinTheReuseDistance) {
   EXPECT_TRUE(r.embedding_kept);  // next used by the head's forward, 85M elements later
   EXPECT_TRUE(r.head_kept);
   // Distance 0: nothing kept, not even the head for its backward right after.
-  c.max_reuse_distance_elements = 0;
+  c.set_stage3_max_reuse_distance(0);
   r = Stage3RetentionOf(params, true, c);
   EXPECT_EQ(KeptPerLayer(params, r, 12), std::vector<int>(12, 0));
   EXPECT_FALSE(r.head_kept);
@@ -108,14 +109,15 @@ TEST(ShardingTest, Stage3KeepsWhatIsReusedWithinTheReuseDistance) {
 TEST(ShardingTest, Stage3PrefetchConsumesTheNextUsesOfWhatIsGathered) {
   auto model = LoadPreset("gpt2");
   const auto params = ParameterInventory(*model);
-  Stage3Coordinator c;
-  c.persistence_threshold_elements = 100'000;
-  c.max_live_parameters = 1'000'000'000;
-  c.max_reuse_distance_elements = 0;
+  ZeroConfig c;
+  c.set_stage3_param_persistence_threshold(100'000);
+  c.set_stage3_max_live_parameters(1'000'000'000);
+  c.set_stage3_prefetch_bucket_elements(0);
+  c.set_stage3_max_reuse_distance(0);
   // A prefetch bucket of one block: at the end of the forward the
   // prefetcher pops the head's next use and the last blocks' backward
   // entries while they are still gathered.
-  c.prefetch_bucket_elements = 7'087'872;  // one GPT-2 block
+  c.set_stage3_prefetch_bucket_elements(7'087'872);  // one GPT-2 block
   const Stage3Retention r = Stage3RetentionOf(params, true, c);
   EXPECT_TRUE(r.head_kept);
   const std::vector<int> kept = KeptPerLayer(params, r, 12);
@@ -123,7 +125,7 @@ TEST(ShardingTest, Stage3PrefetchConsumesTheNextUsesOfWhatIsGathered) {
   EXPECT_GT(kept.back(), 0);
   // A bucket larger than the model: everything is gathered early and every
   // next use is popped while it is gathered.
-  c.prefetch_bucket_elements = 1'000'000'000;
+  c.set_stage3_prefetch_bucket_elements(1'000'000'000);
   EXPECT_EQ(KeptPerLayer(params, Stage3RetentionOf(params, true, c), 12), std::vector<int>(12, 6));
 }
 
