@@ -105,6 +105,13 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["layer"] = layer;
+    // The recomputation must draw the same dropout masks: stash the
+    // generator's state, as torch.utils.checkpoint(preserve_rng_state=True).
+    if (model->spec().attention_dropout() > 0 || model->spec().residual_dropout() > 0) {
+      at::Generator generator = at::globalContext().defaultGenerator(x.device());
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      ctx->saved_data["rng_state"] = generator.get_state();
+    }  // before the block draws its masks
     if (mask.has_value()) {
       ctx->save_for_backward({x, cos, sin, *mask});
     } else {
@@ -145,7 +152,23 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   at::Tensor y;
   {
     at::AutoGradMode enable(true);
-    y = BlockForward(model, layer, x, saved[1], saved[2], saved.size() > 3 ? saved[3] : at::Tensor());
+    auto stashed = ctx->saved_data.find("rng_state");
+    if (stashed == ctx->saved_data.end()) {
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved.size() > 3 ? saved[3] : at::Tensor());
+    } else {
+      // Replay the forward's random stream, then continue the current one
+      // (the lock only around the swaps: dropout takes it too).
+      at::Generator generator = at::globalContext().defaultGenerator(x.device());
+      at::Tensor current;
+      {
+        std::lock_guard<std::mutex> lock(generator.mutex());
+        current = generator.get_state();
+        generator.set_state(stashed->second.toTensor());
+      }
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved.size() > 3 ? saved[3] : at::Tensor());
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(current);
+    }
   }
   if (hooks != nullptr && hooks->after_recompute) hooks->after_recompute(layer);
   torch::autograd::backward({y}, {grads[0]});
@@ -243,7 +266,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     k = k * cos + RotateHalf(k) * sin;
   }
   at::Tensor attn;
-  const double dropout = spec_.dropout();
+  const double dropout = spec_.attention_dropout();
   if (spec_.attention_impl() == ATTENTION_EAGER) {
     // transformers' eager_attention_forward: scores plus the additive causal
     // mask, softmax in fp32 (kept) cast back to the working dtype (kept).
@@ -259,7 +282,8 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
                                             /*scale=*/std::nullopt, /*enable_gqa=*/kv != a);
   }
   at::Tensor out = linear(attn.transpose(1, 2).reshape({b, s, a * d}), p + "attn.o_proj", spec_.attention_out_bias());
-  if (dropout > 0) out = at::dropout(out, dropout, true);
+  const double residual_dropout = spec_.residual_dropout();
+  if (residual_dropout > 0) out = at::dropout(out, residual_dropout, /*train=*/true);
   at::Tensor h = x + out;
 
   const at::Tensor n2 = norm(h, p + "mlp_norm");
@@ -281,7 +305,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     }
     mlp = linear(act, p + "mlp.down_proj", mlp_bias);
   }
-  if (dropout > 0) mlp = at::dropout(mlp, dropout, true);
+  if (residual_dropout > 0) mlp = at::dropout(mlp, residual_dropout, /*train=*/true);
   return h + mlp;
 }
 
@@ -312,6 +336,7 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   if (spec_.position_embedding() == POSITION_LEARNED) {
     x = x + at::embedding(Param("embed_positions.weight"), at::arange(s, options.dtype(at::kLong)));
   }
+  if (spec_.embedding_dropout() > 0) x = at::dropout(x, spec_.embedding_dropout(), /*train=*/true);
   // Eager attention's additive causal mask [b, 1, s, s] in the working dtype
   // (transformers' eager_mask), alive until the blocks and final norm are
   // done, or, with checkpointing, until the last recomputation.

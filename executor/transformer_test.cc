@@ -40,25 +40,33 @@ TEST(TransformerTest, ParametersMatchTheInventory) {
 }
 
 TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
-  auto spec = LoadPreset("debug-tiny");
-  auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
-  ASSERT_TRUE(model.ok());
-  const Batch batch = MakeBatch(*spec, 2, 32);
-  at::Tensor loss = model->Loss(batch.ids, batch.targets, false);
-  EXPECT_NEAR(loss.item<double>(), std::log(2048.0), 0.2);
-  loss.backward();
-  std::vector<at::Tensor> grads;
-  for (auto& [name, p] : model->mutable_parameters()) {
-    grads.push_back(p.grad().clone());
-    p.mutable_grad() = at::Tensor();
-  }
-  at::Tensor loss_ckpt = model->Loss(batch.ids, batch.targets, true);
-  EXPECT_DOUBLE_EQ(loss_ckpt.item<double>(), loss.item<double>());
-  loss_ckpt.backward();
-  size_t i = 0;
-  for (auto& [name, p] : model->mutable_parameters()) {
-    ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << name;
+  // With dropout, the recomputation must replay the forward's masks.
+  for (const double dropout : {0.0, 0.2}) {
+    auto spec = LoadPreset("debug-tiny");
+    spec->set_attention_dropout(dropout);
+    spec->set_residual_dropout(dropout);
+    spec->set_embedding_dropout(dropout);
+    auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
+    ASSERT_TRUE(model.ok());
+    const Batch batch = MakeBatch(*spec, 2, 32);
+    at::manual_seed(11);
+    at::Tensor loss = model->Loss(batch.ids, batch.targets, false);
+    EXPECT_NEAR(loss.item<double>(), std::log(2048.0), 0.2);
+    loss.backward();
+    std::vector<at::Tensor> grads;
+    for (auto& [name, p] : model->mutable_parameters()) {
+      grads.push_back(p.grad().clone());
+      p.mutable_grad() = at::Tensor();
+    }
+    at::manual_seed(11);
+    at::Tensor loss_ckpt = model->Loss(batch.ids, batch.targets, true);
+    EXPECT_DOUBLE_EQ(loss_ckpt.item<double>(), loss.item<double>());
+    loss_ckpt.backward();
+    size_t i = 0;
+    for (auto& [name, p] : model->mutable_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << name << " dropout " << dropout;
+    }
   }
 }
 
@@ -71,17 +79,26 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     AttentionImpl attention;
     at::ScalarType dtype;
     FfnType ffn = FFN_TYPE_UNSPECIFIED;  // the preset's
+    double dropout = 0;                  // at every site
   };
   for (const Case& c : std::vector<Case>{{"debug-tiny", ATTENTION_SDPA, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16},
                                          {"qwen3-0.6b", ATTENTION_SDPA, at::kBFloat16},
                                          {"gpt2", ATTENTION_SDPA, at::kFloat},
-                                         {"gpt2", ATTENTION_SDPA, at::kBFloat16, FFN_GELU_NEW}}) {
+                                         {"gpt2", ATTENTION_SDPA, at::kBFloat16, FFN_GELU_NEW},
+                                         // CPU dropout: noise masks, SDPA's fp32 math path.
+                                         {"gpt2", ATTENTION_SDPA, at::kBFloat16, FFN_GELU_NEW, 0.1},
+                                         {"debug-tiny", ATTENTION_SDPA, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1},
+                                         {"debug-tiny", ATTENTION_EAGER, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0.1},
+                                         {"gpt2", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1}}) {
     auto spec = LoadPreset(c.preset);
     if (c.ffn != FFN_TYPE_UNSPECIFIED) spec->set_ffn_type(c.ffn);
     spec->set_attention_impl(c.attention);
     spec->set_num_layers(2);
+    spec->set_attention_dropout(c.dropout);
+    spec->set_residual_dropout(c.dropout);
+    spec->set_embedding_dropout(c.dropout);
     auto model = Transformer::Create(*spec, c.dtype, 1, at::kCPU);
     const int64_t b = 2, s = 64, w = c.dtype == at::kFloat ? 4 : 2;
     const DType dtype = c.dtype == at::kFloat ? DTYPE_FP32 : DTYPE_BF16;
@@ -90,13 +107,18 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     at::Tensor loss = model->Loss(batch.ids, batch.targets, false);
     const int64_t kept = GetCpuMemoryStats().current_bytes - before;
     int64_t planned = 0;
-    for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, dtype, 0)) planned += TensorBytes(t);
+    for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, dtype, 0, KernelDevice::kCpu)) {
+      planned += TensorBytes(t);
+    }
     planned *= spec->num_layers();
     for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, dtype)) planned += TensorBytes(t);
+    for (const TensorSpec& t : EmbeddingSavedActivations(*spec, b, s, dtype, KernelDevice::kCpu)) {
+      planned += TensorBytes(t);
+    }
     planned += b * s * spec->vocab_size() * 4;                               // log-softmax output
     if (spec->position_embedding() == POSITION_ROPE) planned += 2 * s * spec->head_dim() * w;  // cos, sin
-    std::printf("%s attention %d dtype %s: kept %lld bytes, planner %lld (%.2f%%)\n", c.preset.c_str(),
-                c.attention, c10::toString(c.dtype), static_cast<long long>(kept), static_cast<long long>(planned),
+    std::printf("%s attention %d dtype %s dropout %.1f: kept %lld bytes, planner %lld (%.2f%%)\n", c.preset.c_str(),
+                c.attention, c10::toString(c.dtype), c.dropout, static_cast<long long>(kept), static_cast<long long>(planned),
                 100.0 * (kept - planned) / planned);
     // The rest is the loss scalar and nll's total weight.
     EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);

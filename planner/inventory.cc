@@ -126,6 +126,14 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
 
 }  // namespace
 
+DType DropoutSavedDType(DType input, KernelDevice device) {
+  return device == KernelDevice::kCpu ? input : DTYPE_BOOL;
+}
+
+bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
+  return spec.attention_impl() == ATTENTION_SDPA && device == KernelDevice::kCpu && spec.attention_dropout() > 0;
+}
+
 // What a transformers block of the model's type keeps for backward, which
 // the executor's block saves too (ATen saves only the inputs a gradient
 // formula needs; a shared input is one tensor):
@@ -138,18 +146,25 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
 //   qk-norm      Qwen3's RMSNorm over head_dim on q and k, as above
 //   RoPE         nothing (multiplies by constant cos/sin)
 //   attention    SDPA: q, k, v (rotated), output, fp32 logsumexp [b,a,s]
+//                SDPA's math path (CPU with dropout; attention.cpp
+//                _scaled_dot_product_attention_math): q and k scaled and v,
+//                all upcast to fp32 and expanded to all heads, the fp32
+//                softmax output, dropout noise and dropped probabilities
 //                eager (transformers' eager_attention_forward): q, k and v
 //                expanded to all heads (repeat_kv), the fp32 softmax output
-//                and its cast to the working dtype [b,a,s,s], output
+//                and its cast to the working dtype [b,a,s,s] (with dropout:
+//                the dropped probabilities and the mask instead), output
 //   o_proj       attention output (the same tensor as above)
 //   residual     nothing
 //   mlp norm     residual stream h1, rstd; FFN input n2            [b,s,h]
 //   SwiGLU       gate, up, silu(gate), silu(gate)*up               [b,s,f] x4
 //   GELU MLP     up output, gelu output                            [b,s,f] x2
 //   gelu_new     transformers' NewGELUActivation also: 0.5x, tanh, 1+tanh [b,s,f] x3
-//   dropout      a 1-byte mask per site (attention probs, two residual adds)
+//   dropout      the mask (DropoutSavedDType) on the attention and MLP
+//                outputs before their residual adds; the dropped output
+//                itself is saved by nobody
 std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, int64_t s,
-                                              DType dtype, int layer) {
+                                              DType dtype, int layer, KernelDevice device) {
   std::vector<TensorSpec> out;
   const std::string p = absl::StrCat("layers.", layer);
   const int64_t h = spec.hidden_size();
@@ -169,22 +184,34 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     norm("attn.q_norm", {b, s, a, d});
     norm("attn.k_norm", {b, s, kv, d});
   }
-  act("attn.q", {b, a, s, d}, dtype);
+  const bool attention_dropout = spec.attention_dropout() > 0;
   if (spec.attention_impl() == ATTENTION_EAGER) {
     // The matmuls keep k and v expanded to every query head (repeat_kv for
-    // GQA); softmax (in fp32) keeps its output, the second matmul its cast.
+    // GQA); softmax (in fp32) keeps its output, the second matmul its cast
+    // or, with dropout, the dropped probabilities (dropout keeps its mask).
+    act("attn.q", {b, a, s, d}, dtype);
     act("attn.k", {b, a, s, d}, dtype);
     act("attn.v", {b, a, s, d}, dtype);
     act("attn.probs_fp32", {b, a, s, s}, DTYPE_FP32);
-    if (dtype != DTYPE_FP32) act("attn.probs", {b, a, s, s}, dtype);
-    if (spec.dropout() > 0) act("attn.probs_dropout_mask", {b, a, s, s}, DTYPE_BOOL);
+    if (attention_dropout) {
+      act("attn.probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(dtype, device));
+      act("attn.probs_dropped", {b, a, s, s}, dtype);
+    } else if (dtype != DTYPE_FP32) {
+      act("attn.probs", {b, a, s, s}, dtype);
+    }
+  } else if (SdpaRunsMath(spec, device)) {
+    for (const char* name : {"attn.q_fp32", "attn.k_fp32", "attn.v_fp32"}) act(name, {b, a, s, d}, DTYPE_FP32);
+    act("attn.probs_fp32", {b, a, s, s}, DTYPE_FP32);
+    act("attn.probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(DTYPE_FP32, device));
+    act("attn.probs_dropped", {b, a, s, s}, DTYPE_FP32);
   } else {
+    act("attn.q", {b, a, s, d}, dtype);
     act("attn.k", {b, kv, s, d}, dtype);
     act("attn.v", {b, kv, s, d}, dtype);
     act("attn.logsumexp", {b, a, s}, DTYPE_FP32);
   }
   act("attn.output", {b, s, a * d}, dtype);
-  if (spec.dropout() > 0) act("attn.resid_dropout_mask", {b, s, h}, DTYPE_BOOL);
+  if (spec.residual_dropout() > 0) act("attn.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
   norm("mlp_norm", {b, s, h});
   act("mlp_norm.output", {b, s, h}, dtype);
   if (spec.ffn_type() == FFN_SWIGLU) {
@@ -203,7 +230,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     }
     act("mlp.act", {b, s, f}, dtype);
   }
-  if (spec.dropout() > 0) act("mlp.resid_dropout_mask", {b, s, h}, DTYPE_BOOL);
+  if (spec.residual_dropout() > 0) act("mlp.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
   return out;
 }
 
@@ -215,16 +242,26 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
   return out;
 }
 
-int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
-  const int64_t w = DTypeBytes(dtype);
-  if (spec.attention_impl() == ATTENTION_EAGER) {
-    // Pre-softmax scores coexist with the probabilities until softmax returns.
-    return b * spec.num_attention_heads() * s * s * w;
+std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
+                                                  KernelDevice device) {
+  std::vector<TensorSpec> out;
+  if (spec.embedding_dropout() > 0) {
+    out.push_back(Make("embed.dropout_mask", {b, s, spec.hidden_size()}, DropoutSavedDType(dtype, device),
+                       ROLE_ACTIVATION, -1));
   }
+  return out;
+}
+
+int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype, KernelDevice device) {
+  // Pre-softmax scores coexist with the probabilities until softmax returns.
+  const int64_t scores = b * spec.num_attention_heads() * s * s;
+  if (SdpaRunsMath(spec, device)) return scores * 4;
+  if (spec.attention_impl() == ATTENTION_EAGER) return scores * DTypeBytes(dtype);
   return 0;
 }
 
-BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
+                                                    KernelDevice device) {
   const int64_t w = DTypeBytes(dtype);
   const int64_t bs = b * s;
   // Gradient w.r.t. the half's output and input are both alive at its end.
@@ -233,9 +270,12 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   // FFN: grad of the product, then grads of both branches before the sum.
   const int64_t ffn_branches = spec.ffn_type() == FFN_SWIGLU ? 3 : 2;
   t.mlp_bytes = residual_grads + ffn_branches * bs * spec.ffn_hidden_size() * w;
-  if (spec.attention_impl() == ATTENTION_EAGER) {
-    // grad of probabilities and grad of scores, each [b,a,s,s].
-    t.attention_bytes = residual_grads + 2 * b * spec.num_attention_heads() * s * s * w;
+  const int64_t scores = b * spec.num_attention_heads() * s * s;
+  if (SdpaRunsMath(spec, device)) {
+    // grad of probabilities and grad of scores, each [b,a,s,s] in fp32.
+    t.attention_bytes = residual_grads + 2 * scores * 4;
+  } else if (spec.attention_impl() == ATTENTION_EAGER) {
+    t.attention_bytes = residual_grads + 2 * scores * w;
   } else {
     // grads of q, k, v.
     t.attention_bytes =

@@ -42,31 +42,51 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer);
 
 int64_t CountParameters(const ModelSpec& spec);
 
+// Where the step's kernels run, where that changes what autograd saves.
+enum class KernelDevice { kCuda, kCpu };
+
+// The dtype of what a dropout site saves for backward: on CPU ATen multiplies
+// by a scaled noise tensor of the input's dtype and saves it (_dropout_impl
+// in aten/src/ATen/native/Dropout.cpp), on CUDA native_dropout saves a bool
+// mask.
+DType DropoutSavedDType(DType input, KernelDevice device);
+
+// True when SDPA runs its math path: the CPU flash kernel has no dropout
+// (use_flash_attention_cpp's check_for_dropout in
+// aten/src/ATen/native/transformers/sdp_utils_cpp.cpp), so with attention
+// dropout the fp32 math path materializes the [b,a,s,s] probabilities.
+bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device);
+
 // Tensors one block saves for backward in `dtype` (plus fp32 norm
 // statistics), with activation checkpointing off. Layer is set to `layer`.
 std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t micro_batch,
-                                              int64_t seq_length, DType dtype, int layer);
+                                              int64_t seq_length, DType dtype, int layer, KernelDevice device);
 
-// Peak bytes of tensors that exist only inside one block's forward (e.g. eager
-// attention's pre-softmax scores next to the probabilities).
 // The final norm's saved tensors (as a block's norms save) and its output,
 // which the LM head saves; layer -1.
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch,
                                                   int64_t seq_length, DType dtype);
 
+// What the embedding output saves until the embedding's backward: the
+// embedding dropout's mask (GPT-2's embd_pdrop); layer -1.
+std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
+                                                  DType dtype, KernelDevice device);
+
+// Peak bytes of tensors that exist only inside one block's forward (the
+// pre-softmax scores next to the probabilities when those are materialized).
 int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
-                                   int64_t seq_length, DType dtype);
+                                   int64_t seq_length, DType dtype, KernelDevice device);
 
 // Peak bytes of gradient temporaries in one block's backward, for each half:
 // the MLP's backward runs first (gradients of the FFN intermediates), then
-// attention's (of the probabilities for eager attention, else of q, k, v).
+// attention's (of the probabilities when materialized, else of q, k, v).
 // Both include the gradients w.r.t. the half's input and output.
 struct BlockBackwardTransients {
   int64_t mlp_bytes = 0;
   int64_t attention_bytes = 0;
 };
 BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
-                                                    DType dtype);
+                                                    DType dtype, KernelDevice device);
 
 // True for the MLP half of a block (its norm, projections and saved
 // activations): its backward runs, and frees what it saved, before

@@ -99,7 +99,7 @@ Moment BestMoment(const StepSizes& s) {
   if (carried) base[kGrads] += s.grad_partition;
   // A kept embedding stays gathered from its forward to its backward.
   const int64_t embed_kept = s.embed_kept ? s.embed_gather : 0;
-  base[kActivations] += s.step_inputs;
+  base[kActivations] += s.step_inputs + s.embed_saved;
   // The eager mask outlives the forward only as a checkpointed block's input.
   if (s.checkpointing) base[kActivations] += s.attention_mask;
 
@@ -235,7 +235,7 @@ Moment BestMoment(const StepSizes& s) {
   // 4. Embedding backward: the embedding's gradient contribution.
   if (s.has_vocab) {
     Live l = base;
-    if (s.checkpointing) l[kActivations] -= s.attention_mask;
+    l[kActivations] -= s.embed_saved + (s.checkpointing ? s.attention_mask : 0);
     l[kTemps] += s.act_grad;
     l[kParams] += s.embed_gather;
     l[kBuffers] += s.ipg_buckets;
@@ -464,15 +464,18 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
       largest_attn = std::max(largest_attn, NumElements(t));
     }
   }
+  const KernelDevice device = s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda;
   int64_t mlp_saved_11 = 0;
-  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 0)) {
+  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 0, device)) {
     if (IsMlpTensor(t)) mlp_saved_11 += TensorBytes(t);
   }
   sizer.saved_mlp_per_token_ = mlp_saved_11;
   sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype));
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
   // causal mask): fit the three terms from the inventory, check a fourth point.
-  auto saved = [&](int64_t b, int64_t seq) { return SumBytes(BlockSavedActivations(model, b, seq, dtype, 0)); };
+  auto saved = [&](int64_t b, int64_t seq) {
+    return SumBytes(BlockSavedActivations(model, b, seq, dtype, 0, device));
+  };
   const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f21 = saved(2, 1);
   sizer.saved_per_seq_sq_ = 2 * f11 - f21;
   sizer.saved_per_token_sq_ = (f12 - 2 * sizer.saved_per_seq_sq_ - 2 * f11) / 2;
@@ -625,18 +628,27 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block_saved = saved_per_token_ * tokens + saved_per_token_sq_ * tokens * seq + saved_per_seq_sq_ * seq * seq;
   s.block_saved_mlp = saved_mlp_per_token_ * tokens;
   s.block_input = tokens * h * w;
-  s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype);
+  const KernelDevice device = s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda;
+  s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   // Under no_grad a block frees each intermediate after its last use; the FFN
   // branch (gate, up and their product, or up and GELU) is the widest point.
   // (NewGELUActivation: x, 0.5x, tanh and 1 + tanh, then the product.)
   const int64_t ffn_branches = model.ffn_type() == FFN_SWIGLU ? 3 : model.ffn_type() == FFN_GELU_NEW ? 4 : 2;
   const int64_t ffn_live = ffn_branches * tokens * model.ffn_hidden_size() * w;
-  // Eager: the scores (working dtype) and softmax's fp32 output, or that and its cast.
-  const int64_t attn_live =
-      tokens * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w +
-      (model.attention_impl() == ATTENTION_EAGER ? (w + 4) * b * model.num_attention_heads() * seq * seq : 0);
+  // Eager: the scores (working dtype) and softmax's fp32 output, or that and
+  // its cast; with dropout the cast, the mask and the dropped probabilities.
+  // SDPA's math path: fp32 q, k, v, then probabilities, mask and dropped.
+  const int64_t scores = b * model.num_attention_heads() * seq * seq;
+  int64_t attn_live = tokens * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w;
+  if (SdpaRunsMath(model, device)) {
+    attn_live += 3 * tokens * model.num_attention_heads() * model.head_dim() * 4 + 3 * scores * 4;
+  } else if (model.attention_impl() == ATTENTION_EAGER) {
+    attn_live += scores * (model.attention_dropout() > 0 ? std::max<int64_t>(w + 4, 2 * w + DTypeBytes(
+                                                              DropoutSavedDType(dtype, device)))
+                                                        : w + 4);
+  }
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
-  const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype);
+  const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device);
   s.block_bwd_mlp_transient = bwd.mlp_bytes;
   // A weight gradient bound for a reduce bucket (stages 2/3) lives beside
   // its linear's input gradient (down_proj: the output's gradient and the
@@ -651,6 +663,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.act_grad = tokens * h * w;
   if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;
+  s.embed_saved = SumBytes(EmbeddingSavedActivations(model, b, seq, dtype, device));
   if (s.has_vocab) {
     s.logits_working = tokens * model.vocab_size() * w;
     s.logits_fp32 = tokens * model.vocab_size() * 4;

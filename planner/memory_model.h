@@ -130,6 +130,7 @@ struct StepSizes {
 
   // Model ends.
   int64_t step_inputs = 0;           // ids + targets + RoPE cos/sin tables
+  int64_t embed_saved = 0;           // the embedding dropout's mask: to the embedding's backward
   // Eager attention's additive causal mask [b,1,s,s] (transformers'
   // eager_mask): from the embedding to the final norm, or with checkpointing
   // (a checkpointed block's input) to block 0's backward.

@@ -73,9 +73,15 @@ std::string ReadString(const JsonValue& config, absl::string_view key) {
   return value != nullptr && value->is_string() ? value->text() : "";
 }
 
-double ReadDouble(const JsonValue& config, absl::string_view key) {
+// Reads a number; absent (or null) leaves *out unchanged.
+absl::Status ReadDouble(const JsonValue& config, absl::string_view source, absl::string_view key, double* out) {
   const JsonValue* value = config.Find(key);
-  return value != nullptr && value->is_number() ? value->number_value() : 0.0;
+  if (value == nullptr || value->is_null()) return absl::OkStatus();
+  if (!value->is_number()) {
+    return Invalid(source, value, key, absl::StrCat("expected a number, got ", JsonValue::TypeName(value->type())));
+  }
+  *out = value->number_value();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -180,12 +186,18 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
   std::string attn = ReadString(config, "attn_implementation");
   if (attn.empty()) attn = ReadString(config, "_attn_implementation");
   spec.set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
-  double dropout = 0;
-  for (absl::string_view key : {"attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
-                                "hidden_dropout", "dropout"}) {
-    dropout = std::max(dropout, ReadDouble(config, key));
-  }
-  spec.set_dropout(dropout);
+  // Dropout sites under their transformers names (GPT-2/Phi-3 legacy first);
+  // GPT2Config defaults all three to 0.1, the Llama, Mistral and Qwen
+  // configs have only attention_dropout (0.0).
+  const double default_dropout = gpt2 ? 0.1 : 0.0;
+  double attention_dropout = default_dropout, residual_dropout = default_dropout, embedding_dropout = default_dropout;
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "attn_pdrop", &attention_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "attention_dropout", &attention_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "resid_pdrop", &residual_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "embd_pdrop", &embedding_dropout));
+  spec.set_attention_dropout(attention_dropout);
+  spec.set_residual_dropout(residual_dropout);
+  spec.set_embedding_dropout(embedding_dropout);
   spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"", model_type, "\")"));
   spec = ResolveModelSpec(std::move(spec));
   absl::Status valid = ValidateModelSpec(spec);
@@ -293,9 +305,12 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     return absl::InvalidArgumentError(
         "model.max_position_embeddings: must be > 0 with learned positions");
   }
-  if (spec.dropout() < 0 || spec.dropout() >= 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.dropout: must be in [0, 1), got ", spec.dropout()));
+  for (const auto& [field, p] : {std::pair<const char*, double>{"attention_dropout", spec.attention_dropout()},
+                                  {"residual_dropout", spec.residual_dropout()},
+                                  {"embedding_dropout", spec.embedding_dropout()}}) {
+    if (!(p >= 0 && p < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("model.", field, ": a probability in [0, 1), got ", p));
+    }
   }
   return absl::OkStatus();
 }

@@ -59,7 +59,9 @@ TEST(ModelSpecTest, Gpt2LegacyKeysAndDropout) {
   EXPECT_EQ(spec->ffn_hidden_size(), 3072);  // n_inner null -> 4 * n_embd
   EXPECT_EQ(spec->norm_type(), NORM_LAYERNORM);
   EXPECT_EQ(spec->position_embedding(), POSITION_LEARNED);
-  EXPECT_DOUBLE_EQ(spec->dropout(), 0.1);
+  EXPECT_DOUBLE_EQ(spec->attention_dropout(), 0.1);
+  EXPECT_DOUBLE_EQ(spec->residual_dropout(), 0.1);
+  EXPECT_DOUBLE_EQ(spec->embedding_dropout(), 0.1);
 }
 
 TEST(ModelSpecTest, UnknownPresetListsPresets) {
@@ -69,10 +71,33 @@ TEST(ModelSpecTest, UnknownPresetListsPresets) {
   EXPECT_NE(spec.status().message().find("qwen3-0.6b"), std::string::npos);
 }
 
-absl::Status FromJson(const std::string& text) {
+absl::StatusOr<ModelSpec> SpecFromJson(const std::string& text) {
   auto json = ParseJson(text, "config.json");
   if (!json.ok()) return json.status();
-  return ModelSpecFromHfConfig(*json, "config.json").status();
+  return ModelSpecFromHfConfig(*json, "config.json");
+}
+
+absl::Status FromJson(const std::string& text) { return SpecFromJson(text).status(); }
+
+TEST(ModelSpecTest, DropoutDefaultsFollowTransformersConfigs) {
+  // GPT2Config defaults every dropout to 0.1; Llama-family configs have only
+  // attention_dropout, 0.0 by default.
+  auto gpt2 = SpecFromJson(R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 1, "n_head": 2,
+                              "vocab_size": 100, "n_positions": 32, "resid_pdrop": 0.0})");
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_DOUBLE_EQ(gpt2->attention_dropout(), 0.1);
+  EXPECT_DOUBLE_EQ(gpt2->residual_dropout(), 0.0);
+  EXPECT_DOUBLE_EQ(gpt2->embedding_dropout(), 0.1);
+  auto llama = SpecFromJson(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+                               "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100})");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_DOUBLE_EQ(llama->attention_dropout() + llama->residual_dropout() + llama->embedding_dropout(), 0.0);
+  absl::Status bad = FromJson(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100, "attention_dropout": "0.1"})");
+  EXPECT_NE(bad.message().find("attention_dropout: expected a number"), std::string::npos) << bad;
+  bad = FromJson(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100, "attention_dropout": 1.0})");
+  EXPECT_NE(bad.message().find("attention_dropout: a probability in [0, 1)"), std::string::npos) << bad;
 }
 
 TEST(ModelSpecTest, RejectsHeadsNotDividingHidden) {

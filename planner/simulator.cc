@@ -121,6 +121,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
 
   // Forward.
   const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.step_inputs, PHASE_FORWARD, -1, "token ids, targets, RoPE tables");
+  const int embed_saved = r.Alloc(COMPONENT_ACTIVATIONS, s.embed_saved, PHASE_FORWARD, -1, "embedding dropout mask");
   const int mask = r.Alloc(COMPONENT_ACTIVATIONS, s.attention_mask, PHASE_FORWARD, -1, "attention mask");
   // Stage 3: gathered parameters kept from their forward to their backward
   // (memory_model.h) have their own handles.
@@ -263,6 +264,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     r.Free(kept_gather[i], PHASE_BACKWARD, i, layer + ", kept parameters released");
   }
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
+  r.Free(embed_saved, PHASE_BACKWARD, -1, "embedding dropout mask freed");
 
   // Embedding backward.
   partition_from(-1, PHASE_BACKWARD);

@@ -34,6 +34,10 @@ const std::vector<std::string> kQwen3 = {"--model", "qwen3-0.6b", "--layers", "2
 // Realistic widths (hidden 1024, a 32k vocabulary, sequences of 1024-2048)
 // with two layers, so the per-element terms are checked where they are large.
 const std::vector<std::string> kWideQwen3 = {"--model", "qwen3-0.6b", "--layers", "2", "--vocab", "32000"};
+// transformers configs with dropout on (GPT-2's default 0.1 at every site;
+// Llama's attention_dropout), which zplan has no flag for.
+const std::vector<std::string> kGpt2Dropout = {"--hf-config", "configs/hf/tiny/gpt2-dropout.json"};
+const std::vector<std::string> kLlamaDropout = {"--hf-config", "configs/hf/tiny/llama-dropout.json"};
 const std::vector<std::string> kWideGpt2 = {"--model", "gpt2",  "--layers", "2",    "--hidden", "1024", "--heads", "16",
                                             "--head-dim", "64", "--ffn",   "4096", "--vocab",  "32000"};
 // DeepSpeed's default 5e8-element buckets would dwarf these models.
@@ -204,6 +208,9 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("gpt2-z2-bf16-w2-eager", kGpt2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("gpt2-z3-fp32-w2", kGpt2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("gpt2-z3-bf16-w4-offload-ckpt", kGpt2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--offload-optimizer", "cpu", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("gpt2-dropout-z2-bf16-w2", kGpt2Dropout, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("llama-dropout-z3-bf16-w2-ckpt", kLlamaDropout, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("llama-dropout-z1-fp32-w2-eager", kLlamaDropout, {"--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("qwen3-z0-bf16-w1-eager", kQwen3, {"--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("qwen3-z2-fp32-w2-ckpt", kQwen3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
       Case("qwen3-z3-bf16-w2", kQwen3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
@@ -269,7 +276,8 @@ std::string With(std::initializer_list<absl::string_view> parts) { return absl::
 std::vector<AccuracyCase> DeepSpeedMatrix() {
   const std::string llama = "configs/hf/tiny/llama.json", qwen2 = "configs/hf/tiny/qwen2.json",
                     qwen3 = "configs/hf/tiny/qwen3.json", mistral = "configs/hf/tiny/mistral.json",
-                    gpt2 = "configs/hf/tiny/gpt2.json";
+                    gpt2 = "configs/hf/tiny/gpt2.json", gpt2_dropout = "configs/hf/tiny/gpt2-dropout.json",
+                    llama_dropout = "configs/hf/tiny/llama-dropout.json";
   return {
       // ZeRO-0.
       DeepSpeedCase("z0-bf16-fused-adam", llama, DsConfig(0, "bf16", 2, 1), 1, 128),
@@ -277,6 +285,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z0-bf16-eager-ckpt", qwen3, DsConfig(0, "bf16", 2, 1), 1, 256, "eager", true),
       DeepSpeedCase("z0-bf16-gpt2-default-buckets", gpt2, DsConfig(0, "bf16", 4, 1), 2, 128),
       // ZeRO-1.
+      DeepSpeedCase("z1-fp32-attention-dropout-eager", llama_dropout, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 128,
+                    "eager"),
       DeepSpeedCase("z1-bf16-default-buckets", llama, DsConfig(1, "bf16", 2, 1), 1, 128),
       DeepSpeedCase("z1-bf16-small-buckets", llama, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 128),
       DeepSpeedCase("z1-fp32-torch-adamw", qwen2, DsConfig(1, "fp32", 2, 1, kTorchAdamW, kSmall), 2, 128),
@@ -293,6 +303,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z2-bf16-overlap-comm", qwen2, DsConfig(2, "bf16", 2, 1, "", With({kSmall, "\"overlap_comm\": true"})), 2, 128),
       DeepSpeedCase("z2-bf16-offload-cpu-adam", gpt2, DsConfig(2, "bf16", 2, 1, "", With({kSmall, kOffload})), 2, 128),
       DeepSpeedCase("z2-bf16-b8-s256-w4", qwen3, DsConfig(2, "bf16", 8, 1, "", kSmall), 4, 256),
+      DeepSpeedCase("z2-bf16-gpt2-default-dropout", gpt2_dropout, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 128),
       DeepSpeedCase("z2-bf16-ga4", llama, DsConfig(2, "bf16", 1, 4, "", kSmall), 2, 256),
       // ZeRO-3.
       DeepSpeedCase("z3-bf16-default-buckets", llama, DsConfig(3, "bf16", 2, 1), 2, 128),
@@ -315,6 +326,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                                                   "\"stage3_param_persistence_threshold\": 1000000"), 2, 128),
       DeepSpeedCase("z3-bf16-torch-adamw-sub-group", llama,
                     DsConfig(3, "bf16", 2, 1, kTorchAdamW, With({kSmall3, "\"sub_group_size\": 300000"})), 2, 128),
+      DeepSpeedCase("z3-bf16-attention-dropout-ckpt", llama_dropout, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128,
+                    "sdpa", true),
       DeepSpeedCase("z3-bf16-b4-s256-w4", mistral, DsConfig(3, "bf16", 4, 1, "", kSmall3), 4, 256),
   };
 }
