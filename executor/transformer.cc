@@ -269,11 +269,14 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   const double dropout = spec_.attention_dropout();
   if (spec_.attention_impl() == ATTENTION_EAGER) {
     // transformers' eager_attention_forward: scores plus the additive causal
-    // mask, softmax in fp32 (kept) cast back to the working dtype (kept).
+    // mask, softmax in fp32 (kept) cast back to the working dtype (kept), or
+    // (GPT-2) softmax in the working dtype.
     const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
     at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(d)));
     scores = scores + mask;
-    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
+    at::Tensor probs = spec_.eager_softmax_in_working_dtype()
+                           ? at::softmax(scores, -1)
+                           : at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
     scores.reset();
     if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
     attn = at::matmul(probs, vv);

@@ -91,7 +91,9 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
                                          {"gpt2", ATTENTION_SDPA, at::kBFloat16, FFN_GELU_NEW, 0.1},
                                          {"debug-tiny", ATTENTION_SDPA, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1},
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0.1},
-                                         {"gpt2", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1}}) {
+                                         {"gpt2", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1},
+                                         // GPT-2's eager softmax in the working dtype.
+                                         {"gpt2", ATTENTION_EAGER, at::kBFloat16}}) {
     auto spec = LoadPreset(c.preset);
     if (c.ffn != FFN_TYPE_UNSPECIFIED) spec->set_ffn_type(c.ffn);
     spec->set_attention_impl(c.attention);

@@ -152,8 +152,9 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
 //                softmax output, dropout noise and dropped probabilities
 //                eager (transformers' eager_attention_forward): q, k and v
 //                expanded to all heads (repeat_kv), the fp32 softmax output
-//                and its cast to the working dtype [b,a,s,s] (with dropout:
-//                the dropped probabilities and the mask instead), output
+//                and its cast to the working dtype [b,a,s,s] (GPT-2: one
+//                softmax output in the working dtype; with dropout: the
+//                dropped probabilities and the mask instead), output
 //   o_proj       attention output (the same tensor as above)
 //   residual     nothing
 //   mlp norm     residual stream h1, rstd; FFN input n2            [b,s,h]
@@ -187,16 +188,18 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   const bool attention_dropout = spec.attention_dropout() > 0;
   if (spec.attention_impl() == ATTENTION_EAGER) {
     // The matmuls keep k and v expanded to every query head (repeat_kv for
-    // GQA); softmax (in fp32) keeps its output, the second matmul its cast
-    // or, with dropout, the dropped probabilities (dropout keeps its mask).
+    // GQA); softmax keeps its output, the second matmul that (GPT-2: softmax
+    // in the working dtype) or its cast (an fp32 softmax) or, with dropout,
+    // the dropped probabilities (dropout keeps its mask).
     act("attn.q", {b, a, s, d}, dtype);
     act("attn.k", {b, a, s, d}, dtype);
     act("attn.v", {b, a, s, d}, dtype);
-    act("attn.probs_fp32", {b, a, s, s}, DTYPE_FP32);
+    const DType softmax_dtype = spec.eager_softmax_in_working_dtype() ? dtype : DTYPE_FP32;
+    act(softmax_dtype == DTYPE_FP32 ? "attn.probs_fp32" : "attn.probs_softmax", {b, a, s, s}, softmax_dtype);
     if (attention_dropout) {
       act("attn.probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(dtype, device));
       act("attn.probs_dropped", {b, a, s, s}, dtype);
-    } else if (dtype != DTYPE_FP32) {
+    } else if (dtype != softmax_dtype) {
       act("attn.probs", {b, a, s, s}, dtype);
     }
   } else if (SdpaRunsMath(spec, device)) {

@@ -643,9 +643,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   if (SdpaRunsMath(model, device)) {
     attn_live += 3 * tokens * model.num_attention_heads() * model.head_dim() * 4 + 3 * scores * 4;
   } else if (model.attention_impl() == ATTENTION_EAGER) {
-    attn_live += scores * (model.attention_dropout() > 0 ? std::max<int64_t>(w + 4, 2 * w + DTypeBytes(
-                                                              DropoutSavedDType(dtype, device)))
-                                                        : w + 4);
+    const int64_t softmax = model.eager_softmax_in_working_dtype() ? w : 4;
+    const int64_t dropped = model.attention_dropout() > 0 ? w + DTypeBytes(DropoutSavedDType(dtype, device)) : 0;
+    attn_live += scores * std::max(w + softmax, w + dropped);
   }
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
   const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device);

@@ -165,8 +165,11 @@ TEST(MemoryModelTest, EagerAttentionKeepsQuadraticScores) {
   const int64_t sdpa = Sizes(*model, config).block_saved;
   ModelSpec eager = *model;
   eager.set_attention_impl(ATTENTION_EAGER);
-  // 12 heads x 1024 x 1024 probabilities, softmax's fp32 output and its bf16
-  // cast (transformers' eager_attention_forward), instead of SDPA's fp32 logsumexp.
+  // 12 heads x 1024 x 1024 probabilities: GPT-2's softmax output in bf16, or
+  // (Llama's eager_attention_forward) the fp32 output and its bf16 cast,
+  // instead of SDPA's fp32 logsumexp.
+  EXPECT_EQ(Sizes(eager, config).block_saved - sdpa, 12 * 1024 * 1024 * 2 - 12 * 1024 * 4);
+  eager.set_eager_softmax_in_working_dtype(false);
   EXPECT_EQ(Sizes(eager, config).block_saved - sdpa, 12 * 1024 * 1024 * (4 + 2) - 12 * 1024 * 4);
 }
 

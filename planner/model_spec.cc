@@ -186,6 +186,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
   std::string attn = ReadString(config, "attn_implementation");
   if (attn.empty()) attn = ReadString(config, "_attn_implementation");
   spec.set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
+  spec.set_eager_softmax_in_working_dtype(gpt2);
   // Dropout sites under their transformers names (GPT-2/Phi-3 legacy first);
   // GPT2Config defaults all three to 0.1, the Llama, Mistral and Qwen
   // configs have only attention_dropout (0.0).

@@ -284,6 +284,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z0-fp32-torch-adamw", llama, DsConfig(0, "fp32", 2, 1, kTorchAdamW), 2, 128),
       DeepSpeedCase("z0-bf16-eager-ckpt", qwen3, DsConfig(0, "bf16", 2, 1), 1, 256, "eager", true),
       DeepSpeedCase("z0-bf16-gpt2-default-buckets", gpt2, DsConfig(0, "bf16", 4, 1), 2, 128),
+      DeepSpeedCase("z0-bf16-gpt2-dropout-eager", gpt2_dropout, DsConfig(0, "bf16", 2, 1), 2, 256, "eager"),
       // ZeRO-1.
       DeepSpeedCase("z1-fp32-attention-dropout-eager", llama_dropout, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 128,
                     "eager"),
