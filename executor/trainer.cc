@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "executor/counting_allocator.h"
 #include "executor/device_memory.h"
 #include "executor/transformer.h"
@@ -19,6 +20,7 @@
 #include "planner/inventory.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
+#include "planner/units.h"
 
 namespace zplan {
 namespace {
@@ -175,8 +177,7 @@ at::ScalarType Dtype(Precision p) {
 
 absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* comm, const TrainOptions& options) {
   const RunConfig& config = plan.config();
-  const int local_rank = comm->rank() % static_cast<int>(std::max<int64_t>(1, config.cluster().gpus_per_node()));
-  ZPLAN_ASSIGN_OR_RETURN(const at::Device device, SelectDevice(plan.gpu().key() != "cpu", local_rank));
+  ZPLAN_ASSIGN_OR_RETURN(const at::Device device, SelectDevice(plan.gpu().key() != "cpu", options.local_rank));
   if (config.precision() == PRECISION_BF16 && !SupportsBf16(device)) {
     return absl::FailedPreconditionError(absl::StrCat(DeviceName(device),
                                                       " has no bf16; re-plan with zplan --precision fp16 or fp32"));
@@ -187,6 +188,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   SetMemoryTag(COMPONENT_TEMPORARIES);
   const std::vector<TensorSpec> inventory(plan.parameters().begin(), plan.parameters().end());
   ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));
+  ZPLAN_RETURN_IF_ERROR(model.CheckAttentionKernel(config.seq_length()));
   ZPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine, ZeroEngine::Create(&model, comm, config));
   ZPLAN_ASSIGN_OR_RETURN(TokenSource data, TokenSource::Open(options.data_path, plan.model().vocab_size()));
   const BlockHooks hooks =
@@ -232,13 +234,23 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     }
     ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(LearningRate(config.optimizer(), step, steps)));
     if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
-    at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::kDouble);
+    at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::TensorOptions().dtype(at::kDouble).device(device));
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
     report.add_losses(mean_loss.item<double>() / comm->world_size());
     (void)result;
+    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (step > first_step) {
-      measured_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      measured_seconds += step_seconds;
       ++measured_steps;
+    }
+    if (options.progress != nullptr) {
+      const DeviceMemorySample m = SampleDeviceMemory(device);
+      *options.progress << absl::StrFormat("step %d/%d  loss %.4f  lr %.3g  tokens/s %.0f  memory %s (peak %s)\n",
+                                           step + 1, last_step, report.losses(report.losses_size() - 1),
+                                           LearningRate(config.optimizer(), step, steps),
+                                           static_cast<double>(b * s * accum) / step_seconds,
+                                           FormatBytes(m.allocated_bytes), FormatBytes(m.peak_allocated_bytes));
+      options.progress->flush();
     }
     const int64_t done = step + 1;
     if (!options.save_dir.empty() &&

@@ -8,12 +8,15 @@
 // as the planner predicts. Per-phase samples (after forward, backward, step)
 // are kept for every measured step. Data are deterministic synthetic tokens
 // (seeded by step, micro-step and rank) unless a uint16 token file is given.
+// Every collective gets tensors on the rank's device (NCCL takes no CPU
+// tensors), the loss all-reduce included.
 //
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(RankReport r, TrainRank(plan, comm.get(), {.steps = 4}));
 #ifndef ZPLAN_EXECUTOR_TRAINER_H_
 #define ZPLAN_EXECUTOR_TRAINER_H_
 
+#include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -35,6 +38,8 @@ struct TrainOptions {
   int64_t save_every = 0;      // steps between checkpoints; 0 = only after the last
   std::string resume_dir;      // empty = start from step 0
   int64_t stop_after = 0;      // stop (and checkpoint) after this step, as a preempted job would
+  int local_rank = 0;          // the launcher's LOCAL_RANK / SLURM_LOCALID: which GPU of the node
+  std::ostream* progress = nullptr;  // one line per step (step, loss, lr, tokens/s, memory); null: quiet
 };
 
 // kFailedPrecondition when the model does not match the plan's inventory or

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <ATen/Functions.h>
+#include <ATen/SDPBackend.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
@@ -230,6 +231,33 @@ absl::Status Transformer::CheckAgainstInventory(const std::vector<TensorSpec>& i
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Transformer::CheckAttentionKernel(int64_t seq_length) const {
+  if (spec_.attention_impl() != ATTENTION_SDPA) return absl::OkStatus();
+  const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = spec_.head_dim();
+  const auto options = at::TensorOptions().dtype(dtype_).device(device_);
+  // One sequence of the plan's length: the choice depends on shapes, dtype
+  // and device, not on the batch.
+  const at::Tensor q = at::empty({1, a, seq_length, d}, options);
+  const at::Tensor kv_tensor = at::empty({1, kv, seq_length, d}, options);
+  const auto chosen = static_cast<at::SDPBackend>(at::_fused_sdp_choice(
+      q, kv_tensor, kv_tensor, /*attn_mask=*/{}, spec_.attention_dropout(), /*is_causal=*/true,
+      /*scale=*/std::nullopt, /*enable_gqa=*/kv != a));
+  const bool planned_math =
+      SdpaRunsMath(spec_, device_.is_cuda() ? KernelDevice::kCuda : KernelDevice::kCpu);
+  if ((chosen == at::SDPBackend::math) == planned_math && chosen != at::SDPBackend::error) {
+    return absl::OkStatus();
+  }
+  const int64_t scores_bytes = a * seq_length * seq_length * 4;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "scaled_dot_product_attention on ", device_.str(), " (", c10::toString(dtype_), ", ", a, "/", kv,
+      " heads of ", d, ", seq ", seq_length, ", dropout ", spec_.attention_dropout(), ") picks backend ",
+      static_cast<int>(chosen), " (0 = math, 1 = flash, 2 = memory-efficient, 3 = cuDNN) but the plan counts ",
+      planned_math ? "the math path" : "a fused kernel",
+      planned_math ? "" : absl::StrCat(": the math path would materialize ", scores_bytes,
+                                       " bytes of fp32 scores per sequence and layer"),
+      "; re-plan with --attention eager, or a head_dim / dtype the fused kernels support"));
 }
 
 at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -74,6 +74,13 @@ class Transformer {
   at::Tensor Loss(const at::Tensor& ids, const at::Tensor& targets, bool checkpointing,
                   const BlockHooks& hooks = {}) const;
 
+  // The SDPA kernel ATen will pick for this model's attention at
+  // `seq_length` (at::_fused_sdp_choice with Block's arguments) must be the
+  // one the planner counted (planner/inventory.h SdpaRunsMath): a math path
+  // the plan does not count materializes b x heads x s x s, so it is a
+  // kFailedPrecondition naming the reason. OK for eager attention.
+  absl::Status CheckAttentionKernel(int64_t seq_length) const;
+
   const ModelSpec& spec() const { return spec_; }
   at::ScalarType dtype() const { return dtype_; }
 

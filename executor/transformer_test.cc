@@ -70,6 +70,23 @@ TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
   }
 }
 
+TEST(TransformerTest, AttentionKernelMustBeThePlannedOne) {
+  auto spec = LoadPreset("debug-tiny");
+  auto model = Transformer::Create(*spec, at::kBFloat16, 1, at::kCPU);
+  ASSERT_TRUE(model.ok());
+  EXPECT_TRUE(model->CheckAttentionKernel(128).ok());
+  // With attention dropout the CPU runs (and the plan counts) the math path.
+  spec->set_attention_dropout(0.1);
+  auto dropout = Transformer::Create(*spec, at::kBFloat16, 1, at::kCPU);
+  EXPECT_TRUE(dropout->CheckAttentionKernel(128).ok());
+  // A math fallback the plan does not count fails before step 0.
+  at::globalContext().setSDPUseFlash(false);
+  const absl::Status status = model->CheckAttentionKernel(128);
+  at::globalContext().setSDPUseFlash(true);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("math path would materialize"), std::string::npos) << status;
+}
+
 // What forward keeps alive until backward, measured exactly, beside the
 // planner's inventory: blocks' saved tensors + final norm + fp32 log-probs.
 TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {

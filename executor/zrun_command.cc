@@ -71,14 +71,20 @@ int FinishAsRankZero(const Plan& plan, const ZrunOptions& options, const std::st
 
 int RunRank(const Plan& plan, const RankInfo& info, CollectiveBackend backend, const ZrunOptions& options,
             std::ostream& out, std::ostream& err) {
+  // The GPU first: ProcessGroupNCCL binds its communicators to the current device.
+  if (auto device = SelectDevice(plan.gpu().key() != "cpu", info.local_rank); !device.ok()) {
+    err << "zrun rank " << info.rank << ": " << device.status().message() << "\n";
+    return ExitCodeFor(device.status());
+  }
   auto comm = CreateCollectives(info, backend, absl::Seconds(options.timeout_seconds));
   if (!comm.ok()) {
     err << "zrun rank " << info.rank << ": " << comm.status().message() << "\n";
     return kExitError;
   }
+  const bool reports_progress = info.rank == 0 || backend == CollectiveBackend::kEmulated;
   auto report = TrainRank(plan, comm->get(),
                           {options.steps, options.data_path, options.save_dir, options.save_every, options.resume_dir,
-                           options.stop_after});
+                           options.stop_after, info.local_rank, reports_progress ? &err : nullptr});
   if (!report.ok()) {
     err << "zrun rank " << info.rank << ": " << report.status().message() << "\n";
     return ExitCodeFor(report.status());

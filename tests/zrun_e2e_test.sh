@@ -30,6 +30,9 @@ plan w2.pb 2 2
 read -r ranks _ < <(measured w2.json)
 [[ $ranks == 2 ]] || fail "report has $ranks ranks, want 2"
 grep -q "verdict: pass" w2.out || fail "no pass verdict in the table"
+# Rank 0 alone prints one progress line per step.
+n=$(grep -cE '^step [0-9]+/3  loss [0-9.]+  lr [0-9.e+-]+  tokens/s [0-9]+  memory ' w2.out)
+[[ $n == 3 ]] && pass "3 progress lines" || { cat w2.out; fail "$n progress lines, want 3 (rank 0 only)"; }
 
 # 2. Launched by a harness with torchrun's variables.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
