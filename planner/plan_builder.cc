@@ -95,6 +95,7 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   const StepSizes& s = p.sizes;
   Plan plan;
   plan.set_planner_version(kPlannerVersion);
+  plan.set_modelled_frameworks(kModelledFrameworks);
   *plan.mutable_config() = p.config;
   *plan.mutable_model() = p.model;
   *plan.mutable_gpu() = p.gpu;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "planner/plan_builder.h"
 #include "tools/accuracy.h"
 
 namespace zplan {
@@ -26,7 +27,9 @@ TEST(DeepSpeedOracleTest, MeasuresEveryRanksParametersExactly) {
   auto rows = RunAccuracyMatrix({c}, RunfilesAccuracyOptions(std::string(std::getenv("TEST_TMPDIR")) + "/oracle"));
   ASSERT_TRUE(rows.ok()) << rows.status();
   const AccuracyRow& row = rows->front();
-  EXPECT_EQ(row.framework.rfind("DeepSpeed 0.19.8, transformers 5.23.0", 0), 0u) << row.framework;
+  // What trained is what the plan says it models.
+  EXPECT_EQ(row.plan.modelled_frameworks(), kModelledFrameworks);
+  EXPECT_EQ(row.framework.rfind(row.plan.modelled_frameworks(), 0), 0u) << row.framework;
   ASSERT_EQ(row.ranks.size(), 2u);
   // llama.json: head_dim 32 -> the model's one rotary module keeps inv_freq
   // and original_inv_freq, 16 fp32 each.
