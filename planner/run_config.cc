@@ -92,6 +92,17 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
   if (config.precision() == PRECISION_UNSPECIFIED) {
     return absl::InvalidArgumentError("precision (--precision): choose bf16, fp16 or fp32");
   }
+  // At stage 0 with mixed precision DeepSpeed wraps a torch optimizer in
+  // FP16_UnfusedOptimizer (runtime/fp16/unfused_optimizer.py): per-parameter
+  // fp32 masters and gradients, not modelled yet (docs/deepspeed_model.md, row 9).
+  const AdamImplementation adam = config.optimizer().implementation();
+  if (zero.stage() == 0 && config.precision() != PRECISION_FP32 &&
+      (adam == ADAM_IMPL_TORCH || adam == ADAM_IMPL_TORCH_FOREACH || adam == ADAM_IMPL_TORCH_FUSED)) {
+    return absl::InvalidArgumentError(
+        "optimizer.params.torch_adam: a torch optimizer at ZeRO stage 0 with bf16/fp16 runs DeepSpeed's "
+        "FP16_UnfusedOptimizer, which zplan does not model yet; use ZeRO stage >= 1, fp32, or DeepSpeed's "
+        "FusedAdam (drop torch_adam)");
+  }
   ZPLAN_ASSIGN_OR_RETURN(GpuSpec gpu, FindGpu(config.cluster().gpu()));
   if (config.precision() == PRECISION_BF16 && !gpu.supports_bf16()) {
     return absl::InvalidArgumentError(absl::StrCat("precision (--precision): ", gpu.name(),
