@@ -232,7 +232,8 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
       ZPLAN_RETURN_IF_ERROR(engine->AfterBackward(micro == accum - 1));
       if (step > first_step) Sample(&report, device, PHASE_BACKWARD, static_cast<int32_t>(step));
     }
-    ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(LearningRate(config.optimizer(), step, steps)));
+    const double learning_rate = LearningRate(config.optimizer(), step, steps);
+    ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(learning_rate));
     if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::TensorOptions().dtype(at::kDouble).device(device));
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
@@ -247,7 +248,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
       const DeviceMemorySample m = SampleDeviceMemory(device);
       *options.progress << absl::StrFormat("step %d/%d  loss %.4f  lr %.3g  tokens/s %.0f  memory %s (peak %s)\n",
                                            step + 1, last_step, report.losses(report.losses_size() - 1),
-                                           LearningRate(config.optimizer(), step, steps),
+                                           learning_rate,
                                            static_cast<double>(b * s * accum) / step_seconds,
                                            FormatBytes(m.allocated_bytes), FormatBytes(m.peak_allocated_bytes));
       options.progress->flush();

@@ -142,13 +142,13 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
       slot.own_dst = slot.flat_offset + slot.own_lo - e->owned_begin_;
     }
   } else {
+    // On one rank without parameter offload the chunk is the parameter
+    // (DeepSpeed gathers nothing there): nothing is ever released.
+    e->unpartitioned_ = world == 1 && zero.offload_param() != OFFLOAD_CPU;
     int64_t offset = 0;
     for (Slot& slot : e->slots_) {
       slot.shard_numel = Stage3ShardElements(slot.numel, world);
-      // On one rank without parameter offload the chunk is the parameter
-      // (DeepSpeed gathers nothing there): nothing is ever released.
-      slot.persistent = slot.numel <= zero.stage3_param_persistence_threshold() ||
-                        (world == 1 && zero.offload_param() != OFFLOAD_CPU);
+      slot.persistent = slot.numel <= zero.stage3_param_persistence_threshold() || e->unpartitioned_;
       slot.own_lo = std::min(rank * slot.shard_numel, slot.numel);
       slot.own_hi = std::min((rank + 1) * slot.shard_numel, slot.numel);
       slot.own_dst = offset;
@@ -195,7 +195,6 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     at::Tensor shards = at::zeros({e->owned_numel_}, options.device(offload_param ? at::kCPU : e->device_));
     e->flat_shards_ = offload_param && zero.pin_memory() && e->device_.is_cuda() ? shards.pin_memory() : shards;
     e->parts_.resize(static_cast<size_t>(num_layers) + 2);
-    e->unpartitioned_ = world == 1 && !offload_param;
     for (size_t i = 0; i < e->slots_.size(); ++i) {
       Slot& slot = e->slots_[i];
       at::Tensor chunk = e->flat_shards_.narrow(0, slot.own_dst, slot.own_hi - slot.own_lo);

@@ -358,6 +358,8 @@ int64_t AllocatorBand(const StepSizes& s, int64_t tensor_bytes) {
   return static_cast<int64_t>(std::llround(s.allocator_band_fraction * static_cast<double>(tensor_bytes)));
 }
 
+KernelDevice KernelDeviceOf(const StepSizes& s) { return s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda; }
+
 }  // namespace
 
 absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
@@ -464,7 +466,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
       largest_attn = std::max(largest_attn, NumElements(t));
     }
   }
-  const KernelDevice device = s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda;
+  const KernelDevice device = KernelDeviceOf(s);
   int64_t mlp_saved_11 = 0;
   for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 0, device)) {
     if (IsMlpTensor(t)) mlp_saved_11 += TensorBytes(t);
@@ -628,7 +630,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block_saved = saved_per_token_ * tokens + saved_per_token_sq_ * tokens * seq + saved_per_seq_sq_ * seq * seq;
   s.block_saved_mlp = saved_mlp_per_token_ * tokens;
   s.block_input = tokens * h * w;
-  const KernelDevice device = s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda;
+  const KernelDevice device = KernelDeviceOf(s);
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   // Under no_grad a block frees each intermediate after its last use; the FFN
   // branch (gate, up and their product, or up and GELU) is the widest point.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "planner/gpu_catalog.h"
@@ -19,7 +20,8 @@ struct Prepared {
   ModelSpec model;
   RunConfig config;
   GpuSpec gpu;
-  StepSizes sizes;
+  std::optional<StepSizer> sizer;  // set by Prepare
+  StepSizes sizes;                  // the config's shape, its largest rank
 };
 
 absl::StatusOr<Prepared> Prepare(const ModelSpec& model, const RunConfig& config) {
@@ -29,7 +31,8 @@ absl::StatusOr<Prepared> Prepare(const ModelSpec& model, const RunConfig& config
   p.config = ResolveRunConfig(config);
   ZPLAN_RETURN_IF_ERROR(ValidateRunConfig(p.config));
   ZPLAN_ASSIGN_OR_RETURN(p.gpu, FindGpu(p.config.cluster().gpu()));
-  ZPLAN_ASSIGN_OR_RETURN(p.sizes, ComputeStepSizes(p.model, p.config, p.gpu));
+  ZPLAN_ASSIGN_OR_RETURN(p.sizer, StepSizer::Create(p.model, p.config, p.gpu));
+  p.sizes = p.sizer->For(p.config.micro_batch_size(), p.config.seq_length());
   return p;
 }
 
@@ -118,12 +121,11 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   plan.set_host_init_peak_bytes_per_node((s.host_init_per_rank + s.host_process) * local);
 
   // Ranks differ where DeepSpeed's gradient partitions do (stages 1/2).
-  ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(p.model, p.config, p.gpu));
   for (int64_t rank = 0; rank < s.world_size; ++rank) {
     RankPlan* r = plan.add_ranks();
     r->set_rank(static_cast<int>(rank));
     r->set_node(static_cast<int>(rank / local));
-    RankMemory mine = RankBreakdowns(sizer.ForRank(p.config.micro_batch_size(), p.config.seq_length(), rank));
+    RankMemory mine = RankBreakdowns(p.sizer->ForRank(p.config.micro_batch_size(), p.config.seq_length(), rank));
     *r->mutable_device() = std::move(mine.device);
     *r->mutable_host() = std::move(mine.host);
   }
@@ -166,7 +168,7 @@ absl::StatusOr<int64_t> LargestFittingShape(const ModelSpec& model, const RunCon
     return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
   }
   const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
-  ZPLAN_ASSIGN_OR_RETURN(StepSizer sizer, StepSizer::Create(p.model, p.config, p.gpu));
+  const StepSizer& sizer = *p.sizer;
   const int64_t b = p.config.micro_batch_size(), seq = p.config.seq_length();
   return LargestFitting(search_batch ? kMaxSearchMicroBatch : kMaxSearchSeqLength,
                         [&](int64_t n) -> absl::StatusOr<bool> {
