@@ -6,7 +6,9 @@
 // InstallCountingCpuAllocator() wraps the current default CPU allocator and
 // must run before the first tensor is created; tensors that existed before
 // keep their old deleters and are not counted. Pinned memory, Gloo's internal
-// buffers and BLAS workspaces do not go through it. Thread-safe.
+// buffers and BLAS workspaces do not go through it. Thread-safe. Freed large
+// blocks are reused for allocations of the same size while live plus kept
+// bytes stay within the live high-water mark (CpuMemoryStats::kept_bytes).
 //
 // Attribution: an allocation takes its thread's current tag (SetMemoryTag /
 // ScopedMemoryTag; TEMPORARIES when none is set) and may be retagged later
@@ -35,6 +37,9 @@ struct CpuMemoryStats {
   int64_t current_bytes = 0;     // live tensor bytes now
   int64_t peak_bytes = 0;        // max of current since the last reset
   int64_t allocations = 0;       // COUNT since install
+  // Freed blocks of 1 MiB or more kept for an allocation of the same size;
+  // resident, so live + kept never exceeds the largest live total so far.
+  int64_t kept_bytes = 0;
 };
 
 // Idempotent; returns false if it could not be installed (then stats stay 0).

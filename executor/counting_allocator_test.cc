@@ -22,6 +22,30 @@ TEST(CountingAllocatorTest, CountsLiveTensorBytesAndPeak) {
   EXPECT_EQ(GetCpuMemoryStats().peak_bytes, before);
 }
 
+TEST(CountingAllocatorTest, ReusesLargeBlocksOnlyWithinTheHighWaterMark) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  constexpr int64_t kBlock = int64_t{64} << 20;  // larger than anything before
+  const int64_t before = GetCpuMemoryStats().current_bytes;
+  at::Tensor a = at::empty({kBlock}, at::kByte);
+  at::Tensor b = at::empty({kBlock}, at::kByte);
+  const void* a_data = a.data_ptr();
+  a.reset();  // live + kept stay at the high-water mark: kept
+  EXPECT_EQ(GetCpuMemoryStats().kept_bytes, kBlock);
+  at::Tensor c = at::empty({kBlock}, at::kByte);  // the same size: the same block, counted again
+  EXPECT_EQ(c.data_ptr(), a_data);
+  EXPECT_EQ(GetCpuMemoryStats().kept_bytes, 0);
+  EXPECT_EQ(GetCpuMemoryStats().current_bytes - before, 2 * kBlock);
+  b.reset();
+  c.reset();
+  EXPECT_EQ(GetCpuMemoryStats().kept_bytes, 2 * kBlock);
+  // Another size: kept blocks go back so that live + kept + the new block
+  // stay within the mark.
+  at::Tensor d = at::empty({kBlock + kBlock / 2}, at::kByte);
+  const CpuMemoryStats stats = GetCpuMemoryStats();
+  EXPECT_LE(stats.current_bytes + stats.kept_bytes - before, 2 * kBlock);
+  EXPECT_EQ(stats.kept_bytes, 0);
+}
+
 TEST(CountingAllocatorTest, SeesAutogradSavedTensors) {
   ASSERT_TRUE(InstallCountingCpuAllocator());
   at::Tensor w = at::randn({256, 256}).requires_grad_(true);

@@ -183,8 +183,11 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
                                                       " has no bf16; re-plan with zplan --precision fp16 or fp32"));
   }
   SetMemoryTag(COMPONENT_PARAMS);
-  ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(plan.model(), Dtype(config.precision()),
-                                                                static_cast<uint64_t>(config.seed()), device));
+  // With zero.Init the ZeRO-3 engine creates each parameter while partitioning it.
+  const bool zero_init = config.zero().stage() == 3 && config.zero().zero_init();
+  ZPLAN_ASSIGN_OR_RETURN(Transformer model,
+                         Transformer::Create(plan.model(), Dtype(config.precision()),
+                                             static_cast<uint64_t>(config.seed()), device, !zero_init));
   SetMemoryTag(COMPONENT_TEMPORARIES);
   const std::vector<TensorSpec> inventory(plan.parameters().begin(), plan.parameters().end());
   ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));
@@ -196,6 +199,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
 
   RankReport report;
   report.set_rank(comm->rank());
+  report.set_construction_peak_bytes(engine->construction_peak_bytes());
   char hostname[256] = {0};
   gethostname(hostname, sizeof(hostname) - 1);
   report.set_hostname(hostname);
@@ -237,7 +241,8 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::TensorOptions().dtype(at::kDouble).device(device));
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
-    report.add_losses(mean_loss.item<double>() / comm->world_size());
+    // An emulated all-reduce sums this rank alone.
+    report.add_losses(mean_loss.item<double>() / (comm->name() == "emulated" ? 1 : comm->world_size()));
     (void)result;
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (step > first_step) {

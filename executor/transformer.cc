@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/inventory.h"
@@ -180,34 +181,37 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
 }  // namespace
 
 absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::ScalarType dtype, uint64_t seed,
-                                                at::Device device) {
+                                                at::Device device, bool materialize) {
   const ModelSpec spec = ResolveModelSpec(spec_in);
   ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(spec));
   Transformer model;
   model.spec_ = spec;
+  model.seed_ = seed;
+  model.materialized_ = materialize;
   model.dtype_ = dtype;
   model.device_ = device;
-  const std::vector<TensorSpec> inventory = ParameterInventory(spec);
-  for (size_t i = 0; i < inventory.size(); ++i) {
-    const TensorSpec& t = inventory[i];
-    std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
-    at::Tensor value;
-    const std::string& name = t.name();
-    const bool is_norm = name.find("norm") != std::string::npos;
-    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    if (is_norm && !is_bias) {
-      value = at::ones(shape, at::kFloat);
-    } else if (is_bias) {
-      value = at::zeros(shape, at::kFloat);
-    } else {
-      auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + i);
-      value = at::empty(shape, at::kFloat).normal_(0.0, kInitStd, generator);
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  for (const TensorSpec& t : ParameterInventory(spec)) {
+    const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+    model.index_[t.name()] = model.parameters_.size();
+    model.parameters_.emplace_back(
+        t.name(), at::empty_strided(shape, std::vector<int64_t>(shape.size(), 0), options).requires_grad_(true));
+    if (materialize) {
+      auto& param = model.parameters_.back().second;
+      param = model.InitialValue(model.parameters_.size() - 1).to(device, dtype).requires_grad_(true);
     }
-    value = value.to(device, dtype).detach().requires_grad_(true);
-    model.index_[name] = model.parameters_.size();
-    model.parameters_.emplace_back(name, std::move(value));
   }
   return model;
+}
+
+at::Tensor Transformer::InitialValue(size_t index) const {
+  const auto& [name, param] = parameters_[index];
+  const bool is_norm = name.find("norm") != std::string::npos;
+  const bool is_bias = absl::EndsWith(name, ".bias");
+  if (is_norm && !is_bias) return at::ones(param.sizes(), at::kFloat);
+  if (is_bias) return at::zeros(param.sizes(), at::kFloat);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_ + index);
+  return at::empty(param.sizes(), at::kFloat).normal_(0.0, kInitStd, generator);
 }
 
 const at::Tensor& Transformer::Param(const std::string& name) const {

@@ -5,7 +5,8 @@
 // and shapes (planner/inventory.h); CheckAgainstInventory() proves it before
 // step 0. Initialisation is deterministic per parameter (seed + index, fp32 on
 // the CPU, then cast), so every world size and ZeRO stage starts from the same
-// weights and must produce the same losses.
+// weights and must produce the same losses; a ZeRO-3 engine may create them
+// one at a time, already partitioned (Create's `materialize`).
 //
 // The forward pass is written so that autograd keeps what the planner's
 // activation inventory lists, no more: RMSNorm is a custom function saving
@@ -55,9 +56,17 @@ struct BlockHooks {
 class Transformer {
  public:
   friend struct TransformerBridge;
-  // kInvalidArgument for a spec that fails ValidateModelSpec.
+  // kInvalidArgument for a spec that fails ValidateModelSpec. Without
+  // `materialize` the parameters hold no values yet: each is a placeholder of
+  // its full shape, dtype and device backed by one element (so autograd
+  // records the right metadata), for a ZeRO-3 engine to fill from
+  // InitialValue() one parameter at a time (zero.Init semantics).
   static absl::StatusOr<Transformer> Create(const ModelSpec& spec, at::ScalarType dtype, uint64_t seed,
-                                            at::Device device);
+                                            at::Device device, bool materialize = true);
+
+  // Parameter `index`'s initial value, whole, fp32 on the host: the same for
+  // every world size and stage.
+  at::Tensor InitialValue(size_t index) const;
 
   // (name, tensor) in inventory order; tensors are leaves with requires_grad.
   const std::vector<std::pair<std::string, at::Tensor>>& parameters() const { return parameters_; }
@@ -81,6 +90,8 @@ class Transformer {
   // kFailedPrecondition naming the reason. OK for eager attention.
   absl::Status CheckAttentionKernel(int64_t seq_length) const;
 
+  // False while the parameters are Create's placeholders (materialize = false).
+  bool materialized() const { return materialized_; }
   const ModelSpec& spec() const { return spec_; }
   at::ScalarType dtype() const { return dtype_; }
 
@@ -92,6 +103,8 @@ class Transformer {
                    const at::Tensor& mask) const;
 
   ModelSpec spec_;
+  uint64_t seed_ = 0;
+  bool materialized_ = true;
   at::ScalarType dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;
   std::vector<std::pair<std::string, at::Tensor>> parameters_;

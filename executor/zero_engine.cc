@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "executor/counting_allocator.h"
+#include "executor/device_memory.h"
 #include "planner/inventory.h"
 #include "planner/run_config.h"
 #include "planner/sharding.h"
@@ -183,9 +184,10 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     // shard has the same size (planner/sharding.h).
     const int64_t padded = e->stage_ == 0 ? total : e->owned_numel_ * world;
     e->flat_params_ = at::zeros({padded}, options);
-    for (Slot& slot : e->slots_) {
+    for (size_t i = 0; i < e->slots_.size(); ++i) {
+      Slot& slot = e->slots_[i];
       at::Tensor view = e->flat_params_.narrow(0, slot.flat_offset, slot.numel).view(slot.shape);
-      view.copy_(slot.param);
+      view.copy_(model->materialized() ? slot.param : model->InitialValue(i));
       slot.param.set_data(view);
     }
   } else {
@@ -198,7 +200,15 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     for (size_t i = 0; i < e->slots_.size(); ++i) {
       Slot& slot = e->slots_[i];
       at::Tensor chunk = e->flat_shards_.narrow(0, slot.own_dst, slot.own_hi - slot.own_lo);
-      chunk.copy_(slot.param.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+      if (model->materialized()) {
+        chunk.copy_(slot.param.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+      } else {
+        // zero.Init: the parameter exists whole only now, on the host in
+        // fp32; its chunk is kept (and a persistent one whole), the rest freed.
+        const at::Tensor whole = model->InitialValue(i);
+        chunk.copy_(whole.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+        if (slot.persistent && !e->unpartitioned_) slot.param.set_data(whole.to(e->device_, e->dtype_));
+      }
       if (e->unpartitioned_) slot.param.set_data(chunk.view(slot.shape));
       e->parts_[PartOf(slot.name, num_layers) + 1].push_back(i);
       slot.gathered = true;
@@ -210,6 +220,9 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     e->retention_ = Stage3RetentionOf(ParameterInventory(model->spec()), e->tied_head_, zero);
     for (int part = -1; part <= num_layers; ++part) e->Release(part, kReleaseAll);
   }
+
+  // Every parameter is in place: what building the model took at most.
+  e->construction_peak_bytes_ = SampleDeviceMemory(e->device_).peak_allocated_bytes;
 
   // Master weights and Adam states for the owned elements (host with offload).
   const at::Device state_device = e->offload_ ? at::Device(at::kCPU) : e->device_;
@@ -502,7 +515,7 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
     if (fill > capacity) {  // one gradient larger than the bucket: reduce it in place
       at::Tensor flat = slots_[first].param.grad().view(-1);
       ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(flat));
-      flat.mul_(scale);
+      if (scale != 1.0) flat.mul_(scale);
     } else {
       int64_t offset = 0;
       for (size_t i = first; i < last; ++i) {
@@ -513,7 +526,8 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
       ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(used));
       offset = 0;
       for (size_t i = first; i < last; ++i) {
-        slots_[i].param.grad().view(-1).copy_(used.narrow(0, offset, slots_[i].numel)).mul_(scale);
+        at::Tensor grad = slots_[i].param.grad().view(-1).copy_(used.narrow(0, offset, slots_[i].numel));
+        if (scale != 1.0) grad.mul_(scale);
         offset += slots_[i].numel;
       }
     }
@@ -560,15 +574,21 @@ at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   }
   // Stage 0 (and 1 with offload): gather the owned range from the per-parameter gradients,
   // into the host fp32 gradient buffer with offload, else a temporary.
-  at::Tensor out = offload_ ? host_grads_.narrow(0, begin, len).zero_()
-                            : at::zeros({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  // Slots are in flat order: only what no gradient covers (padding, a
+  // parameter without one) is zeroed.
+  at::Tensor out = offload_ ? host_grads_.narrow(0, begin, len)
+                            : at::empty({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  int64_t filled = begin;
   for (const Slot& slot : slots_) {
     const int64_t a = std::max(begin, slot.own_dst);
     const int64_t b = std::min(end, slot.own_dst + slot.own_hi - slot.own_lo);
     if (a >= b || !slot.param.grad().defined()) continue;
+    if (a > filled) out.narrow(0, filled - begin, a - filled).zero_();
     const at::Tensor piece = slot.param.grad().view(-1).narrow(0, slot.own_lo + a - slot.own_dst, b - a);
     out.narrow(0, a - begin, b - a).copy_(offload_ ? StageToHost(piece) : piece);
+    filled = b;
   }
+  if (end > filled) out.narrow(0, filled - begin, end - filled).zero_();
   return out;
 }
 
@@ -622,9 +642,17 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   at::NoGradGuard no_grad;
   const OptimizerConfig& opt = config_.optimizer();
   const int64_t chunk = std::min(config_.zero().sub_group_elements(), owned_numel_);
+  const bool flat_partition = StepsGradPartition();
+  // One sub_group_size chunk holds every owned element: its fp32 gradient
+  // is made first and the norm read from it (a reduction that casts its
+  // input copies it, and is many times slower).
+  at::Tensor whole_grad;
+  if (!flat_partition && chunk == owned_numel_) whole_grad = OwnedGradFp32(0, owned_numel_);
   // Global gradient norm: this rank's owned elements, summed over ranks
-  // (stage 0 owns everything). Reductions accumulate in fp32 without copies.
-  at::Tensor sum_sq = OwnedGradSquaredNorm();
+  // (stage 0 owns everything).
+  at::Tensor sum_sq = whole_grad.defined()
+                          ? at::linalg_vector_norm(whole_grad, 2).pow(2).reshape({1}).to(device_)
+                          : OwnedGradSquaredNorm();
   if (stage_ > 0) ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(sum_sq));
   StepResult result;
   result.grad_norm = std::sqrt(sum_sq.item<double>()) / loss_scale_;
@@ -644,7 +672,6 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
     at::Tensor working = stage_ < 3 ? flat_params_.narrow(0, owned_begin_, owned_numel_) : flat_shards_;
     // Stages 1/2 step the whole partition (stage_1_and_2.py, step); the
     // others one sub_group_size chunk at a time.
-    const bool flat_partition = StepsGradPartition();
     const int64_t step_chunk = flat_partition ? owned_numel_ : chunk;
     for (int64_t c = 0; c < owned_numel_; c += step_chunk) {
       const int64_t len = std::min(step_chunk, owned_numel_ - c);
@@ -660,7 +687,7 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
         }
         grad_shard_ = at::Tensor();
       } else {
-        grad = OwnedGradFp32(c, c + len);
+        grad = whole_grad.defined() ? std::move(whole_grad) : OwnedGradFp32(c, c + len);
       }
       if (grad.device() != state_device) grad = grad.to(state_device);
       // In place: the gradients are consumed by this step (zeroed or

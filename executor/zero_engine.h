@@ -30,7 +30,10 @@
 //            forward and backward and released after, with the next block
 //            prefetched when it fits stage3_prefetch_bucket_size and
 //            stage3_max_live_parameters. offload_param=cpu keeps the
-//            partitions on the host.
+//            partitions on the host. Over a model built without values
+//            (Transformer::Create's `materialize`), each parameter is
+//            created whole, on the host in fp32, only while its chunk is
+//            taken (zero.Init), so no rank ever holds the whole model.
 // Mixed precision keeps working-dtype parameters and gradients and fp32
 // master weights; fp16 adds dynamic loss scaling; fp32 updates the
 // parameters directly. Gradients are averaged over ranks and accumulation
@@ -94,6 +97,11 @@ class ZeroEngine {
   // Restores SaveState()'s output; kFailedPrecondition when it was written
   // for another world size, stage, model or precision.
   absl::Status LoadState(const CheckpointShard& shard);
+
+  // The device's peak tensor bytes from the start of the process until the
+  // parameters were in place, before the optimizer's state (the model's
+  // construction; peak allocated on CUDA, counted tensors on CPU ranks).
+  int64_t construction_peak_bytes() const { return construction_peak_bytes_; }
 
   // Stage-3 gather/release callbacks for Transformer::Loss (inactive below stage 3).
   const BlockHooks& hooks() const { return hooks_; }
@@ -194,6 +202,7 @@ class ZeroEngine {
   absl::Status hook_status_;
   double loss_scale_ = 1.0;
   int good_steps_ = 0;
+  int64_t construction_peak_bytes_ = 0;
 };
 
 }  // namespace zplan

@@ -362,6 +362,41 @@ KernelDevice KernelDeviceOf(const StepSizes& s) { return s.cpu_ranks ? KernelDev
 
 }  // namespace
 
+// The most tensor bytes (device and host together) a rank holds while zrun
+// builds its model and puts the parameters in place, before any optimizer
+// state (executor/zero_engine.h). With zero.Init at stage 3 each parameter
+// exists whole (fp32, on the host) only while its chunk is taken: the owned
+// chunks, the persistent parameters made so far and the one being made (and
+// the one-element placeholders of all).
+// Otherwise the whole model is built (each parameter fp32, then its working
+// copy) and then copied into the flat buffer or the stage-3 chunks while
+// still whole.
+int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const ShardLayout& sh, const ZeroConfig& zero,
+                              int stage, int64_t w) {
+  int64_t built = 0, peak = 0;
+  if (stage == 3 && zero.zero_init()) {
+    // On one rank without parameter offload the chunks are the parameters.
+    const bool unpartitioned = sh.world_size == 1 && zero.offload_param() != OFFLOAD_CPU;
+    // The chunks, and every parameter's placeholder (one element, Transformer::Create).
+    const int64_t chunks = sh.stage3_grad_shard_elements * w + static_cast<int64_t>(params.size()) * w;
+    for (const TensorSpec& t : params) {
+      const int64_t n = NumElements(t);
+      const bool kept_whole = !unpartitioned && n <= zero.stage3_param_persistence_threshold();
+      peak = std::max(peak, chunks + built + n * 4 + (kept_whole ? n * w : 0));
+      if (kept_whole) built += n * w;
+    }
+    return peak;
+  }
+  for (const TensorSpec& t : params) {
+    const int64_t n = NumElements(t);
+    peak = std::max(peak, built + n * 4 + n * w);
+    built += n * w;
+  }
+  const int64_t copy = stage == 3 ? sh.stage3_grad_shard_elements : stage == 0 ? sh.total_elements
+                                                                               : sh.flat_padded_elements;
+  return std::max(peak, built + copy * w);
+}
+
 absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
                                             const GpuSpec& gpu) {
   StepSizer sizer;
@@ -581,6 +616,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.offload_staging_resident = largest * w;
     s.host_offload_staging = largest * w + sh.flat_shard_elements * w;
   }
+  s.construction = ConstructionPeakBytes(params, sh, zero, s.stage, w);
   // Without zero.Init every local rank first builds the whole fp32 model.
   const bool sharded_init = s.stage == 3 && zero.zero_init();
   s.host_init_per_rank =

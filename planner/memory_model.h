@@ -170,6 +170,7 @@ struct StepSizes {
   int64_t host_optimizer = 0;
   int64_t host_offload_staging = 0;  // temp_grad_buffer_for_cpu_offload + param_buffer_of_bit16_for_cpu_offload_groups
   int64_t host_init_per_rank = 0;    // model construction peak tensors
+  int64_t construction = 0;          // zrun's construction peak, device and host (Plan field)
 };
 
 // Computes StepSizes for many micro-batches and sequence lengths of one

@@ -119,6 +119,7 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   const MemoryBreakdown& host_node = plan.host_per_node();
   const MemoryBreakdown& device = plan.device_per_rank();
   plan.set_host_init_peak_bytes_per_node((s.host_init_per_rank + s.host_process) * local);
+  plan.set_construction_peak_bytes_per_rank(s.construction);
 
   // Ranks differ where DeepSpeed's gradient partitions do (stages 1/2).
   for (int64_t rank = 0; rank < s.world_size; ++rank) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The same model as a plan's ModelSpec, trained by a plain PyTorch (Python)
-loop, for zrun's throughput comparison: bf16 parameters, fused AdamW, SDPA or
+loop, for zrun's throughput comparison: bf16 parameters (or, with --weights
+fp32-master, fp32 parameters under torch.autocast), fused AdamW, SDPA or
 eager attention, synthetic tokens. Prints one JSON line with tokens/s and
 model FLOPs utilisation (PaLM's formula, as zrun's report).
 
@@ -79,6 +80,10 @@ def main():
     p.add_argument("plan_json")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--peak-flops", type=float, default=0.0)
+    p.add_argument("--weights", choices=("working", "fp32-master"), default="working",
+                   help="working: parameters and AdamW in the plan's dtype; fp32-master: fp32 parameters and "
+                        "AdamW with the forward and backward under torch.autocast in bf16 (PyTorch's mixed "
+                        "precision, the numerics of DeepSpeed's bf16 mode)")
     args = p.parse_args()
     plan = json.load(open(args.plan_json))
     m, cfg = plan["model"], plan["config"]
@@ -87,15 +92,17 @@ def main():
     b, s = int(cfg.get("micro_batch_size", 1)), int(cfg.get("seq_length", 2048))
     dev = "cuda" if torch.cuda.is_available() and plan.get("gpu", {}).get("key") != "cpu" else "cpu"
     dtype = torch.float32 if cfg.get("precision") == "PRECISION_FP32" else torch.bfloat16
+    amp = args.weights == "fp32-master" and dtype != torch.float32
     torch.manual_seed(0)
-    model = Model(m).to(device=dev, dtype=dtype)
+    model = Model(m).to(device=dev, dtype=torch.float32 if amp else dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     g = torch.Generator().manual_seed(0)
     times = []
     for step in range(args.steps):
         ids = torch.randint(m["vocab_size"], (b, s + 1), generator=g).to(dev)
         start = time.perf_counter()
-        loss = model(ids[:, :-1], ids[:, 1:])
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
+            loss = model(ids[:, :-1], ids[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -108,7 +115,7 @@ def main():
     print(json.dumps({"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "step_seconds": step_s,
                       "tokens_per_second": tps, "model_flops_per_token": fpt,
                       "mfu": tps * fpt / args.peak_flops if args.peak_flops > 0 and dev == "cuda" else 0.0,
-                      "final_loss": float(loss)}))
+                      "final_loss": loss.item()}))
 
 
 if __name__ == "__main__":

@@ -2,43 +2,64 @@
 # zrun throughput on this machine: plans a model with zplan, trains it with
 # zrun and prints step time and tokens/s per configuration (the figures come
 # from each report; nothing here is asserted). On CPU machines it uses the
-# debug-tiny model; tools/gpu_validate.sh covers GPUs. Last, the same model
-# and batch in a plain PyTorch (Python) loop (tools/torch_reference_loop.py,
-# interpreter: $PYTHON, default the repository's .venv) and zrun's ZeRO-0
-# throughput as a ratio of it.
+# debug-tiny model; tools/gpu_validate.sh covers GPUs. Last, zrun ZeRO-0
+# bf16 against the same model and batch in plain PyTorch (Python) loops
+# (tools/torch_reference_loop.py, interpreter: $PYTHON, default the
+# repository's .venv), for MODEL and a realistic-width model (hidden 1024:
+# qwen3-0.6b's blocks, 4 of them, vocabulary 32000), run alternately
+# $REPEATS times (default 3) and compared by their median step times, since a
+# shared machine's speed drifts between runs; a ratio above 1 means zrun is faster.
 #   bazel run //tools:zrun_benchmark [-- MODEL SEQ STEPS]
 set -euo pipefail
 model=${1:-debug-tiny} seq=${2:-256} steps=${3:-6}
+repeats=${REPEATS:-3}
 runfiles=${RUNFILES_DIR:-$0.runfiles}
 ZPLAN=${ZPLAN:-$runfiles/zplan/planner/zplan}
 ZRUN=${ZRUN:-$runfiles/zplan/executor/zrun}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 PYTHON=${PYTHON:-${BUILD_WORKSPACE_DIRECTORY:-.}/.venv/bin/python3}
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ranks'][0].get(sys.argv[2], 0))" "$@"; }
 printf '%-34s %10s %12s\n' "configuration ($model, seq $seq)" "step s" "tokens/s"
 for cfg in "0 bf16 false" "2 bf16 false" "3 bf16 false" "3 bf16 true" "2 fp32 false"; do
   set -- $cfg
   "$ZPLAN" --gpu cpu --model "$model" --gpus 1 --zero-stage "$1" --precision "$2" --checkpointing "$3" \
     --seq "$seq" --micro-batch 4 --out "$tmp/p.pb" > /dev/null
-  "$ZRUN" "$tmp/p.pb" --steps "$steps" --report "$tmp/r.json" > /dev/null || true
-  [[ $cfg == "0 bf16 false" ]] && { cp "$tmp/r.json" "$tmp/zero0.json"; "$ZPLAN" show "$tmp/p.pb" --format json > "$tmp/plan.json"; }
-  python3 - "$cfg" "$tmp/r.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[2]))["ranks"][0]
-stage, precision, ckpt = sys.argv[1].split()
-label = f"ZeRO-{stage} {precision}" + (" ckpt" if ckpt == "true" else "")
-print(f"{label:34s} {r.get('mean_step_seconds', 0):10.3f} {r.get('tokens_per_second', 0):12.0f}")
-PY
+  "$ZRUN" "$tmp/p.pb" --steps "$steps" --report "$tmp/r.json" > /dev/null 2>&1 || true
+  label="ZeRO-$1 $2"
+  [[ $3 == true ]] && label+=" ckpt"
+  printf '%-34s %10.3f %12.0f\n' "$label" "$(field "$tmp/r.json" mean_step_seconds)" "$(field "$tmp/r.json" tokens_per_second)"
 done
-if [[ -x $PYTHON ]]; then
-  "$PYTHON" "$runfiles/zplan/tools/torch_reference_loop.py" "$tmp/plan.json" --steps "$steps" > "$tmp/py.json"
-  python3 - "$tmp/zero0.json" "$tmp/py.json" <<'PY'
-import json, sys
-zrun = json.load(open(sys.argv[1]))["ranks"][0].get("tokens_per_second", 0)
-py = json.loads(open(sys.argv[2]).read())
-print(f"{'PyTorch loop (Python), bf16':34s} {py['step_seconds']:10.3f} {py['tokens_per_second']:12.0f}")
-print(f"zrun ZeRO-0 bf16 / PyTorch loop: {zrun / py['tokens_per_second']:.2f}x")
-PY
-else
+if [[ ! -x $PYTHON ]]; then
   echo "no Python with torch at $PYTHON: PyTorch comparison skipped (set PYTHON)"
+  exit 0
 fi
+echo
+# Two PyTorch loops: fp32 master weights with autocast (the numerics of
+# DeepSpeed's bf16 mode, which zrun follows: fp32 master and Adam states) and
+# bf16 weights stepped directly (less work per step: no master copy).
+printf '%-42s %9s %18s %18s\n' "ZeRO-0 bf16 step s (median of $repeats)" "zrun" "PyTorch fp32-master" "PyTorch bf16-only"
+compare() {  # label, zplan model flags...
+  local label=$1; shift
+  "$ZPLAN" --gpu cpu "$@" --gpus 1 --zero-stage 0 --precision bf16 --checkpointing false --seq "$seq" \
+    --out "$tmp/c.pb" > /dev/null
+  "$ZPLAN" show "$tmp/c.pb" --format json > "$tmp/c.json"
+  local z=() m=() b=()
+  loop() {
+    "$PYTHON" "$runfiles/zplan/tools/torch_reference_loop.py" "$tmp/c.json" --steps "$steps" --weights "$1" \
+      2> /dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['step_seconds'])"
+  }
+  for _ in $(seq "$repeats"); do
+    "$ZRUN" "$tmp/c.pb" --steps "$steps" --report "$tmp/c_r.json" > /dev/null 2>&1
+    z+=("$(field "$tmp/c_r.json" mean_step_seconds)")
+    m+=("$(loop fp32-master)")
+    b+=("$(loop working)")
+  done
+  python3 - "$label" "${z[*]}" "${m[*]}" "${b[*]}" <<'PY'
+import statistics, sys
+z, m, b = (statistics.median(map(float, a.split())) for a in sys.argv[2:5])
+print(f"{sys.argv[1]:42s} {z:9.3f} {m:9.3f} ({m / z:4.2f}x) {b:9.3f} ({b / z:4.2f}x)")
+PY
+}
+compare "$model, micro-batch 4" --model "$model" --micro-batch 4
+compare "hidden 1024 x 4 layers, vocab 32000, mb 2" --model qwen3-0.6b --layers 4 --vocab 32000 --micro-batch 2
