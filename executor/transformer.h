@@ -65,7 +65,7 @@ class Transformer {
                                             at::Device device, bool materialize = true);
 
   // Parameter `index`'s initial value, whole, fp32 on the host: the same for
-  // every world size and stage.
+  // every world size and stage. Valid until an engine partitions the parameter.
   at::Tensor InitialValue(size_t index) const;
 
   // (name, tensor) in inventory order; tensors are leaves with requires_grad.
