@@ -25,6 +25,15 @@ constexpr double kNormEps = 1e-6;
 constexpr double kInitStd = 0.02;        // GPT-2 / Llama initialiser
 constexpr double kRopeTheta = 10000.0;
 
+// A parameter's initial value, fp32 on the host: norm weights 1, biases 0,
+// the rest N(0, kInitStd) from its own generator.
+at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64_t seed) {
+  if (absl::EndsWith(name, ".bias")) return at::zeros(shape, at::kFloat);
+  if (name.find("norm") != std::string::npos) return at::ones(shape, at::kFloat);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::empty(shape, at::kFloat).normal_(0.0, kInitStd, generator);
+}
+
 // transformers' LlamaRMSNorm (Qwen2/3 and Mistral use the same code), op for
 // op, so autograd saves what it saves (planner/inventory.h): the input upcast
 // to fp32, the fp32 rstd and the normalized input cast back.
@@ -193,25 +202,18 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::Sc
   const auto options = at::TensorOptions().dtype(dtype).device(device);
   for (const TensorSpec& t : ParameterInventory(spec)) {
     const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+    const uint64_t param_seed = seed + model.parameters_.size();
+    at::Tensor value = materialize ? InitialValueOf(t.name(), shape, param_seed).to(device, dtype)
+                                   : at::empty_strided(shape, std::vector<int64_t>(shape.size(), 0), options);
     model.index_[t.name()] = model.parameters_.size();
-    model.parameters_.emplace_back(
-        t.name(), at::empty_strided(shape, std::vector<int64_t>(shape.size(), 0), options).requires_grad_(true));
-    if (materialize) {
-      auto& param = model.parameters_.back().second;
-      param = model.InitialValue(model.parameters_.size() - 1).to(device, dtype).requires_grad_(true);
-    }
+    model.parameters_.emplace_back(t.name(), value.requires_grad_(true));
   }
   return model;
 }
 
 at::Tensor Transformer::InitialValue(size_t index) const {
   const auto& [name, param] = parameters_[index];
-  const bool is_norm = name.find("norm") != std::string::npos;
-  const bool is_bias = absl::EndsWith(name, ".bias");
-  if (is_norm && !is_bias) return at::ones(param.sizes(), at::kFloat);
-  if (is_bias) return at::zeros(param.sizes(), at::kFloat);
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_ + index);
-  return at::empty(param.sizes(), at::kFloat).normal_(0.0, kInitStd, generator);
+  return InitialValueOf(name, param.sizes(), seed_ + index);
 }
 
 const at::Tensor& Transformer::Param(const std::string& name) const {
