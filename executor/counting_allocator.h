@@ -7,8 +7,9 @@
 // must run before the first tensor is created; tensors that existed before
 // keep their old deleters and are not counted. Pinned memory, Gloo's internal
 // buffers and BLAS workspaces do not go through it. Thread-safe. Freed large
-// blocks are reused for allocations of the same size while live plus kept
-// bytes stay within the live high-water mark (CpuMemoryStats::kept_bytes).
+// blocks are reused for an allocation of at least half their size while the
+// blocks under live tensors plus the kept ones stay within the live
+// high-water mark plus 64 MiB (CpuMemoryStats::kept_bytes).
 //
 // Attribution: an allocation takes its thread's current tag (SetMemoryTag /
 // ScopedMemoryTag; TEMPORARIES when none is set) and may be retagged later
@@ -37,8 +38,8 @@ struct CpuMemoryStats {
   int64_t current_bytes = 0;     // live tensor bytes now
   int64_t peak_bytes = 0;        // max of current since the last reset
   int64_t allocations = 0;       // COUNT since install
-  // Freed blocks of 1 MiB or more kept for an allocation of the same size;
-  // resident, so live + kept never exceeds the largest live total so far.
+  // Freed blocks of 1 MiB or more kept for a later allocation; resident, so
+  // live blocks + kept never exceed the largest live total so far + 64 MiB.
   int64_t kept_bytes = 0;
 };
 

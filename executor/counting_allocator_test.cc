@@ -22,9 +22,12 @@ TEST(CountingAllocatorTest, CountsLiveTensorBytesAndPeak) {
   EXPECT_EQ(GetCpuMemoryStats().peak_bytes, before);
 }
 
+// Blocks larger than the 64 MiB the kept ones may exceed the mark by.
+constexpr int64_t kAllowance = int64_t{64} << 20;
+
 TEST(CountingAllocatorTest, ReusesLargeBlocksOnlyWithinTheHighWaterMark) {
   ASSERT_TRUE(InstallCountingCpuAllocator());
-  constexpr int64_t kBlock = int64_t{64} << 20;  // larger than anything before
+  constexpr int64_t kBlock = int64_t{128} << 20;  // larger than anything before
   const int64_t before = GetCpuMemoryStats().current_bytes;
   at::Tensor a = at::empty({kBlock}, at::kByte);
   at::Tensor b = at::empty({kBlock}, at::kByte);
@@ -42,8 +45,39 @@ TEST(CountingAllocatorTest, ReusesLargeBlocksOnlyWithinTheHighWaterMark) {
   // stay within the mark.
   at::Tensor d = at::empty({kBlock + kBlock / 2}, at::kByte);
   const CpuMemoryStats stats = GetCpuMemoryStats();
-  EXPECT_LE(stats.current_bytes + stats.kept_bytes - before, 2 * kBlock);
+  EXPECT_LE(stats.current_bytes + stats.kept_bytes - before, 2 * kBlock + kAllowance);
+  EXPECT_EQ(stats.kept_bytes, kBlock);  // one of the two went back
+}
+
+TEST(CountingAllocatorTest, AKeptBlockServesARequestOfAtLeastHalfItsSize) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  constexpr int64_t kBlock = int64_t{512} << 20;  // larger than anything before
+  const int64_t before = GetCpuMemoryStats().current_bytes;
+  at::Tensor upcast = at::empty({kBlock}, at::kByte);
+  const void* block = upcast.data_ptr();
+  upcast.reset();
+  ASSERT_EQ(GetCpuMemoryStats().kept_bytes, kBlock);
+  // Less than half: a block of its own (the kept one goes back, since both
+  // would exceed the mark).
+  at::Tensor small = at::empty({kBlock / 2 - 1}, at::kByte);
+  EXPECT_NE(small.data_ptr(), block);
+  small.reset();
+  upcast = at::empty({kBlock}, at::kByte);
+  block = upcast.data_ptr();
+  upcast.reset();
+  // Half: the kept block, counted at the request's size.
+  at::Tensor bucket = at::empty({kBlock / 2}, at::kByte);
+  EXPECT_EQ(bucket.data_ptr(), block);
+  EXPECT_EQ(GetCpuMemoryStats().current_bytes - before, kBlock / 2);
+  EXPECT_EQ(GetCpuMemoryStats().kept_bytes, 0);
+  // Freed, it is kept at its block's size; nothing grows past the mark.
+  bucket.reset();
+  EXPECT_EQ(GetCpuMemoryStats().kept_bytes, kBlock);
+  at::Tensor other = at::empty({kBlock / 2}, at::kByte);
+  at::Tensor more = at::empty({kBlock / 2}, at::kByte);  // the block is taken: a new one
+  const CpuMemoryStats stats = GetCpuMemoryStats();
   EXPECT_EQ(stats.kept_bytes, 0);
+  EXPECT_EQ(stats.current_bytes - before, kBlock);
 }
 
 TEST(CountingAllocatorTest, SeesAutogradSavedTensors) {
