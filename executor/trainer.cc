@@ -288,6 +288,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   report.set_num_alloc_retries(m.num_alloc_retries);
   report.set_num_ooms(m.num_ooms);
   report.mutable_measured_host()->set_peak_bytes(HostRss("VmHWM"));
+  report.mutable_measured_host()->set_pinned_bytes(m.pinned_bytes);
   return report;
 }
 

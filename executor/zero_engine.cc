@@ -27,6 +27,12 @@ namespace {
 constexpr double kInitialLossScale = 65536.0;
 constexpr int kLossScaleWindow = 1000;
 
+// A zeroed host buffer; `pinned`: allocated page-locked (one CachingHostAllocator
+// block, rounded up to a power of two), not a pinned copy of a pageable one.
+at::Tensor HostZeros(int64_t numel, at::ScalarType dtype, bool pinned) {
+  return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(at::kCPU).pinned_memory(pinned));
+}
+
 // Fires after AccumulateGrad has written a parameter's .grad (as DDP's reducer does).
 class GradReadyHook : public torch::autograd::FunctionPostHook {
  public:
@@ -179,6 +185,8 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
 
   at::NoGradGuard no_grad;
   std::optional<ScopedMemoryTag> tag(std::in_place, COMPONENT_PARAMS);
+  // Offloaded host buffers are page-locked with pin_memory (a CUDA device to pin for).
+  const bool pin = zero.pin_memory() && e->device_.is_cuda();
   if (e->stage_ < 3) {
     // Parameters become views of one flat buffer, padded so every rank's
     // shard has the same size (planner/sharding.h).
@@ -194,8 +202,8 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     // Every parameter's owned chunk lives in one buffer; partitioned
     // parameters are then released, persistent ones stay whole.
     const bool offload_param = zero.offload_param() == OFFLOAD_CPU;
-    at::Tensor shards = at::zeros({e->owned_numel_}, options.device(offload_param ? at::kCPU : e->device_));
-    e->flat_shards_ = offload_param && zero.pin_memory() && e->device_.is_cuda() ? shards.pin_memory() : shards;
+    e->flat_shards_ = offload_param ? HostZeros(e->owned_numel_, e->dtype_, pin)
+                                    : at::zeros({e->owned_numel_}, options);
     e->parts_.resize(static_cast<size_t>(num_layers) + 2);
     for (size_t i = 0; i < e->slots_.size(); ++i) {
       Slot& slot = e->slots_[i];
@@ -226,38 +234,34 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
 
   // Master weights and Adam states for the owned elements (host with offload).
   const at::Device state_device = e->offload_ ? at::Device(at::kCPU) : e->device_;
-  const bool pin = e->offload_ && zero.pin_memory() && e->device_.is_cuda();
-  auto fp32_state = [&](Component component) {
+  auto fp32_state = [&](Component component, bool pinned) {
     tag.emplace(component);
-    at::Tensor t = at::zeros({e->owned_numel_}, at::TensorOptions().dtype(at::kFloat).device(state_device));
-    return pin ? t.pin_memory() : t;
+    return e->offload_ ? HostZeros(e->owned_numel_, at::kFloat, pinned)
+                       : at::zeros({e->owned_numel_}, at::TensorOptions().dtype(at::kFloat).device(state_device));
   };
   // Master weights where DeepSpeed keeps them (sharding.h); with offload on
-  // the host (also in fp32 training: the device copy is the working copy).
+  // the host (also in fp32 training: the device copy is the working copy),
+  // pinned at stages 1/2 only (planner/memory_model.cc lists what DeepSpeed pins).
   if (KeepsFp32Master(e->stage_, e->mixed_, e->offload_)) {
-    e->master_ = fp32_state(COMPONENT_MASTER_PARAMS);
+    e->master_ = fp32_state(COMPONENT_MASTER_PARAMS, pin && e->stage_ <= 2);
     if (e->stage_ < 3) {
       e->master_.copy_(e->flat_params_.narrow(0, e->owned_begin_, e->owned_numel_));
     } else {
       e->master_.copy_(e->flat_shards_);
     }
   }
-  e->exp_avg_ = fp32_state(COMPONENT_OPTIMIZER_STATES);
-  e->exp_avg_sq_ = fp32_state(COMPONENT_OPTIMIZER_STATES);
+  e->exp_avg_ = fp32_state(COMPONENT_OPTIMIZER_STATES, false);
+  e->exp_avg_sq_ = fp32_state(COMPONENT_OPTIMIZER_STATES, false);
   e->step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(state_device));
-  if (e->offload_) e->host_grads_ = fp32_state(COMPONENT_GRADS);
+  if (e->offload_) e->host_grads_ = fp32_state(COMPONENT_GRADS, pin);
   if (e->offload_ && e->stage_ <= 2) {
     // stage_1_and_2.py, __init__: param_buffer_of_bit16_for_cpu_offload_groups,
     // temp_grad_buffer_for_cpu_offload / _for_gpu_offload.
     tag.emplace(COMPONENT_BUFFERS);
     int64_t largest = 0;
     for (const Slot& slot : e->slots_) largest = std::max(largest, slot.numel);
-    auto host = [&](int64_t numel) {
-      at::Tensor t = at::zeros({numel}, options.device(at::kCPU));
-      return pin ? t.pin_memory() : t;
-    };
-    e->offload_bit16_ = host(e->owned_numel_);
-    e->offload_grad_host_ = host(largest);
+    e->offload_bit16_ = HostZeros(e->owned_numel_, e->dtype_, pin);
+    e->offload_grad_host_ = HostZeros(largest, e->dtype_, pin);
     e->offload_grad_device_ = at::zeros({largest}, options);
   }
 
@@ -267,8 +271,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     // grad_partitions_flat_buffer on the offload device).
     tag.emplace(COMPONENT_GRADS);
     if (e->offload_) {
-      at::Tensor host = at::zeros({e->owned_numel_}, options.device(at::kCPU));
-      e->grad_shard_ = pin ? host.pin_memory() : host;
+      e->grad_shard_ = HostZeros(e->owned_numel_, e->dtype_, pin);
     } else {
       e->grad_shard_ = at::zeros({e->owned_numel_}, options);
     }

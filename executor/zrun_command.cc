@@ -308,6 +308,16 @@ std::string FormatReport(const Plan& plan, const Report& report) {
     absl::StrAppend(&out, absl::StrFormat("\nbuilding the model: %s at most (planned %s)\n", FormatBytes(built),
                                           FormatBytes(plan.construction_peak_bytes_per_rank())));
   }
+  // Page-locked host memory (CUDA ranks with offload), as the CachingHostAllocator holds it.
+  int64_t pinned_planned = 0, pinned_measured = 0;
+  for (const RankPlan& rank : plan.ranks()) pinned_planned = std::max(pinned_planned, rank.host().pinned_bytes());
+  for (const RankReport& rank : report.ranks()) {
+    pinned_measured = std::max(pinned_measured, rank.measured_host().pinned_bytes());
+  }
+  if (pinned_planned > 0 || pinned_measured > 0) {
+    absl::StrAppend(&out, absl::StrFormat("pinned host memory: %s at most (planned %s)\n", FormatBytes(pinned_measured),
+                                          FormatBytes(pinned_planned)));
+  }
   if (!report.ranks().empty()) {
     absl::StrAppend(&out, "\nlosses:");
     for (double loss : report.ranks(0).losses()) absl::StrAppend(&out, absl::StrFormat(" %.4f", loss));

@@ -13,6 +13,7 @@
 #include "planner/inventory.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
+#include "planner/units.h"
 
 namespace zplan {
 namespace {
@@ -49,7 +50,7 @@ Live Resident(const StepSizes& s) {
   l[kGrads] = s.grads_resident;
   l[kMaster] = s.master_resident;
   l[kOptimizer] = s.optimizer_resident;
-  l[kBuffers] = s.buckets_resident + s.offload_staging_resident;
+  l[kBuffers] = s.buckets_resident + s.offload_staging_resident + s.cublas_workspace;
   return l;
 }
 
@@ -593,8 +594,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   }
 
   if (!s.cpu_ranks) {
-    s.runtime = gpu.cuda_context_bytes() + gpu.cublas_workspace_bytes() +
-                (s.world_size > 1 ? gpu.nccl_bytes_per_communicator() : 0);
+    // The cuBLAS workspace is a caching-allocator block (CublasHandlePool.cpp,
+    // getCurrentCUDABlasHandle -> setWorkspace), so it counts in peak
+    // allocated, with the buffers; the rest is outside the allocator.
+    s.cublas_workspace = gpu.cublas_workspace_bytes();
+    s.runtime = gpu.cuda_context_bytes() + (s.world_size > 1 ? gpu.nccl_bytes_per_communicator() : 0);
   }
   s.allocator_band_fraction = gpu.allocator_band_fraction();
 
@@ -610,11 +614,40 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     if (s.stage == 3) s.host_grads += owned * w;
   }
   if (s.offload_param) s.host_params = sh.stage3_grad_shard_elements * w;
+  int64_t largest = 0;
+  for (const TensorSpec& t : params) largest = std::max(largest, NumElements(t));
   if (s.offload_optimizer && s.stage <= 2) {
-    int64_t largest = 0;
-    for (const TensorSpec& t : params) largest = std::max(largest, NumElements(t));
     s.offload_staging_resident = largest * w;
     s.host_offload_staging = largest * w + sh.flat_shard_elements * w;
+  }
+  // Page-locked buffers (CUDA ranks with pin_memory): those DeepSpeed pins,
+  // each its own CachingHostAllocator block, rounded up to a power of two
+  // (ATen/core/CachingHostAllocator.h, allocate: PowerOf2Ceil). CPU Adam's
+  // states are plain host tensors (ops/adam/cpu_adam.py, step: zeros_like),
+  // and so is stage 3's fp32 partition (stage3.py, _create_fp32_partitions).
+  if (s.pin_memory && !s.cpu_ranks) {
+    std::vector<int64_t> pinned;
+    if (s.offload_optimizer && s.stage <= 2) {
+      // stage_1_and_2.py, __init__ and initialize_optimizer_states: the fp32
+      // partition and its gradient, the bit16 copy, the gradient staging buffer.
+      pinned = {owned * kMasterBytesPerParam, owned * kOffloadGradBytesPerParam, sh.flat_shard_elements * w,
+                largest * w};
+    } else if (s.offload_optimizer) {
+      // stage3.py: grad_partitions_flat_buffer (_setup_for_real_optimizer),
+      // and each sub-group's fp32 gradient (initialize_optimizer_states).
+      pinned.push_back(owned * w);
+      const int64_t sub_group = std::max<int64_t>(1, zero.sub_group_elements());
+      for (int64_t begin = 0; begin < owned; begin += sub_group) {
+        pinned.push_back(std::min(sub_group, owned - begin) * kOffloadGradBytesPerParam);
+      }
+    }
+    // stage3.py, _create_fp16_partitions_with_defragmentation: param_groups_fp16_flat_cpu_memory.
+    if (s.offload_param) pinned.push_back(s.host_params);
+    for (const int64_t bytes : pinned) {
+      const int64_t block = RoundUpToPowerOfTwo(bytes);
+      s.host_pinned += block;
+      s.host_pinned_rounding += block - bytes;
+    }
   }
   s.construction = ConstructionPeakBytes(params, sh, zero, s.stage, w);
   // Without zero.Init every local rank first builds the whole fp32 model.
@@ -806,10 +839,9 @@ MemoryBreakdown HostPerRank(const StepSizes& s) {
   b.set_optimizer_states_bytes(s.host_optimizer);
   b.set_buffers_bytes(s.host_offload_staging);
   b.set_runtime_bytes(s.host_process);
-  if (s.pin_memory) {
-    b.set_pinned_bytes(s.host_params + s.host_grads + s.host_master + s.host_optimizer + s.host_offload_staging);
-  }
-  b.set_peak_bytes(LiveTensorBytes(b) + b.runtime_bytes());
+  b.set_pinned_bytes(s.host_pinned);
+  b.set_allocator_bytes(s.host_pinned_rounding);
+  b.set_peak_bytes(LiveTensorBytes(b) + b.runtime_bytes() + b.allocator_bytes());
   b.set_peak_event("steady state");
   return b;
 }

@@ -15,8 +15,9 @@
 //     gathered layers with prefetch (capped by max_live_parameters);
 //   * temporaries: backward gradient temporaries, post-backward reduce
 //     buckets (stages 0/1), the fp32 gradient upcast of the optimizer step;
-//   * runtime (CUDA context, cuBLAS, NCCL) and the allocator band, from the
-//     GPU catalog.
+//   * the cuBLAS workspace (a caching-allocator block, counted with the
+//     buffers), runtime outside the allocator (CUDA context, NCCL) and the
+//     allocator band, from the GPU catalog.
 //
 // The closed form evaluates the handful of moments where a step can peak
 // (end of forward, inside the loss, first and last backward block, embedding
@@ -158,7 +159,11 @@ struct StepSizes {
   // (the flat partition, or one stage-3 sub-group).
   int64_t step_optimizer_temps = 0;
 
-  // Runtime and allocator (device), from the catalog.
+  // CUDA ranks: one cuBLAS(Lt) workspace, allocated through the caching
+  // allocator at the first matmul and kept (the catalog's size).
+  int64_t cublas_workspace = 0;
+  // Runtime outside the allocator (CUDA context, NCCL) and the allocator
+  // band, from the catalog.
   int64_t runtime = 0;
   double allocator_band_fraction = 0;
 
@@ -169,6 +174,10 @@ struct StepSizes {
   int64_t host_master = 0;
   int64_t host_optimizer = 0;
   int64_t host_offload_staging = 0;  // temp_grad_buffer_for_cpu_offload + param_buffer_of_bit16_for_cpu_offload_groups
+  // Page-locked blocks as allocated (each rounded up to a power of two), and
+  // what that rounding adds: the host breakdown's allocator component.
+  int64_t host_pinned = 0;
+  int64_t host_pinned_rounding = 0;
   int64_t host_init_per_rank = 0;    // model construction peak tensors
   int64_t construction = 0;          // zrun's construction peak, device and host (Plan field)
 };

@@ -8,6 +8,7 @@
 #include "planner/model_spec.h"
 #include "planner/run_config.h"
 #include "planner/simulator.h"
+#include "planner/units.h"
 
 namespace zplan {
 namespace {
@@ -92,7 +93,35 @@ TEST(MemoryModelTest, OffloadMovesMasterAndAdamToHost) {
   const int64_t embedding_bytes = model->vocab_size() * model->hidden_size() * 2;
   EXPECT_EQ(sizes.offload_staging_resident, embedding_bytes);
   EXPECT_EQ(host.buffers_bytes(), 2 * owned + embedding_bytes);
-  EXPECT_EQ(host.pinned_bytes(), 16 * owned + host.buffers_bytes());
+  // Pinned (pin_memory defaults to true): the fp32 partition, its gradient,
+  // the bf16 copy and the staging buffer, each rounded up to a power of two
+  // by the CachingHostAllocator; not the Adam states.
+  const int64_t pinned = 2 * RoundUpToPowerOfTwo(4 * owned) + RoundUpToPowerOfTwo(2 * owned) +
+                         RoundUpToPowerOfTwo(embedding_bytes);
+  EXPECT_EQ(host.pinned_bytes(), pinned);
+  EXPECT_EQ(host.allocator_bytes(), pinned - 10 * owned - embedding_bytes);
+  EXPECT_EQ(host.peak_bytes(), LiveTensorBytes(host) + host.runtime_bytes() + host.allocator_bytes());
+  // Without pin_memory nothing is page-locked or rounded.
+  config.mutable_zero()->set_pin_memory(false);
+  const MemoryBreakdown unpinned = HostPerRank(Sizes(*model, config));
+  EXPECT_EQ(unpinned.pinned_bytes(), 0);
+  EXPECT_EQ(unpinned.allocator_bytes(), 0);
+}
+
+TEST(MemoryModelTest, Zero3OffloadPinsGradientBuffersAndParameterShardsOnly) {
+  auto model = LoadPreset("1b");
+  RunConfig config = Config(3, 8);
+  config.mutable_zero()->set_offload_optimizer(OFFLOAD_CPU);
+  config.mutable_zero()->set_offload_param(OFFLOAD_CPU);
+  config.mutable_zero()->set_sub_group_elements(100'000'000);
+  const StepSizes sizes = Sizes(*model, config);
+  const int64_t owned = sizes.shards.stage3_grad_shard_elements;
+  int64_t pinned = RoundUpToPowerOfTwo(2 * owned) + RoundUpToPowerOfTwo(sizes.host_params);
+  for (int64_t begin = 0; begin < owned; begin += 100'000'000) {
+    pinned += RoundUpToPowerOfTwo(4 * std::min<int64_t>(100'000'000, owned - begin));
+  }
+  ASSERT_GT(owned, 100'000'000);  // two sub-groups: two blocks
+  EXPECT_EQ(HostPerRank(sizes).pinned_bytes(), pinned);
 }
 
 TEST(MemoryModelTest, Zero12BucketsLiveOnlyThroughBackward) {
@@ -105,13 +134,15 @@ TEST(MemoryModelTest, Zero12BucketsLiveOnlyThroughBackward) {
     EXPECT_EQ(sizes.ipg_buckets, config.zero().reduce_bucket_elements() * 2);
     // 5e8-element buckets dwarf a 124M model: they are in the peak, made in
     // backward and released before the step.
-    EXPECT_EQ(ClosedFormDevicePeak(sizes).buffers_bytes(), sizes.ipg_buckets);
+    // The other buffer is the cuBLAS workspace, resident from the start.
+    EXPECT_EQ(sizes.cublas_workspace, 32 << 20);
+    EXPECT_EQ(ClosedFormDevicePeak(sizes).buffers_bytes(), sizes.ipg_buckets + sizes.cublas_workspace);
     const SimulatedStep step = SimulateStep(sizes);
     std::vector<Phase> phases;
     for (const MemoryEvent& e : step.events) {
       if (e.component() == COMPONENT_BUFFERS) phases.push_back(e.phase());
     }
-    EXPECT_EQ(phases, (std::vector<Phase>{PHASE_BACKWARD, PHASE_BACKWARD})) << stage;
+    EXPECT_EQ(phases, (std::vector<Phase>{PHASE_INIT, PHASE_BACKWARD, PHASE_BACKWARD})) << stage;
   }
   const StepSizes stage3 = Sizes(*model, Config(3, 8));
   EXPECT_EQ(stage3.ipg_buckets, 0);

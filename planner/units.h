@@ -28,6 +28,12 @@ inline constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b;
 inline constexpr int64_t RoundUp(int64_t a, int64_t multiple) {
   return CeilDiv(a, multiple) * multiple;
 }
+// The smallest power of two >= a (a in [0, 2^62]; 0 stays 0, as c10's PowerOf2Ceil).
+inline constexpr int64_t RoundUpToPowerOfTwo(int64_t a) {
+  int64_t p = 1;
+  while (a > 0 && p < a) p <<= 1;
+  return a > 0 ? p : 0;
+}
 
 }  // namespace zplan
 

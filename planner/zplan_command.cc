@@ -265,7 +265,7 @@ void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
                            Gib(p.device_per_rank().peak_bytes()), Gib(host), p.fits() ? "yes" : "no",
                            row.max_micro_batch, p.device_per_rank().peak_event());
   }
-  out << "\nGPU peak: per rank, incl. runtime (CUDA context, cuBLAS, NCCL) and the allocator band.\n"
+  out << "\nGPU peak: per rank, incl. runtime outside the allocator (CUDA context, NCCL) and the allocator band.\n"
          "host/node: the larger of steady state and model construction, all local ranks.\n";
   const int best = RecommendedRow(rows);
   if (best >= 0) {
