@@ -269,6 +269,14 @@ absl::StatusOr<std::unique_ptr<Collectives>> CreateCollectives(const RankInfo& i
     store = c10::make_intrusive<c10d::PrefixStore>("zrun", tcp);
 #ifdef USE_C10D_NCCL
     if (backend == CollectiveBackend::kNccl) {
+      // Failures: NCCL work completes asynchronously, so an error or a
+      // timeout is seen by ProcessGroupNCCL's watchdog thread, not by wait().
+      // Made explicit unless the user chose otherwise: the watchdog takes the
+      // rank down (3 = SkipCleanUp, LibTorch's default; the launcher names the
+      // SIGABRT), and the error goes through the store to every rank, so the
+      // peers of a dead rank end at once instead of each at its own timeout.
+      setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", /*overwrite=*/0);
+      setenv("TORCH_NCCL_PROPAGATE_ERROR", "1", /*overwrite=*/0);
       // One rank per GPU; the current device was set by the caller.
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = ToChrono(timeout);

@@ -6,8 +6,11 @@
 //     communication (all-gather replicates the local shard, reduce-scatter
 //     keeps the local chunk), so a 64-GPU plan can be checked on one device.
 // Rendezvous goes through c10d's TCPStore (rank 0 serves it). Every call
-// blocks until its result can be used; errors and timeouts (a dead peer)
-// become absl::Status, never a hang beyond the timeout.
+// blocks until its result can be used; on Gloo errors and timeouts (a dead
+// peer) become absl::Status, never a hang beyond the timeout. On NCCL they
+// reach the watchdog thread, which aborts the process (SIGABRT) and tells the
+// other ranks through the store (TORCH_NCCL_ASYNC_ERROR_HANDLING=3,
+// TORCH_NCCL_PROPAGATE_ERROR=1 unless set).
 //
 // RankInfoFromEnvironment() reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
 // LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT, or SLURM's SLURM_PROCID /

@@ -68,6 +68,9 @@ DeviceMemorySample SampleDeviceMemory(const at::Device& device) {
 
 void ResetDevicePeak(const at::Device& device) {
   if (device.is_cuda()) {
+    // Segments freed since construction go back to the driver first, so the
+    // reserved peak measures the steady state, not the model's construction.
+    c10::cuda::CUDACachingAllocator::emptyCache();
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
   } else {
     ResetCpuPeak();

@@ -40,6 +40,8 @@ std::string DeviceName(const at::Device& device);
 bool SupportsBf16(const at::Device& device);
 
 DeviceMemorySample SampleDeviceMemory(const at::Device& device);
+// Peaks restart from what is live now; on CUDA the cached free segments
+// (construction, warm-up) are returned to the driver first (emptyCache).
 void ResetDevicePeak(const at::Device& device);
 
 }  // namespace zplan

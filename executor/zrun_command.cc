@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <signal.h>
+#include <cstring>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,6 +99,21 @@ int RunRank(const Plan& plan, const RankInfo& info, CollectiveBackend backend, c
   return FinishAsRankZero(plan, options, (*comm)->name(), *gathered, out, err);
 }
 
+// How a rank ended, from waitpid's status: "exited with code 1", "was killed
+// by signal 9 (Killed)". A SIGABRT says what aborts ranks on GPUs: NCCL's
+// watchdog takes a rank down when one of its collectives failed or timed out
+// (TORCH_NCCL_ASYNC_ERROR_HANDLING=3, collectives.h), after logging which.
+std::string DescribeExit(int status) {
+  if (!WIFSIGNALED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  const int signal_number = WTERMSIG(status);
+  std::string out = absl::StrCat("was killed by signal ", signal_number, " (", strsignal(signal_number), ")");
+  if (signal_number == SIGABRT) {
+    absl::StrAppend(&out, ": on NCCL, the watchdog aborts a rank whose collective failed or timed out "
+                          "(a peer died, or --timeout passed); its log above names the collective");
+  }
+  return out;
+}
+
 // Starts one process per rank and waits; the first failure stops the rest.
 int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<std::string>& argv,
                std::ostream& err) {
@@ -149,10 +165,7 @@ int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<s
     const bool verdict = rank == 0 && (code == kExitOk || code == kExitBudget);
     if (code != kExitOk && !verdict && first_failure == 0) {
       first_failure = code;
-      err << "zrun: rank " << rank << " "
-          << (WIFSIGNALED(status) ? absl::StrCat("was killed by signal ", WTERMSIG(status))
-                                  : absl::StrCat("exited with code ", code))
-          << "; stopping the other ranks\n";
+      err << "zrun: rank " << rank << " " << DescribeExit(status) << "; stopping the other ranks\n";
       ForwardSignal(SIGTERM);
     }
   }

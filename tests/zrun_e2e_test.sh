@@ -163,6 +163,19 @@ else
   cat kill.out; fail "killed rank: exit $rc after ${elapsed}s, $left processes left"
 fi
 [[ -e long.json ]] && fail "a report was written by a failed run"
+# 8b. A rank that aborts (what NCCL's watchdog does to a rank whose collective
+# failed or timed out): the launcher names the signal and what sends it.
+"$ZRUN" long.pb --steps 100000 --timeout 20 > abrt.out 2>&1 &
+parent=$!
+for _ in $(seq 100); do children=$(pgrep -P $parent | wc -l); [[ $children == 2 ]] && break; sleep 0.1; done
+sleep 2
+kill -ABRT "$(pgrep -P $parent | tail -1)"
+wait $parent; rc=$?
+if [[ $rc == 1 && $(pgrep -P $parent | wc -l) == 0 ]] && grep -q "was killed by signal 6 (Aborted): on NCCL, the watchdog" abrt.out; then
+  pass "aborted rank named (exit $rc)"
+else
+  cat abrt.out; fail "aborted rank: exit $rc"
+fi
 
 # 9. Ctrl-C on the launcher ends every rank.
 "$ZRUN" long.pb --steps 100000 --timeout 20 --report int.json > int.out 2>&1 &
