@@ -164,7 +164,7 @@ class CountingCpuAllocator final : public c10::Allocator {
         if (it->second.tag == kPendingTag) pending_.erase(data);
         records_.erase(it);
         live_block_bytes_ -= block;
-        if (block >= kReuseMinBytes && live_block_bytes_ + cached_bytes_ + block <= high_water_ + kKeptAllowanceBytes) {
+        if (block >= kReuseMinBytes && WithinMark(block)) {
           reusable_.emplace(block, data);
           cached_bytes_ += block;
           return;
@@ -199,11 +199,16 @@ class CountingCpuAllocator final : public c10::Allocator {
     return data;
   }
 
-  // Kept blocks to release so that live and kept blocks and n more bytes
-  // stay within the high-water mark (largest first).
+  // Whether live and kept blocks plus `more` bytes stay within the live
+  // high-water mark plus the allowance.
+  bool WithinMark(int64_t more) const {
+    return live_block_bytes_ + cached_bytes_ + more <= high_water_ + kKeptAllowanceBytes;
+  }
+
+  // Kept blocks to release, largest first, until n more bytes are WithinMark.
   std::vector<void*> Evict(size_t n) {
     std::vector<void*> out;
-    while (!reusable_.empty() && live_block_bytes_ + cached_bytes_ + static_cast<int64_t>(n) > high_water_ + kKeptAllowanceBytes) {
+    while (!reusable_.empty() && !WithinMark(static_cast<int64_t>(n))) {
       auto last = std::prev(reusable_.end());
       cached_bytes_ -= last->first;
       out.push_back(last->second);

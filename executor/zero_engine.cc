@@ -237,7 +237,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   auto fp32_state = [&](Component component, bool pinned) {
     tag.emplace(component);
     return e->offload_ ? HostZeros(e->owned_numel_, at::kFloat, pinned)
-                       : at::zeros({e->owned_numel_}, at::TensorOptions().dtype(at::kFloat).device(state_device));
+                       : at::zeros({e->owned_numel_}, at::TensorOptions().dtype(at::kFloat).device(e->device_));
   };
   // Master weights where DeepSpeed keeps them (sharding.h); with offload on
   // the host (also in fp32 training: the device copy is the working copy),
