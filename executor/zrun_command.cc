@@ -348,8 +348,8 @@ std::string FormatReport(const Plan& plan, const Report& report) {
 // by hundreds of MiB (docs/accuracy.md, #37). A fixed 1 MiB threshold maps
 // every larger tensor on its own, so host RSS follows the live tensors the
 // plan counts; smaller blocks keep glibc's heaps. The counting allocator
-// reuses such blocks only within the live high-water mark, so the page
-// faults of mapping them anew are mostly saved (counting_allocator.h).
+// keeps freed ones for reuse within the live high-water mark plus 64 MiB,
+// so a step does not map its transients anew (counting_allocator.h).
 constexpr int kMmapThresholdBytes = 1 << 20;
 
 int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {

@@ -630,8 +630,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     if (s.offload_optimizer && s.stage <= 2) {
       // stage_1_and_2.py, __init__ and initialize_optimizer_states: the fp32
       // partition and its gradient, the bit16 copy, the gradient staging buffer.
-      pinned = {owned * kMasterBytesPerParam, owned * kOffloadGradBytesPerParam, sh.flat_shard_elements * w,
-                largest * w};
+      pinned = {s.host_master, s.host_grads, sh.flat_shard_elements * w, largest * w};
     } else if (s.offload_optimizer) {
       // stage3.py: grad_partitions_flat_buffer (_setup_for_real_optimizer),
       // and each sub-group's fp32 gradient (initialize_optimizer_states).
