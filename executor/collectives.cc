@@ -52,21 +52,12 @@ class C10dCollectives : public Collectives {
   std::string name() const override { return name_; }
 
   absl::Status AllReduceSum(at::Tensor& t) override {
-    const size_t refs = t.use_count();
-    absl::Status status = Guard("all-reduce", [&] {
+    return Guard("all-reduce", [&] {
       std::vector<at::Tensor> tensors{t};
       c10d::AllreduceOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
-      backend_->allreduce(tensors, options)->wait();
+      Finish(backend_->allreduce(tensors, options));
     });
-    // Gloo's worker thread drops its reference to the tensor a moment after
-    // wait() returns. Wait for it, so a buffer the caller frees is freed
-    // now and not while the next one is allocated (a race the counting
-    // allocator saw as one extra bucket). Bounded: a stuck thread only
-    // delays the free.
-    const auto deadline = std::chrono::steady_clock::now() + kReleaseWait;
-    while (t.use_count() > refs && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-    return status;
   }
 
   absl::Status ReduceScatterSum(at::Tensor& input, at::Tensor& output) override {
@@ -81,14 +72,14 @@ class C10dCollectives : public Collectives {
     return Guard("reduce-scatter", [&] {
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
-      backend_->_reduce_scatter_base(output, input, options)->wait();
+      Finish(backend_->_reduce_scatter_base(output, input, options));
     });
   }
 
   absl::Status AllGather(const at::Tensor& input, at::Tensor& output) override {
     return Guard("all-gather", [&] {
       at::Tensor in = input;
-      backend_->_allgather_base(output, in)->wait();
+      Finish(backend_->_allgather_base(output, in));
     });
   }
 
@@ -105,7 +96,7 @@ class C10dCollectives : public Collectives {
     }
     return Guard("all-gather", [&] {
       at::Tensor in = flat.narrow(0, n * info_.rank, n);  // NCCL gathers in place
-      backend_->_allgather_base(flat, in)->wait();
+      Finish(backend_->_allgather_base(flat, in));
     });
   }
 
@@ -114,7 +105,7 @@ class C10dCollectives : public Collectives {
       std::vector<at::Tensor> tensors{t};
       c10d::BroadcastOptions options;
       options.rootRank = root;
-      backend_->broadcast(tensors, options)->wait();
+      Finish(backend_->broadcast(tensors, options));
     });
   }
 
@@ -138,6 +129,19 @@ class C10dCollectives : public Collectives {
   }
 
  private:
+  // Waits for `work`, and on gloo until its worker thread has dropped its
+  // reference too: ProcessGroupGloo::runLoop keeps the work, and with it the
+  // tensors, in workInProgress_ until it relocks, a moment after wait()
+  // returns. A buffer the caller frees then would live on at random (the
+  // counting allocator saw it as one extra bucket). Bounded: a stuck thread
+  // only delays the free.
+  void Finish(const c10::intrusive_ptr<c10d::Work>& work) const {
+    work->wait();
+    if (name_ != "gloo") return;
+    const auto deadline = std::chrono::steady_clock::now() + kReleaseWait;
+    while (work.use_count() > 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  }
+
   RankInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;

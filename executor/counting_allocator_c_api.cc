@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <c10/core/TensorImpl.h>
+
 #include "executor/counting_allocator.h"
 
 extern "C" {
@@ -70,6 +72,12 @@ int64_t zplan_log_take(int64_t* out, int64_t max_events) {
   }
   pending.erase(pending.begin(), pending.begin() + n);
   return n;
+}
+
+// Strong references to a tensor (its TensorImpl: Python's Tensor._cdata).
+// The oracle watches it to see when a collective's worker thread lets go.
+int64_t zplan_tensor_use_count(void* tensor_impl) {
+  return static_cast<int64_t>(c10::raw::intrusive_ptr::use_count(static_cast<c10::TensorImpl*>(tensor_impl)));
 }
 
 }  // extern "C"

@@ -32,12 +32,15 @@ Usage (the launcher; --rank is internal):
 
 import argparse
 import ctypes
+import functools
+import inspect
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 # proto/memory.proto Component numbers.
 PARAMS, GRADS, MASTER, OPTIMIZER, ACTIVATIONS, LOGITS, BUFFERS, TEMPORARIES = range(1, 9)
@@ -141,6 +144,8 @@ class Allocator:
         lib.zplan_tag_allocation.argtypes = [ctypes.c_void_p, ctypes.c_int]
         lib.zplan_log_take.restype = ctypes.c_int64
         lib.zplan_log_take.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        lib.zplan_tensor_use_count.restype = ctypes.c_int64
+        lib.zplan_tensor_use_count.argtypes = [ctypes.c_void_p]
         if not lib.zplan_install():
             sys.exit("deepspeed_oracle: the counting allocator could not be installed")
         self.lib = lib
@@ -163,6 +168,9 @@ class Allocator:
     def peak(self):
         return self.lib.zplan_peak_bytes()
 
+    def use_count(self, tensor):
+        return self.lib.zplan_tensor_use_count(tensor._cdata)
+
     def breakdown(self):
         """The peak as a MemoryBreakdown (proto JSON field names)."""
         out = (ctypes.c_int64 * NUM_TAGS)()
@@ -178,6 +186,52 @@ def vm_hwm_bytes():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+# torch.distributed's collectives DeepSpeed calls (deepspeed/comm/torch.py).
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single")
+RELEASE_WAIT_S = 1.0
+
+
+def await_gloo_release(alloc):
+    """Makes each synchronous collective return only once gloo's worker thread
+    has let go of its tensors, as zrun does (executor/collectives.cc, Finish).
+    ProcessGroupGloo::runLoop keeps the finished work, and with it the tensors,
+    until it relocks, a moment after wait() returns; a buffer DeepSpeed frees
+    right after the call then lives on at random (one CI run saw ZeRO-0's
+    gradient bucket alive through the optimizer step). Bounded: a stuck
+    thread only delays the free."""
+    import torch
+    import torch.distributed as dist
+
+    def tensors_in(values):
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                yield v
+            elif isinstance(v, (list, tuple)):
+                yield from tensors_in(v)
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            if bound.get("async_op"):
+                return fn(*args, **kwargs)
+            tensors = list(tensors_in(bound.values()))
+            before = [alloc.use_count(t) for t in tensors]
+            result = fn(*args, **kwargs)
+            deadline = time.monotonic() + RELEASE_WAIT_S
+            while (any(alloc.use_count(t) > n for t, n in zip(tensors, before))
+                   and time.monotonic() < deadline):
+                time.sleep(0)
+            return result
+        return call
+
+    for name in COLLECTIVES:
+        setattr(dist, name, wrap(getattr(dist, name)))
 
 
 def tag_resident_states(alloc, engine):
@@ -215,6 +269,7 @@ def run_rank(args):
     import torch
 
     alloc = Allocator(args.allocator)  # before any model tensor exists
+    await_gloo_release(alloc)
     import deepspeed
     import transformers
     from transformers.integrations import HfDeepSpeedConfig
