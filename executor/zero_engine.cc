@@ -540,7 +540,7 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
 }
 
 void ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
-                             double lr) {
+                             double lr, double grad_multiplier) {
   const OptimizerConfig& opt = config_.optimizer();
   const AdamImplementation impl = opt.implementation();
   // torch.optim.AdamW's for-loop (CPU tensors by default) and foreach
@@ -548,10 +548,17 @@ void ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp
   // (as DeepSpeed's FusedAdam and CPU Adam). planner/memory_model.cc,
   // AdamTemporariesPerElement, counts the same.
   if (offload_ || (impl != ADAM_IMPL_TORCH && impl != ADAM_IMPL_TORCH_FOREACH)) {
+    // The fused kernel divides each gradient by grad_scale as it reads it:
+    // no pass of its own over the fp32 gradients.
+    std::optional<at::Tensor> grad_scale;
+    if (grad_multiplier != 1.0) grad_scale = at::full({1}, 1.0 / grad_multiplier, grad.options());
     at::_fused_adamw_({weights}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step_count_}, lr, opt.beta1(), opt.beta2(),
-                      opt.weight_decay(), opt.eps(), /*amsgrad=*/false, /*maximize=*/false);
+                      opt.weight_decay(), opt.eps(), /*amsgrad=*/false, /*maximize=*/false, grad_scale);
     return;
   }
+  // In place: the gradients are consumed by this step (zeroed or released
+  // after it), and a scaled copy would be one more chunk.
+  if (grad_multiplier != 1.0) grad.mul_(grad_multiplier);
   const double step = step_count_.item<double>();
   weights.mul_(1 - lr * opt.weight_decay());
   exp_avg.lerp_(grad, 1 - opt.beta1());
@@ -693,11 +700,9 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
         grad = whole_grad.defined() ? std::move(whole_grad) : OwnedGradFp32(c, c + len);
       }
       if (grad.device() != state_device) grad = grad.to(state_device);
-      // In place: the gradients are consumed by this step (zeroed or
-      // released after it), and a scaled copy would be one more chunk.
-      if (multiplier != 1.0) grad.mul_(multiplier);
       at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : working.narrow(0, c, len);
-      AdamWUpdate(weights, grad, exp_avg_.narrow(0, c, len), exp_avg_sq_.narrow(0, c, len), learning_rate);
+      AdamWUpdate(weights, grad, exp_avg_.narrow(0, c, len), exp_avg_sq_.narrow(0, c, len), learning_rate,
+                  multiplier);
       if (offload_bit16_.defined()) {
         working.narrow(0, c, len).copy_(offload_bit16_.narrow(0, c, len).copy_(weights));
       } else if (master_.defined()) {

@@ -153,8 +153,10 @@ class ZeroEngine {
   absl::Status RefreshPersistent();
   // Sum of squares of this rank's owned gradient elements, [1] fp32.
   at::Tensor OwnedGradSquaredNorm();
-  // One AdamW update of fp32 `weights` by the configured implementation.
-  void AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq, double lr);
+  // One AdamW update of fp32 `weights` by the configured implementation,
+  // with the gradient multiplied by `grad_multiplier` (unscaling, clipping).
+  void AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq, double lr,
+                   double grad_multiplier);
   // Whether gradients are reduced into grad_shard_ / host_grads_ during
   // backward (all but stage 0 and stage 1 with optimizer offload).
   bool ReducedInBackward() const { return stage_ >= 2 || (stage_ == 1 && !offload_); }
