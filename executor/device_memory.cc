@@ -3,6 +3,7 @@
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <torch/cuda.h>
 
@@ -41,6 +42,10 @@ bool SupportsBf16(const at::Device& device) {
   if (!device.is_cuda()) return true;
   cudaDeviceProp prop{};
   return cudaGetDeviceProperties(&prop, device.index()) == cudaSuccess && prop.major >= 8;
+}
+
+void WaitForDevice(const at::Device& device) {
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
 }
 
 DeviceMemorySample SampleDeviceMemory(const at::Device& device) {

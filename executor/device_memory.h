@@ -39,6 +39,11 @@ std::string DeviceName(const at::Device& device);
 // Whether `device` computes in bf16 (CPU: yes; CUDA: compute capability >= 8.0).
 bool SupportsBf16(const at::Device& device);
 
+// Returns once every copy and kernel enqueued so far on the device's current
+// stream is done (CPU: at once): the host then reads what non_blocking
+// copies wrote into pinned buffers (stage_1_and_2.py, _wait_for_offload_copies).
+void WaitForDevice(const at::Device& device);
+
 DeviceMemorySample SampleDeviceMemory(const at::Device& device);
 // Peaks restart from what is live now; on CUDA the cached free segments
 // (construction, warm-up) are returned to the driver first (emptyCache).

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include <ATen/ATen.h>
 
@@ -215,8 +216,6 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   }
   Sample(&report, device, PHASE_INIT, -1);
   const int64_t last_step = options.stop_after > 0 ? std::min(steps, options.stop_after) : steps;
-  double measured_seconds = 0;
-  int64_t measured_steps = 0;
   for (int64_t step = first_step; step < last_step; ++step) {
     const auto started = std::chrono::steady_clock::now();
     // The first step warms up (optimizer state appears in it); peaks are
@@ -245,10 +244,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     report.add_losses(mean_loss.item<double>() / (comm->name() == "emulated" ? 1 : comm->world_size()));
     (void)result;
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if (step > first_step) {
-      measured_seconds += step_seconds;
-      ++measured_steps;
-    }
+    if (step > first_step) report.add_step_seconds(step_seconds);
     if (options.progress != nullptr) {
       const DeviceMemorySample m = SampleDeviceMemory(device);
       *options.progress << absl::StrFormat("step %d/%d  loss %.4f  lr %.3g  tokens/s %.0f  memory %s (peak %s)\n",
@@ -276,8 +272,10 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     measured->set_allocator_bytes(m.peak_reserved_bytes - m.peak_allocated_bytes);
     measured->set_runtime_bytes(std::max<int64_t>(0, m.device_used_bytes - m.reserved_bytes));
   }
-  if (measured_steps > 0) {
-    report.set_mean_step_seconds(measured_seconds / measured_steps);
+  if (report.step_seconds_size() > 0) {
+    report.set_mean_step_seconds(
+        std::accumulate(report.step_seconds().begin(), report.step_seconds().end(), 0.0) /
+        report.step_seconds_size());
     report.set_tokens_per_second(static_cast<double>(b * s * accum) / report.mean_step_seconds());
   }
   report.set_model_flops_per_token(TrainingFlopsPerToken(plan.model(), s));

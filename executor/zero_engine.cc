@@ -309,10 +309,13 @@ absl::Status ZeroEngine::GatherSlot(size_t index) {
   at::NoGradGuard no_grad;
   ScopedMemoryTag tag(COMPONENT_PARAMS);
   const int world = comm_->world_size();
-  // The gathered buffer is the only allocation (in-place all-gather).
+  // The gathered buffer is the only allocation (in-place all-gather). From
+  // pinned host shards (offload_param) the copy does not block the host;
+  // the collective is ordered after it on the stream, and Step waits
+  // before the host writes the shards again.
   at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
   full.narrow(0, slot.shard_numel * comm_->rank(), slot.shard_numel)
-      .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel));
+      .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel), /*non_blocking=*/true);
   ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(full));
   slot.param.set_data(full.narrow(0, 0, slot.numel).view(slot.shape));
   slot.gathered = true;
@@ -376,6 +379,22 @@ void ZeroEngine::AccumulateOwned(const Slot& slot, const at::Tensor& full_grad) 
   if (len <= 0) return;
   const at::Tensor part = full_grad.narrow(0, slot.own_lo, len);
   const double scale = 1.0 / comm_->world_size();
+  if (offload_ && config_.gradient_accumulation_steps() == 1) {
+    // The only micro-step: each reduced piece is copied, not added, into
+    // its pinned host buffer without blocking, on the current stream; the
+    // host reads it after WaitForDevice. Stages 1/2 upcast on the device
+    // first (stage_1_and_2.py, async_inplace_copy_grad_to_fp32_buffer_from_gpu:
+    // src_tensor.to(fp32), a transient of the piece), stage 3 copies its
+    // gradient dtype (stage3.py, partition_grads at micro_step_id 0). The
+    // reduced buffer is consumed here, so it is averaged in place.
+    if (scale != 1.0) part.mul_(scale);
+    if (stage_ == 3) {
+      grad_shard_.narrow(0, slot.own_dst, len).copy_(part, /*non_blocking=*/true);
+    } else {
+      host_grads_.narrow(0, slot.own_dst, len).copy_(part.to(at::kFloat), /*non_blocking=*/true);
+    }
+    return;
+  }
   if (offload_ && stage_ == 3) {
     grad_shard_.narrow(0, slot.own_dst, len).add_(part.to(at::kCPU), scale);
     return;
@@ -483,6 +502,7 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
     Release(-1, kAfterBackward);  // the embedding, gathered for its backward
     ZPLAN_RETURN_IF_ERROR(FlushBucket());
     if (offload_ && last_micro_step) {
+      WaitForDevice(device_);
       host_grads_.copy_(grad_shard_);
       grad_shard_.zero_();
     }
@@ -528,7 +548,9 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
       at::Tensor used = bucket.narrow(0, 0, fill);
       ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(used));
       offset = 0;
-      for (size_t i = first; i < last; ++i) {
+      // One rank: the reduced bucket is what the gradients already hold
+      // (DeepSpeed copies it back anyway; no allocation either way).
+      for (size_t i = first; comm_->world_size() > 1 && i < last; ++i) {
         at::Tensor grad = slots_[i].param.grad().view(-1).copy_(used.narrow(0, offset, slots_[i].numel));
         if (scale != 1.0) grad.mul_(scale);
         offset += slots_[i].numel;
@@ -650,6 +672,9 @@ absl::Status ZeroEngine::RefreshPersistent() {
 
 absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   at::NoGradGuard no_grad;
+  // The host reads offloaded gradients and rewrites host parameter shards
+  // only once the device's copies from and to them are done.
+  WaitForDevice(device_);
   const OptimizerConfig& opt = config_.optimizer();
   const int64_t chunk = std::min(config_.zero().sub_group_elements(), owned_numel_);
   const bool flat_partition = StepsGradPartition();

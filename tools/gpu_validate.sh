@@ -6,10 +6,15 @@
 #   tools/gpu_validate.sh --dry-run  the same matrix on CPU ranks (what the test suite runs)
 #
 # Matrix: NCCL world 1 (ZeRO 0, 2, 3), Gloo with 2 and 4 processes sharing the
-# GPU, emulated ranks of world 8 and 64. Per row: planned tensor bytes vs
-# measured peak allocated (goal within 5%), planned tensors + allocator band vs
-# peak reserved (10%), planned peak vs device-used memory; CUDA context and
-# NCCL measured outside the allocator. Full reports go to $OUT (or ./gpu_out).
+# GPU, emulated ranks of world 8 and 64, and seed 000's scenario (1B, seq 8192,
+# ZeRO-3 with optimizer and parameter offload, checkpointing, accumulation 4)
+# as rank 3 of its 4 GPUs at micro-batch 2 and 4. Per row: planned tensor
+# bytes vs measured peak allocated (goal within 5%), planned tensors +
+# allocator band vs peak reserved (10%), planned peak vs device-used memory;
+# CUDA context and NCCL measured outside the allocator. Then speed: the 1B
+# (Llama-3.2 shape) bf16 seq-2048 SDPA model on one GPU, ZeRO-0, zrun's MFU
+# against the PyTorch loops' (tools/torch_reference_loop.py; goal >= 40% MFU
+# and >= 1.0x). Full reports go to $OUT (or ./gpu_out).
 set -uo pipefail
 dry_run=0
 [[ ${1:-} == --dry-run ]] && dry_run=1
@@ -26,6 +31,7 @@ PY=python3
 
 if (( dry_run )); then
   gpu=cpu model=debug-tiny seq=128 batch=2 steps=3
+  big_model=debug-tiny big_seq=256 speed_batch=2
 else
   venv=${TORCH_VENV:-/opt/torch/.venv}
   site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
@@ -40,6 +46,7 @@ else
     *) gpu=h100-80gb ;;
   esac
   model=qwen3-0.6b seq=2048 batch=2 steps=4
+  big_model=1b big_seq=8192 speed_batch=4
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 fi
 
@@ -86,6 +93,53 @@ run_case "gloo 2 ranks, ZeRO-3" -- --gpus 2 --zero-stage 3
 run_case "gloo 4 ranks, ZeRO-2 + offload" -- --gpus 4 --zero-stage 2 --offload-optimizer cpu
 run_case "emulated rank 7 of 8, ZeRO-3" --emulate-rank 7 -- --gpus 8 --zero-stage 3
 run_case "emulated rank 63 of 64, ZeRO-3" --emulate-rank 63 -- --gpus 8 --nodes 8 --zero-stage 3
+for b in 2 4; do
+  run_case "seed 000, mb $b, rank 3 of 4" --emulate-rank 3 -- --model "$big_model" --seq "$big_seq" \
+    --micro-batch "$b" --grad-accum 4 --gpus 4 --zero-stage 3 --offload-optimizer cpu --offload-param cpu \
+    --checkpointing true
+done
+
+# Speed: zrun and the PyTorch loops on the same model, batch and device.
+speed_rows=()
+speed_case() {  # label, zplan flags...
+  local label=$1; shift
+  local slug=speed_${label//[^A-Za-z0-9]/_}
+  "$ZPLAN" --gpu "$gpu" "$@" --gpus 1 --zero-stage 0 --precision bf16 --out "$out/$slug.pb" \
+    > "$out/$slug.plan.txt" 2>&1 || { speed_rows+=("$label|zplan failed"); return; }
+  "$ZPLAN" show "$out/$slug.pb" --format json > "$out/$slug.plan.json"
+  "$ZRUN" "$out/$slug.pb" --steps 8 --report "$out/$slug.report.json" > "$out/$slug.zrun.txt" 2>&1
+  local peak
+  peak=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['gpu'].get('peak_dense_bf16_flops', 0))" \
+    "$out/$slug.plan.json")
+  for weights in working fp32-master; do
+    "$PY" "$root/tools/torch_reference_loop.py" "$out/$slug.plan.json" --steps 8 --weights "$weights" \
+      --peak-flops "$peak" > "$out/$slug.torch_$weights.json" 2> "$out/$slug.torch_$weights.txt"
+  done
+  speed_rows+=("$label|$("$PY" - "$out/$slug" <<'PY'
+import json, statistics, sys
+def load(path):
+    try:
+        return json.load(open(path))
+    except Exception:
+        return None
+z = load(sys.argv[1] + ".report.json")
+if not z:
+    print("zrun: no report"); sys.exit()
+r = z["ranks"][0]
+zs = statistics.median(r["step_seconds"])
+cells = [f"{r.get('tokens_per_second', 0):.0f}|{100 * r.get('model_flops_utilization', 0):.1f}%"]
+for weights in ("working", "fp32-master"):
+    t = load(f"{sys.argv[1]}.torch_{weights}.json")
+    if not t:
+        cells.append("no torch|-|-"); continue
+    ts = statistics.median(t["each_step_seconds"])
+    cells.append(f"{t['tokens_per_second']:.0f}|{100 * t['mfu']:.1f}%|{ts / zs:.2f}x")
+print("|".join(cells))
+PY
+)")
+}
+speed_case "$big_model bf16 seq 2048, mb $speed_batch" --model "$big_model" --seq 2048 --micro-batch "$speed_batch" \
+  --checkpointing false
 
 {
   echo "device: $gpu  model: $model  seq $seq  micro-batch $batch  steps $steps"
@@ -94,5 +148,12 @@ run_case "emulated rank 63 of 64, ZeRO-3" --emulate-rank 63 -- --gpus 8 --nodes 
   for row in "${rows[@]}"; do
     IFS='|' read -r label a b c d e f g h <<< "$row"
     printf '%-34s %9s %9s %7s %9s %7s %8s %8s  %s\n' "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
+  done
+  echo
+  printf '%-34s %9s %6s | %-22s | %-22s\n' "speed (medians of 7 steps)" "zrun t/s" "MFU" \
+    "PyTorch bf16-only" "PyTorch fp32-master"
+  for row in "${speed_rows[@]}"; do
+    IFS='|' read -r label a b c d e f g h <<< "$row"
+    printf '%-34s %9s %6s | %7s %6s %7s | %7s %6s %7s\n' "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
   done
 } | tee "$out/table.txt"

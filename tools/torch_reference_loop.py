@@ -113,6 +113,7 @@ def main():
     tps = b * s / step_s
     fpt = flops_per_token(m, s)
     print(json.dumps({"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "step_seconds": step_s,
+                      "each_step_seconds": times[1:],
                       "tokens_per_second": tps, "model_flops_per_token": fpt,
                       "mfu": tps * fpt / args.peak_flops if args.peak_flops > 0 and dev == "cuda" else 0.0,
                       "final_loss": loss.item()}))

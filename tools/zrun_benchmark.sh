@@ -7,12 +7,13 @@
 # (tools/torch_reference_loop.py, interpreter: $PYTHON, default the
 # repository's .venv), for MODEL and a realistic-width model (hidden 1024:
 # qwen3-0.6b's blocks, 4 of them, vocabulary 32000), run alternately
-# $REPEATS times (default 3) and compared by their median step times, since a
-# shared machine's speed drifts between runs; a ratio above 1 means zrun is faster.
+# $REPEATS times (default 5) for $COMPARE_STEPS steps (default 12) and compared
+# by the median of all their measured steps, since a shared machine's speed
+# drifts; a ratio above 1 means zrun is faster.
 #   bazel run //tools:zrun_benchmark [-- MODEL SEQ STEPS]
 set -euo pipefail
 model=${1:-debug-tiny} seq=${2:-256} steps=${3:-6}
-repeats=${REPEATS:-3}
+repeats=${REPEATS:-5} compare_steps=${COMPARE_STEPS:-12}
 runfiles=${RUNFILES_DIR:-$0.runfiles}
 ZPLAN=${ZPLAN:-$runfiles/zplan/planner/zplan}
 ZRUN=${ZRUN:-$runfiles/zplan/executor/zrun}
@@ -37,28 +38,33 @@ fi
 echo
 # Two PyTorch loops: fp32 master weights with autocast (the numerics of
 # DeepSpeed's bf16 mode, which zrun follows: fp32 master and Adam states) and
-# bf16 weights stepped directly (less work per step: no master copy).
-printf '%-42s %9s %18s %18s\n' "ZeRO-0 bf16 step s (median of $repeats)" "zrun" "PyTorch fp32-master" "PyTorch bf16-only"
+# bf16 weights stepped directly (less work per step: no master copy). Every
+# measured step of every repeat is pooled: the median is the comparison (a
+# virtual machine's free-page reporting makes every ~2 s step that touches
+# fresh memory slow, whichever program runs), the mean is printed beside it.
+printf '%-42s %15s %22s %22s\n' "ZeRO-0 bf16 s/step, median (mean), x$repeats" "zrun" "PyTorch fp32-master" "PyTorch bf16-only"
 compare() {  # label, zplan model flags...
   local label=$1; shift
   "$ZPLAN" --gpu cpu "$@" --gpus 1 --zero-stage 0 --precision bf16 --checkpointing false --seq "$seq" \
     --out "$tmp/c.pb" > /dev/null
   "$ZPLAN" show "$tmp/c.pb" --format json > "$tmp/c.json"
-  local z=() m=() b=()
-  loop() {
-    "$PYTHON" "$runfiles/zplan/tools/torch_reference_loop.py" "$tmp/c.json" --steps "$steps" --weights "$1" \
-      2> /dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['step_seconds'])"
+  : > "$tmp/z.txt"; : > "$tmp/m.txt"; : > "$tmp/b.txt"
+  loop() {  # weights, output file
+    "$PYTHON" "$runfiles/zplan/tools/torch_reference_loop.py" "$tmp/c.json" --steps "$compare_steps" --weights "$1" \
+      2> /dev/null | python3 -c "import json,sys; print(*json.load(sys.stdin)['each_step_seconds'])" >> "$2"
   }
   for _ in $(seq "$repeats"); do
-    "$ZRUN" "$tmp/c.pb" --steps "$steps" --report "$tmp/c_r.json" > /dev/null 2>&1
-    z+=("$(field "$tmp/c_r.json" mean_step_seconds)")
-    m+=("$(loop fp32-master)")
-    b+=("$(loop working)")
+    "$ZRUN" "$tmp/c.pb" --steps "$compare_steps" --report "$tmp/c_r.json" > /dev/null 2>&1
+    python3 -c "import json,sys; print(*json.load(open(sys.argv[1]))['ranks'][0]['step_seconds'])" "$tmp/c_r.json" \
+      >> "$tmp/z.txt"
+    loop fp32-master "$tmp/m.txt"
+    loop working "$tmp/b.txt"
   done
-  python3 - "$label" "${z[*]}" "${m[*]}" "${b[*]}" <<'PY'
+  python3 - "$label" "$tmp/z.txt" "$tmp/m.txt" "$tmp/b.txt" <<'PY'
 import statistics, sys
-z, m, b = (statistics.median(map(float, a.split())) for a in sys.argv[2:5])
-print(f"{sys.argv[1]:42s} {z:9.3f} {m:9.3f} ({m / z:4.2f}x) {b:9.3f} ({b / z:4.2f}x)")
+runs = [[float(x) for x in open(f).read().split()] for f in sys.argv[2:5]]
+(zm, zs), (mm, ms), (bm, bs) = ((statistics.median(r), statistics.mean(r)) for r in runs)
+print(f"{sys.argv[1]:42s} {zm:6.3f} ({zs:5.3f}) {mm:6.3f} ({ms:5.3f}) {mm / zm:4.2f}x {bm:6.3f} ({bs:5.3f}) {bm / zm:4.2f}x")
 PY
 }
 compare "$model, micro-batch 4" --model "$model" --micro-batch 4
