@@ -1,7 +1,11 @@
 #include "executor/device_memory.h"
 
+#include <map>
+#include <mutex>
+
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/core/Event.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -14,6 +18,17 @@ namespace zplan {
 namespace {
 
 constexpr size_t kAggregate = 0;  // StatType::AGGREGATE
+
+// One offload stream per device for the process's life (the pool hands out
+// streams round robin, so it is asked once).
+c10::Stream OffloadStream(c10::DeviceIndex index) {
+  static std::mutex mu;
+  static std::map<c10::DeviceIndex, c10::Stream> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams.find(index);
+  if (it == streams.end()) it = streams.emplace(index, c10::cuda::getStreamFromPool(false, index).unwrap()).first;
+  return it->second;
+}
 
 }  // namespace
 
@@ -45,7 +60,22 @@ bool SupportsBf16(const at::Device& device) {
 }
 
 void WaitForDevice(const at::Device& device) {
-  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+  if (!device.is_cuda()) return;
+  c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+  OffloadStream(device.index()).synchronize();
+}
+
+OffloadStreamScope::OffloadStreamScope(const at::Device& device, bool enabled) {
+  if (!enabled || !device.is_cuda()) return;
+  const c10::Stream side = OffloadStream(device.index());
+  c10::Event ready(c10::DeviceType::CUDA);
+  ready.record(c10::cuda::getCurrentCUDAStream(device.index()).unwrap());
+  ready.block(side);
+  guard_.emplace(side);
+}
+
+void OffloadStreamScope::Retain(const at::Tensor& tensor) {
+  if (tensor.defined() && tensor.is_cuda()) tensor.record_stream(c10::cuda::getCurrentCUDAStream(tensor.device().index()));
 }
 
 DeviceMemorySample SampleDeviceMemory(const at::Device& device) {

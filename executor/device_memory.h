@@ -8,9 +8,11 @@
 #define ZPLAN_EXECUTOR_DEVICE_MEMORY_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
 
 #include "absl/status/statusor.h"
 
@@ -40,9 +42,28 @@ std::string DeviceName(const at::Device& device);
 bool SupportsBf16(const at::Device& device);
 
 // Returns once every copy and kernel enqueued so far on the device's current
-// stream is done (CPU: at once): the host then reads what non_blocking
-// copies wrote into pinned buffers (stage_1_and_2.py, _wait_for_offload_copies).
+// stream and its offload stream is done (CPU: at once): the host then reads
+// what non_blocking copies wrote into pinned buffers (stage_1_and_2.py,
+// _wait_for_offload_copies).
 void WaitForDevice(const at::Device& device);
+
+// While alive and `enabled`, CUDA work goes to the device's offload stream,
+// ordered after everything the compute stream had enqueued: the reduction
+// and the copies of offloaded gradients to pinned host memory then overlap
+// the rest of backward (stage3.py, reduce_and_partition_stream). Device
+// tensors that another stream allocated and the current one reads must be
+// Retain-ed (record_stream), so that their blocks are not reused before the
+// reads finish. CPU: does nothing.
+class OffloadStreamScope {
+ public:
+  OffloadStreamScope(const at::Device& device, bool enabled);
+  // Keeps `tensor`'s block from reuse until the current stream's work so far
+  // is done (no-op on CPU, for undefined tensors and on the block's own stream).
+  static void Retain(const at::Tensor& tensor);
+
+ private:
+  std::optional<c10::StreamGuard> guard_;
+};
 
 DeviceMemorySample SampleDeviceMemory(const at::Device& device);
 // Peaks restart from what is live now; on CUDA the cached free segments

@@ -187,6 +187,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   std::optional<ScopedMemoryTag> tag(std::in_place, COMPONENT_PARAMS);
   // Offloaded host buffers are page-locked with pin_memory (a CUDA device to pin for).
   const bool pin = zero.pin_memory() && e->device_.is_cuda();
+  e->pin_memory_ = pin;
   if (e->stage_ < 3) {
     // Parameters become views of one flat buffer, padded so every rank's
     // shard has the same size (planner/sharding.h).
@@ -374,44 +375,60 @@ void ZeroEngine::AllocateBuckets() {
   }
 }
 
-void ZeroEngine::AccumulateOwned(const Slot& slot, const at::Tensor& full_grad) {
+void ZeroEngine::AccumulateOwned(Slot& slot, const at::Tensor& full_grad) {
   const int64_t len = slot.own_hi - slot.own_lo;
   if (len <= 0) return;
-  const at::Tensor part = full_grad.narrow(0, slot.own_lo, len);
   const double scale = 1.0 / comm_->world_size();
-  if (offload_ && config_.gradient_accumulation_steps() == 1) {
-    // The only micro-step: each reduced piece is copied, not added, into
-    // its pinned host buffer without blocking, on the current stream; the
-    // host reads it after WaitForDevice. Stages 1/2 upcast on the device
-    // first (stage_1_and_2.py, async_inplace_copy_grad_to_fp32_buffer_from_gpu:
-    // src_tensor.to(fp32), a transient of the piece), stage 3 copies its
-    // gradient dtype (stage3.py, partition_grads at micro_step_id 0). The
-    // reduced buffer is consumed here, so it is averaged in place.
-    if (scale != 1.0) part.mul_(scale);
-    if (stage_ == 3) {
-      grad_shard_.narrow(0, slot.own_dst, len).copy_(part, /*non_blocking=*/true);
-    } else {
-      host_grads_.narrow(0, slot.own_dst, len).copy_(part.to(at::kFloat), /*non_blocking=*/true);
-    }
-    return;
-  }
-  if (offload_ && stage_ == 3) {
-    grad_shard_.narrow(0, slot.own_dst, len).add_(part.to(at::kCPU), scale);
-    return;
-  }
   if (offload_) {
-    host_grads_.narrow(0, slot.own_dst, len).add_(StageToHost(part), scale);
+    // The reduced buffer is consumed here, so it is averaged in place.
+    at::Tensor grad = stage_ == 3 ? full_grad.narrow(0, slot.own_lo, len) : full_grad;
+    if (scale != 1.0) grad.mul_(scale);
+    OffloadGrad(slot, full_grad);
     return;
   }
   EnsureGradPartition();
-  grad_shard_.narrow(0, slot.own_dst, len).add_(part, scale);
+  grad_shard_.narrow(0, slot.own_dst, len).add_(full_grad.narrow(0, slot.own_lo, len), scale);
 }
 
-at::Tensor ZeroEngine::StageToHost(const at::Tensor& grad) {
-  if (!offload_grad_host_.defined()) return grad.to(at::kCPU, at::kFloat);
-  const int64_t n = grad.numel();
-  at::Tensor device = offload_grad_device_.narrow(0, 0, n).copy_(grad.reshape(-1));
-  return offload_grad_host_.narrow(0, 0, n).copy_(device);
+void ZeroEngine::OffloadGrad(Slot& slot, const at::Tensor& full_grad) {
+  // Every copy is non_blocking on the current stream (the offload stream on
+  // CUDA, OffloadStreamScope): the host reads or rewrites these buffers only
+  // after WaitForDevice. Device temporaries are pieces of one parameter.
+  const int64_t len = slot.own_hi - slot.own_lo;
+  const at::Tensor owned = full_grad.narrow(0, slot.own_lo, len);
+  if (stage_ == 3) {
+    // stage3.py, partition_grads: the first micro-step copies into the host
+    // partition; later ones bring its piece to the device, add, copy back.
+    at::Tensor dst = grad_shard_.narrow(0, slot.own_dst, len);
+    if (micro_step_ == 0) {
+      dst.copy_(owned, /*non_blocking=*/true);
+      return;
+    }
+    at::Tensor sum = dst.to(device_, /*non_blocking=*/true);  // CPU ranks: dst itself
+    sum.add_(owned);
+    if (!sum.is_same(dst)) dst.copy_(sum, /*non_blocking=*/true);
+    return;
+  }
+  // Stages 1/2, stage_1_and_2.py, copy_grads_in_partition with cpu_offload:
+  // at stage 2, unless it is the window's only micro-step, the whole
+  // gradient goes through its own host buffer, which from the second
+  // micro-step on comes back through the device staging buffer and is added
+  // there (async_accumulate_grad_in_cpu_via_gpu); at the boundary the owned
+  // piece is upcast on the device and copied into the fp32 host gradients
+  // (async_inplace_copy_grad_to_fp32_buffer_from_gpu). Stage 1 reduces once,
+  // at the boundary, what autograd accumulated (reduce_ready_partitions_and_remove_grads).
+  const bool boundary = micro_step_ + 1 >= config_.gradient_accumulation_steps();
+  if (stage_ == 2 && (micro_step_ > 0 || !boundary)) {
+    if (!slot.host_accumulated.defined()) {
+      ScopedMemoryTag tag(COMPONENT_GRADS);
+      slot.host_accumulated = HostZeros(slot.numel, dtype_, pin_memory_);
+    }
+    if (micro_step_ > 0) {
+      full_grad.add_(offload_grad_device_.narrow(0, 0, slot.numel).copy_(slot.host_accumulated, /*non_blocking=*/true));
+    }
+    slot.host_accumulated.copy_(full_grad, /*non_blocking=*/true);
+  }
+  if (boundary) host_grads_.narrow(0, slot.own_dst, len).copy_(owned.to(at::kFloat), /*non_blocking=*/true);
 }
 
 void ZeroEngine::EnsureGradPartition() {
@@ -428,7 +445,7 @@ absl::Status ZeroEngine::ReduceBucket(at::Tensor& bucket, const std::vector<Segm
   at::Tensor used = bucket.narrow(0, 0, fill);
   ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(used));
   for (const Segment& seg : segments) {
-    const Slot& slot = slots_[seg.slot];
+    Slot& slot = slots_[seg.slot];
     AccumulateOwned(slot, used.narrow(0, seg.bucket_offset, slot.numel));
   }
   return absl::OkStatus();
@@ -454,6 +471,9 @@ absl::Status ZeroEngine::FlushBucket() {
 }
 
 void ZeroEngine::OnGradReady(size_t index) {
+  // With offload the buckets, reductions and host copies run on the offload
+  // stream, behind the compute that made the gradient.
+  OffloadStreamScope offload_stream(device_, offload_);
   if (stage_ < 3) AllocateBuckets();  // stages 1/2: at the backward's first gradient (setup_buckets)
   if (stage_ == 1) {
     // Kept (accumulated) as .grad until the epilogue reduces it.
@@ -469,6 +489,7 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
   at::Tensor grad = slot.param.grad();
   if (!grad.defined() || !hook_status_.ok()) return;
   at::NoGradGuard no_grad;
+  OffloadStreamScope::Retain(grad);
   const int64_t capacity = buckets_.empty() ? 0 : buckets_.front().numel();
   absl::Status status;
   if (stage_ == 3 && slot.numel > capacity) {
@@ -497,14 +518,22 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
 }
 
 absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
+  absl::Status status = FinishBackward(last_micro_step);
+  ++micro_step_;
+  return status;
+}
+
+absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
   ZPLAN_RETURN_IF_ERROR(hook_status_);
   if (stage_ == 3) {
     Release(-1, kAfterBackward);  // the embedding, gathered for its backward
-    ZPLAN_RETURN_IF_ERROR(FlushBucket());
+    {
+      OffloadStreamScope offload_stream(device_, offload_);
+      ZPLAN_RETURN_IF_ERROR(FlushBucket());
+    }
     if (offload_ && last_micro_step) {
       WaitForDevice(device_);
       host_grads_.copy_(grad_shard_);
-      grad_shard_.zero_();
     }
     return absl::OkStatus();
   }
@@ -515,6 +544,7 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
     for (size_t i = slots_.size(); i-- > 0;) ReduceThroughBucket(i);
   }
   if (stage_ >= 1) {
+    OffloadStreamScope offload_stream(device_, offload_);
     absl::Status status = FlushBucket();
     buckets_.clear();  // _release_ipg_buffers
     current_bucket_ = 0;
@@ -523,6 +553,8 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
   if (!last_micro_step) return absl::OkStatus();
   // Stage 0 (and stage 1 with offload): all-reduce every gradient through one flat bucket, in order.
   at::NoGradGuard no_grad;
+  OffloadStreamScope offload_stream(device_, offload_);
+  for (const Slot& slot : slots_) OffloadStreamScope::Retain(slot.param.grad());
   const int64_t total = flat_params_.numel();
   const int64_t capacity = std::min(config_.zero().reduce_bucket_elements(), total);
   at::Tensor bucket = at::empty({capacity}, flat_params_.options());
@@ -557,6 +589,12 @@ absl::Status ZeroEngine::AfterBackward(bool last_micro_step) {
       }
     }
     first = last;
+  }
+  // Stage 1 with offload: the owned pieces go to the host as stage 2's do.
+  for (Slot& slot : slots_) {
+    if (offload_ && slot.own_hi > slot.own_lo && slot.param.grad().defined()) {
+      OffloadGrad(slot, slot.param.grad().view(-1));
+    }
   }
   return absl::OkStatus();
 }
@@ -604,12 +642,10 @@ at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   if (ReducedInBackward()) {
     return offload_ ? host_grads_.narrow(0, begin, len) : grad_shard_.narrow(0, begin, len).to(at::kFloat);
   }
-  // Stage 0 (and 1 with offload): gather the owned range from the per-parameter gradients,
-  // into the host fp32 gradient buffer with offload, else a temporary.
-  // Slots are in flat order: only what no gradient covers (padding, a
-  // parameter without one) is zeroed.
-  at::Tensor out = offload_ ? host_grads_.narrow(0, begin, len)
-                            : at::empty({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  // Stage 0: gather the owned range from the per-parameter gradients into
+  // a temporary. Slots are in flat order: only what no gradient covers
+  // (padding, a parameter without one) is zeroed.
+  at::Tensor out = at::empty({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
   int64_t filled = begin;
   for (const Slot& slot : slots_) {
     const int64_t a = std::max(begin, slot.own_dst);
@@ -617,7 +653,7 @@ at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
     if (a >= b || !slot.param.grad().defined()) continue;
     if (a > filled) out.narrow(0, filled - begin, a - filled).zero_();
     const at::Tensor piece = slot.param.grad().view(-1).narrow(0, slot.own_lo + a - slot.own_dst, b - a);
-    out.narrow(0, a - begin, b - a).copy_(offload_ ? StageToHost(piece) : piece);
+    out.narrow(0, a - begin, b - a).copy_(piece);
     filled = b;
   }
   if (end > filled) out.narrow(0, filled - begin, end - filled).zero_();
@@ -745,6 +781,7 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   // Gradients: per-parameter ones and the stage-1/2 partition are
   // released; the other shards are zeroed.
   for (Slot& slot : slots_) slot.param.mutable_grad() = at::Tensor();
+  micro_step_ = 0;
   if (stage_ == 1 || stage_ == 2) grad_shard_ = at::Tensor();
   if (grad_shard_.defined()) grad_shard_.zero_();
   if (host_grads_.defined()) host_grads_.zero_();

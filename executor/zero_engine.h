@@ -123,6 +123,10 @@ class ZeroEngine {
     int64_t shard_numel = 0;  // ceil(numel / world)
     bool persistent = false;  // kept whole on every rank
     bool gathered = false;
+    // Stage 2 with offload and accumulation: the whole gradient in the
+    // working dtype on the host, made at its first reduction
+    // (stage_1_and_2.py, async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu).
+    at::Tensor host_accumulated;
   };
   struct Segment {            // a gradient's place in a bucket
     size_t slot;
@@ -134,17 +138,19 @@ class ZeroEngine {
   // released after it (stage 3 keeps them from Create).
   void AllocateBuckets();
   void EnsureGradPartition();
-  // A gradient (piece) on the host in the working dtype, through the offload
-  // staging buffers where they exist.
-  at::Tensor StageToHost(const at::Tensor& grad);
   // Copies a gradient into the current bucket (reducing the bucket first
   // when it would overflow) and drops the parameter's .grad.
   void ReduceThroughBucket(size_t slot);
   absl::Status ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill);
   absl::Status FlushBucket();
-  // Adds this rank's part of a reduced full gradient of `slot` to the owned
-  // gradient buffer, averaged over ranks.
-  void AccumulateOwned(const Slot& slot, const at::Tensor& full_grad);
+  // Adds this rank's part of a reduced (summed) full gradient of `slot` to
+  // the owned gradient buffer, averaged over ranks; consumes `full_grad`.
+  void AccumulateOwned(Slot& slot, const at::Tensor& full_grad);
+  // With optimizer offload: an averaged full gradient of `slot` into the host
+  // gradients, by non_blocking copies on the current stream (see the .cc).
+  void OffloadGrad(Slot& slot, const at::Tensor& full_grad);
+  // AfterBackward before the micro-step count moves on.
+  absl::Status FinishBackward(bool last_micro_step);
   absl::Status Gather(int part);
   absl::Status GatherSlot(size_t index);
   enum ReleasePoint { kAfterForward, kAfterBackward, kReleaseAll };
@@ -157,9 +163,9 @@ class ZeroEngine {
   // with the gradient multiplied by `grad_multiplier` (unscaling, clipping).
   void AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq, double lr,
                    double grad_multiplier);
-  // Whether gradients are reduced into grad_shard_ / host_grads_ during
-  // backward (all but stage 0 and stage 1 with optimizer offload).
-  bool ReducedInBackward() const { return stage_ >= 2 || (stage_ == 1 && !offload_); }
+  // Whether the step finds the reduced gradients in grad_shard_ /
+  // host_grads_ (stages 1-3; stage 0 reads the per-parameter gradients).
+  bool ReducedInBackward() const { return stage_ >= 1; }
   // Stages 1/2 without offload: the step works on the device gradient
   // partition (fp64 norm pieces, flatten and fp32 upcast, one Adam call).
   bool StepsGradPartition() const { return (stage_ == 1 || stage_ == 2) && !offload_; }
@@ -173,6 +179,7 @@ class ZeroEngine {
   bool mixed_ = true;
   bool fp16_ = false;
   bool offload_ = false;
+  bool pin_memory_ = false;     // offloaded host buffers are page-locked
   at::Device device_ = at::kCPU;
   at::ScalarType dtype_ = at::kFloat;
   std::vector<Slot> slots_;
@@ -192,8 +199,10 @@ class ZeroEngine {
   int64_t partition_numel_ = 0;
   at::Tensor host_grads_;       // offload: fp32 [owned] on host
   // Stages 1/2 with offload, as DeepSpeed: the updated partition goes back
-  // through a working-dtype host copy, gradients through device and host
-  // staging buffers the size of the largest parameter.
+  // through a working-dtype host copy; accumulated gradients come back to
+  // the device through a staging buffer the size of the largest parameter.
+  // DeepSpeed also allocates a host one (temp_grad_buffer_for_cpu_offload)
+  // that it no longer reads.
   at::Tensor offload_bit16_, offload_grad_device_, offload_grad_host_;
   std::vector<at::Tensor> buckets_;  // IPG reduce buckets
   size_t current_bucket_ = 0;
@@ -202,6 +211,7 @@ class ZeroEngine {
   std::vector<Segment> segments_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   absl::Status hook_status_;
+  int micro_step_ = 0;           // micro-steps finished since the last Step
   double loss_scale_ = 1.0;
   int good_steps_ = 0;
   int64_t construction_peak_bytes_ = 0;

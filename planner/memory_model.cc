@@ -470,7 +470,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     (s.stage == 3 ? s.buckets_resident : s.ipg_buckets) = zero.reduce_bucket_elements() * w * buckets;
     s.buckets_touched = std::min(zero.reduce_bucket_elements(), total) * w * buckets;
   }
-  if ((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) {
+  const bool host_accumulation = s.stage == 2 && s.offload_optimizer && s.grad_accum > 1;
+  if (((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) || host_accumulation) {
     const std::vector<FlatPartition> partitions = FlatPartitionsByRank(params, s.world_size);
     std::vector<PartitionStart> from(partitions.size());
     if (s.stage == 2 && s.grad_accum > 1) {
@@ -480,10 +481,19 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
       RankVariant v;
-      v.grad_partition = partitions[r].params_elements * w;
-      v.grad_partition_from = from[r].part;
-      v.grad_partition_at_attention = from[r].at_attention;
-      v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
+      if (host_accumulation) {
+        // One host buffer per parameter, pinned as its own block (memory_model.h).
+        for (int i = partitions[r].first_param; i >= 0 && i <= partitions[r].last_param; ++i) {
+          const int64_t bytes = NumElements(params[i]) * w;
+          v.host_grad_accumulation += bytes;
+          if (s.pin_memory && !s.cpu_ranks) v.host_grad_accumulation_pinned += RoundUpToPowerOfTwo(bytes);
+        }
+      } else {
+        v.grad_partition = partitions[r].params_elements * w;
+        v.grad_partition_from = from[r].part;
+        v.grad_partition_at_attention = from[r].at_attention;
+        v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
+      }
       auto it = std::find(sizer.variants_.begin(), sizer.variants_.end(), v);
       sizer.rank_variant_.push_back(static_cast<int>(it - sizer.variants_.begin()));
       if (it == sizer.variants_.end()) sizer.variants_.push_back(v);
@@ -661,6 +671,8 @@ void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
   s->grad_partition_from = v.grad_partition_from;
   s->grad_partition_at_attention = v.grad_partition_at_attention;
   s->step_norm_copy = v.step_norm_copy;
+  s->host_grad_accumulation = v.host_grad_accumulation;
+  s->host_grad_accumulation_pinned = v.host_grad_accumulation_pinned;
 }
 
 StepSizes StepSizer::For(int64_t b, int64_t seq) const {
@@ -833,13 +845,15 @@ int64_t ModelStatesBytes(const StepSizes& s) {
 MemoryBreakdown HostPerRank(const StepSizes& s) {
   MemoryBreakdown b;
   b.set_params_bytes(s.host_params);
-  b.set_grads_bytes(s.host_grads);
+  b.set_grads_bytes(s.host_grads + s.host_grad_accumulation);
   b.set_master_params_bytes(s.host_master);
   b.set_optimizer_states_bytes(s.host_optimizer);
   b.set_buffers_bytes(s.host_offload_staging);
   b.set_runtime_bytes(s.host_process);
-  b.set_pinned_bytes(s.host_pinned);
-  b.set_allocator_bytes(s.host_pinned_rounding);
+  b.set_pinned_bytes(s.host_pinned + s.host_grad_accumulation_pinned);
+  const int64_t accumulation_rounding =
+      s.host_grad_accumulation_pinned > 0 ? s.host_grad_accumulation_pinned - s.host_grad_accumulation : 0;
+  b.set_allocator_bytes(s.host_pinned_rounding + accumulation_rounding);
   b.set_peak_bytes(LiveTensorBytes(b) + b.runtime_bytes() + b.allocator_bytes());
   b.set_peak_event("steady state");
   return b;

@@ -174,6 +174,12 @@ struct StepSizes {
   int64_t host_master = 0;
   int64_t host_optimizer = 0;
   int64_t host_offload_staging = 0;  // temp_grad_buffer_for_cpu_offload + param_buffer_of_bit16_for_cpu_offload_groups
+  // Stage 2 with offload and accumulation: every parameter touching the
+  // rank's partition, whole, in the working dtype (stage_1_and_2.py,
+  // async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu), and
+  // those blocks rounded up to powers of two when pinned (0 otherwise).
+  int64_t host_grad_accumulation = 0;
+  int64_t host_grad_accumulation_pinned = 0;
   // Page-locked blocks as allocated (each rounded up to a power of two), and
   // what that rounding adds: the host breakdown's allocator component.
   int64_t host_pinned = 0;
@@ -205,9 +211,13 @@ class StepSizer {
     int grad_partition_from = StepSizes::kAtEpilogue;
     bool grad_partition_at_attention = false;
     int64_t step_norm_copy = 0;
+    int64_t host_grad_accumulation = 0;
+    int64_t host_grad_accumulation_pinned = 0;
     bool operator==(const RankVariant& o) const {
       return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
-             grad_partition_at_attention == o.grad_partition_at_attention && step_norm_copy == o.step_norm_copy;
+             grad_partition_at_attention == o.grad_partition_at_attention && step_norm_copy == o.step_norm_copy &&
+             host_grad_accumulation == o.host_grad_accumulation &&
+             host_grad_accumulation_pinned == o.host_grad_accumulation_pinned;
     }
   };
   StepSizer() = default;

@@ -108,6 +108,34 @@ TEST(MemoryModelTest, OffloadMovesMasterAndAdamToHost) {
   EXPECT_EQ(unpinned.allocator_bytes(), 0);
 }
 
+TEST(MemoryModelTest, Zero2OffloadAccumulatesEachParameterOnTheHost) {
+  auto model = LoadPreset("1b");
+  RunConfig config = Config(2, 8);
+  config.mutable_zero()->set_offload_optimizer(OFFLOAD_CPU);
+  const MemoryBreakdown one_micro_step = HostPerRank(Sizes(*model, config));
+  config.set_gradient_accumulation_steps(4);
+  const StepSizes sizes = Sizes(*model, config);
+  // Rank 0's partition is the flat buffer's first flat_shard_elements: every
+  // parameter that starts inside it has a whole working-dtype host buffer,
+  // pinned as its own block.
+  int64_t offset = 0, bytes = 0, pinned = 0;
+  for (const TensorSpec& t : ParameterInventory(*model)) {
+    if (offset < sizes.shards.flat_shard_elements) {
+      bytes += NumElements(t) * 2;
+      pinned += RoundUpToPowerOfTwo(NumElements(t) * 2);
+    }
+    offset += NumElements(t);
+  }
+  ASSERT_GT(bytes, 2 * sizes.shards.flat_shard_elements);  // the embedding spills over
+  const MemoryBreakdown host = HostPerRank(sizes);
+  EXPECT_EQ(host.grads_bytes() - one_micro_step.grads_bytes(), bytes);
+  EXPECT_EQ(host.pinned_bytes() - one_micro_step.pinned_bytes(), pinned);
+  EXPECT_EQ(host.allocator_bytes() - one_micro_step.allocator_bytes(), pinned - bytes);
+  // Stage 1 reduces once per window: no such buffers.
+  config.mutable_zero()->set_stage(1);
+  EXPECT_EQ(HostPerRank(Sizes(*model, config)).grads_bytes(), one_micro_step.grads_bytes());
+}
+
 TEST(MemoryModelTest, Zero3OffloadPinsGradientBuffersAndParameterShardsOnly) {
   auto model = LoadPreset("1b");
   RunConfig config = Config(3, 8);

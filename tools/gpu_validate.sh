@@ -90,7 +90,7 @@ run_case "$backend world 1, ZeRO-0" -- --gpus 1 --zero-stage 0
 run_case "$backend world 1, ZeRO-2" -- --gpus 1 --zero-stage 2
 run_case "$backend world 1, ZeRO-3 + ckpt" -- --gpus 1 --zero-stage 3 --checkpointing true
 run_case "gloo 2 ranks, ZeRO-3" -- --gpus 2 --zero-stage 3
-run_case "gloo 4 ranks, ZeRO-2 + offload" -- --gpus 4 --zero-stage 2 --offload-optimizer cpu
+run_case "gloo 4 ranks, ZeRO-2 + offload, accum 2" -- --gpus 4 --zero-stage 2 --offload-optimizer cpu --grad-accum 2
 run_case "emulated rank 7 of 8, ZeRO-3" --emulate-rank 7 -- --gpus 8 --zero-stage 3
 run_case "emulated rank 63 of 64, ZeRO-3" --emulate-rank 63 -- --gpus 8 --nodes 8 --zero-stage 3
 for b in 2 4; do
