@@ -155,10 +155,15 @@ class EmulatedCollectives : public Collectives {
   int rank() const override { return info_.rank; }
   int world_size() const override { return info_.world_size; }
   std::string name() const override { return "emulated"; }
-  absl::Status AllReduceSum(at::Tensor&) override { return absl::OkStatus(); }
+  // Every peer is taken to hold what this rank holds (as the all-gathers
+  // replicate it), so a sum is world_size times the local value, in place.
+  absl::Status AllReduceSum(at::Tensor& tensor) override {
+    tensor.mul_(info_.world_size);
+    return absl::OkStatus();
+  }
   absl::Status ReduceScatterSum(at::Tensor& input, at::Tensor& output) override {
     const int64_t n = output.numel();
-    output.copy_(input.narrow(0, n * info_.rank, n));
+    output.copy_(input.narrow(0, n * info_.rank, n)).mul_(info_.world_size);
     return absl::OkStatus();
   }
   absl::Status AllGather(const at::Tensor& input, at::Tensor& output) override {

@@ -3,8 +3,10 @@
 //   * c10d Gloo (CPU tensors, or several processes sharing one GPU),
 //   * c10d NCCL (CUDA tensors, one rank per GPU) — built only with USE_C10D_NCCL,
 //   * emulated: one process behaves as rank r of N for memory, with no
-//     communication (all-gather replicates the local shard, reduce-scatter
-//     keeps the local chunk), so a 64-GPU plan can be checked on one device.
+//     communication: every peer is taken to hold what this rank holds
+//     (all-gather replicates the local shard, sums are N times the local
+//     value), so a 64-GPU plan can be checked on one device and trains as
+//     one rank would.
 // Rendezvous goes through c10d's TCPStore (rank 0 serves it). Every call
 // blocks until its result can be used; on Gloo errors and timeouts (a dead
 // peer) become absl::Status, never a hang beyond the timeout. On NCCL they

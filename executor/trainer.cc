@@ -240,8 +240,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::TensorOptions().dtype(at::kDouble).device(device));
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
-    // An emulated all-reduce sums this rank alone.
-    report.add_losses(mean_loss.item<double>() / (comm->name() == "emulated" ? 1 : comm->world_size()));
+    report.add_losses(mean_loss.item<double>() / comm->world_size());
     (void)result;
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (step > first_step) report.add_step_seconds(step_seconds);
