@@ -136,7 +136,8 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   budget->set_host_bytes_per_node(p.config.cluster().host_ram_bytes());
   budget->set_tolerance(options.tolerance);
   bool fits = true;
-  if (!s.cpu_ranks) {
+  // CPU ranks have no device capacity, but a budget given for them holds.
+  if (!s.cpu_ranks || options.device_budget_bytes > 0) {
     plan.set_device_margin_bytes(budget->device_bytes_per_rank() - device.peak_bytes());
     fits = plan.device_margin_bytes() >= 0;
   }

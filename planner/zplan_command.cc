@@ -309,7 +309,7 @@ void PrintBreakdown(const Plan& plan, std::ostream& out) {
       << (z.zero_init() && z.stage() == 3 ? " (zero.Init: partitioned construction)" : " (fp32 model per local rank)")
       << "\n";
   out << "model states per rank (ZeRO paper): " << FormatBytes(plan.model_states_bytes_per_rank()) << "\n";
-  if (plan.gpu().capacity_bytes() > 0) {
+  if (plan.budget().device_bytes_per_rank() > 0) {
     out << absl::StrFormat("fits %s: %s (margin %s of %s budget)\n", plan.gpu().name(), plan.fits() ? "yes" : "NO",
                            FormatBytes(plan.device_margin_bytes()),
                            FormatBytes(plan.budget().device_bytes_per_rank()));

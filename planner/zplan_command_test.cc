@@ -76,6 +76,28 @@ TEST(ZplanCommandTest, OutThenShowRoundTripsAsJson) {
   EXPECT_NE(shown.find("\"peak_bytes\""), std::string::npos);
 }
 
+TEST(ZplanCommandTest, CpuRanksHonourAGivenDeviceBudget) {
+  ZplanOptions o;
+  o.model = "debug-tiny";
+  o.seq = "128";
+  o.gpu = "cpu";
+  o.zero_stage = "0";
+  o.gpus = "1";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_EQ(text.find("fits CPU ranks"), std::string::npos) << "no capacity, no budget: nothing to judge\n" << text;
+  o.budget_gib = "0.001";  // far below the plan's peak
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find("fits CPU ranks"), std::string::npos) << text;
+  EXPECT_NE(text.find(": NO (margin -"), std::string::npos) << text;
+  o.out = TempPath("cpu_budget.pb");
+  ASSERT_TRUE(RunCapture(o).ok());
+  auto plan = ReadProtoFile<Plan>(o.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->fits());
+  EXPECT_LT(plan->device_margin_bytes(), 0);
+}
+
 TEST(ZplanCommandTest, TimelineIsChromeTraceJson) {
   ZplanOptions o = Base();
   o.zero_stage = "2";
