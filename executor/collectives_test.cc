@@ -60,11 +60,15 @@ TEST(CollectivesTest, EmulatedRankKeepsShapesWithoutPeers) {
   ASSERT_TRUE(comm.ok());
   at::Tensor bucket = at::arange(64 * 2, at::kFloat);
   at::Tensor mine = at::empty({2});
+  // Peers hold what this rank holds: a sum is 64 times the local value.
   ASSERT_TRUE((*comm)->ReduceScatterSum(bucket, mine).ok());
-  EXPECT_EQ(mine[0].item<float>(), 126);
+  EXPECT_EQ(mine[0].item<float>(), 126 * 64);
   at::Tensor full = at::empty({128});
   ASSERT_TRUE((*comm)->AllGather(mine, full).ok());
-  EXPECT_EQ(full[0].item<float>(), 126);
+  EXPECT_EQ(full[0].item<float>(), 126 * 64);
+  at::Tensor loss = at::full({1}, 2.5, at::kDouble);
+  ASSERT_TRUE((*comm)->AllReduceSum(loss).ok());
+  EXPECT_EQ(loss.item<double>(), 2.5 * 64);
 }
 
 TEST(CollectivesTest, ReadsTorchrunAndSlurmVariables) {
