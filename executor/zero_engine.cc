@@ -489,7 +489,7 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
   at::Tensor grad = slot.param.grad();
   if (!grad.defined() || !hook_status_.ok()) return;
   at::NoGradGuard no_grad;
-  OffloadStreamScope::Retain(grad);
+  if (offload_) OffloadStreamScope::Retain(grad);  // read on the offload stream
   const int64_t capacity = buckets_.empty() ? 0 : buckets_.front().numel();
   absl::Status status;
   if (stage_ == 3 && slot.numel > capacity) {
@@ -554,7 +554,9 @@ absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
   // Stage 0 (and stage 1 with offload): all-reduce every gradient through one flat bucket, in order.
   at::NoGradGuard no_grad;
   OffloadStreamScope offload_stream(device_, offload_);
-  for (const Slot& slot : slots_) OffloadStreamScope::Retain(slot.param.grad());
+  if (offload_) {
+    for (const Slot& slot : slots_) OffloadStreamScope::Retain(slot.param.grad());
+  }
   const int64_t total = flat_params_.numel();
   const int64_t capacity = std::min(config_.zero().reduce_bucket_elements(), total);
   at::Tensor bucket = at::empty({capacity}, flat_params_.options());
@@ -590,11 +592,10 @@ absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
     }
     first = last;
   }
+  if (!offload_) return absl::OkStatus();
   // Stage 1 with offload: the owned pieces go to the host as stage 2's do.
   for (Slot& slot : slots_) {
-    if (offload_ && slot.own_hi > slot.own_lo && slot.param.grad().defined()) {
-      OffloadGrad(slot, slot.param.grad().view(-1));
-    }
+    if (slot.own_hi > slot.own_lo && slot.param.grad().defined()) OffloadGrad(slot, slot.param.grad().view(-1));
   }
   return absl::OkStatus();
 }
