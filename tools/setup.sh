@@ -35,6 +35,13 @@ fi
 
 venv="$root/.venv"
 if ! "$venv/bin/python3" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  # The wheel and its CUDA libraries unpack to about 5 GiB, and pip needs room for the download
+  # beside them: say so up front instead of failing halfway with ENOSPC.
+  free_kib=$(df -Pk "$root" | awk 'NR == 2 {print $4}')
+  if ((free_kib < 7 * 1024 * 1024)); then
+    echo "setup: $((free_kib / 1024 / 1024)) GiB free under $root; the Python environment needs about 7 GiB: free some disk and run tools/setup.sh again" >&2
+    exit 1
+  fi
   echo "setup: creating $venv with torch==$torch_version (several GiB, cached by pip afterwards)"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version"
