@@ -30,14 +30,20 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
 
 constexpr auto kReleaseWait = std::chrono::seconds(1);
 
+absl::string_view FirstLine(absl::string_view text) { return text.substr(0, text.find('\n')); }
+
 // Runs a c10d call, turning exceptions (peer gone, timeout) into a Status.
 template <typename Fn>
 absl::Status Guard(const char* what, Fn&& fn) {
   try {
     fn();
     return absl::OkStatus();
+  } catch (const c10::Error& e) {
+    // One line: the message without LibTorch's C++ stack (ZRUN_BACKTRACE is for the trainer's errors).
+    return absl::UnavailableError(
+        absl::StrCat(what, " failed (a rank died or timed out?): ", FirstLine(e.what_without_backtrace())));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(what, " failed (a rank died or timed out?): ", e.what()));
+    return absl::UnavailableError(absl::StrCat(what, " failed (a rank died or timed out?): ", FirstLine(e.what())));
   }
 }
 

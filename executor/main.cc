@@ -2,50 +2,50 @@
 // Flags -> ZrunOptions -> RunZrun -> exit code (zrun_command.h).
 #include <unistd.h>
 
-#include <algorithm>
 #include <climits>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "executor/counting_allocator.h"
 #include "executor/zrun_command.h"
+#include "planner/cli.h"
 
 ABSL_FLAG(std::string, report, "report.pb", "where rank 0 writes the Report (.pb, .textproto or .json)");
-ABSL_FLAG(int64_t, steps, 0, "optimizer steps (default: the plan's train_steps); step 0 is a warm-up");
-ABSL_FLAG(std::string, data, "", "uint16 token file; default: deterministic synthetic tokens");
-ABSL_FLAG(int, emulate_rank, -1, "run as this rank of the plan's world, without communication");
-ABSL_FLAG(std::string, save_dir, "", "write per-rank checkpoint shards and a `latest` marker here");
-ABSL_FLAG(int64_t, save_every, 0, "steps between checkpoints (0: only after the last step)");
+ABSL_FLAG(int64_t, steps, 0, "optimizer steps, step 0 a warm-up (default 0: the plan's train_steps)");
+ABSL_FLAG(std::string, data, "", "file of uint16 token ids (default: deterministic synthetic tokens)");
+ABSL_FLAG(int, emulate_rank, -1, "run as this rank of the plan's world, without communication (default -1: off)");
+ABSL_FLAG(std::string, save_dir, "", "write per-rank checkpoint shards and a `latest` marker in this directory");
+ABSL_FLAG(int64_t, save_every, 0, "optimizer steps between checkpoints (default 0: only after the last step)");
 ABSL_FLAG(std::string, resume, "", "resume from the `latest` checkpoint in this directory");
-ABSL_FLAG(int64_t, stop_after, 0, "stop (and checkpoint) after this step; the schedule still spans --steps");
-ABSL_FLAG(double, timeout, 120, "seconds a collective or the rendezvous may wait for a peer");
+ABSL_FLAG(int64_t, stop_after, 0, "stop (and checkpoint) after this step; the schedule still spans --steps (default 0: off)");
+ABSL_FLAG(double, timeout, 120, "seconds a collective or the rendezvous may wait for a peer (default 120)");
+
+constexpr char kUsage[] = "zrun plan.pb [--steps N] [--report report.pb] [--emulate-rank R]";
 
 int main(int argc, char** argv) {
   // Before any tensor exists, so every CPU tensor byte is counted.
   zplan::InstallCountingCpuAllocator();
-  absl::SetProgramUsageMessage("zrun plan.pb [--steps N] [--report report.pb] [--emulate-rank R]");
-  // Accept --save-dir as well as --save_dir (Abseil flags use underscores).
-  static std::vector<std::string> normalized(argv, argv + argc);
-  for (int i = 1; i < argc; ++i) {
-    std::string& arg = normalized[static_cast<size_t>(i)];
-    if (arg.rfind("--", 0) == 0) {
-      for (size_t c = 2; c < std::min(arg.find('='), arg.size()); ++c) {
-        if (arg[c] == '-') arg[c] = '_';
-      }
-    }
-    argv[i] = arg.data();
+  const absl::StatusOr<zplan::CommandLine> cl = zplan::ParseCommandLine(argc, argv, __FILE__);
+  if (!cl.ok()) {
+    std::cerr << "zrun: " << cl.status().message() << "\n";
+    return zplan::kExitBadInput;
   }
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) {
-    std::cerr << "zrun: give exactly one plan file, e.g. zrun plan.pb\n";
+  if (cl->help) {
+    std::cout << zplan::FlagsHelp(kUsage, __FILE__);
+    return zplan::kExitOk;
+  }
+  if (cl->version) {
+    std::cout << zplan::VersionLine("zrun");
+    return zplan::kExitOk;
+  }
+  if (cl->positional.size() != 1) {
+    std::cerr << "zrun: give exactly one plan file, e.g. zrun plan.pb (--help lists the flags)\n";
     return zplan::kExitBadInput;
   }
   zplan::ZrunOptions o;
-  o.plan_path = args[1];
+  o.plan_path = cl->positional[0];
   o.report_path = absl::GetFlag(FLAGS_report);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.data_path = absl::GetFlag(FLAGS_data);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "executor/counting_allocator.h"
 #include "executor/device_memory.h"
+#include "executor/token_file.h"
 #include "executor/transformer.h"
 #include "executor/zero_engine.h"
 #include "planner/inventory.h"
@@ -48,21 +49,14 @@ int64_t HostRss(const char* field) {
 // Token batches: deterministic synthetic ids, or windows of a uint16 file.
 class TokenSource {
  public:
-  static absl::StatusOr<TokenSource> Open(const std::string& path, int64_t vocab) {
+  static absl::StatusOr<TokenSource> Open(const std::string& path, int64_t vocab, int64_t seq) {
     TokenSource source;
     source.vocab_ = std::max<int64_t>(vocab, 1);
     if (path.empty()) return source;
-    ZPLAN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
-    if (bytes.size() < 4 || bytes.size() % 2 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--data ", path, ": expected uint16 token ids (even size, >= 2 tokens)"));
-    }
-    source.tokens_ = at::empty({static_cast<int64_t>(bytes.size() / 2)}, at::kShort);
-    std::memcpy(source.tokens_.data_ptr(), bytes.data(), bytes.size());
+    ZPLAN_ASSIGN_OR_RETURN(std::vector<uint16_t> ids, ReadTokenFile(path, vocab, seq));
+    source.tokens_ = at::empty({static_cast<int64_t>(ids.size())}, at::kShort);
+    std::memcpy(source.tokens_.data_ptr(), ids.data(), ids.size() * sizeof(uint16_t));
     source.tokens_ = source.tokens_.to(at::kLong).bitwise_and(0xFFFF);
-    if (source.tokens_.max().item<int64_t>() >= source.vocab_) {
-      return absl::InvalidArgumentError(absl::StrCat("--data ", path, ": token id ", source.tokens_.max().item<int64_t>(),
-                                                     " is outside the model's vocabulary ", source.vocab_));
-    }
     return source;
   }
 
@@ -71,7 +65,7 @@ class TokenSource {
     at::Tensor window;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     if (tokens_.defined()) {
-      const int64_t span = tokens_.numel() - s - 1;
+      const int64_t span = tokens_.numel() - s - 1;  // >= 0 (ReadTokenFile)
       at::Tensor starts = at::randint(std::max<int64_t>(span, 1), {b}, gen, at::TensorOptions().dtype(at::kLong));
       std::vector<at::Tensor> rows;
       for (int64_t i = 0; i < b; ++i) rows.push_back(tokens_.narrow(0, starts[i].item<int64_t>() % (span + 1), s + 1));
@@ -194,7 +188,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));
   ZPLAN_RETURN_IF_ERROR(model.CheckAttentionKernel(config.seq_length()));
   ZPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine, ZeroEngine::Create(&model, comm, config));
-  ZPLAN_ASSIGN_OR_RETURN(TokenSource data, TokenSource::Open(options.data_path, plan.model().vocab_size()));
+  ZPLAN_ASSIGN_OR_RETURN(TokenSource data, TokenSource::Open(options.data_path, plan.model().vocab_size(), config.seq_length()));
   const BlockHooks hooks =
       AttributedHooks(engine->hooks(), config.activation_checkpointing(), static_cast<int>(plan.model().num_layers()));
 

@@ -4,11 +4,13 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <cstring>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <vector>
 
@@ -34,12 +36,6 @@ std::vector<pid_t>* g_children = nullptr;  // for forwarding Ctrl-C
 void ForwardSignal(int /*signal*/) {
   if (g_children == nullptr) return;
   for (pid_t pid : *g_children) kill(pid, SIGTERM);
-}
-
-int ExitCodeFor(const absl::Status& status) {
-  return absl::IsInvalidArgument(status) || absl::IsFailedPrecondition(status) || absl::IsNotFound(status)
-             ? kExitBadInput
-             : kExitError;
 }
 
 // NCCL when every local rank has its own GPU; Gloo for CPU ranks and for
@@ -126,6 +122,7 @@ int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<s
   }
   std::vector<pid_t> children;
   std::map<pid_t, int> rank_of;
+  const pid_t launcher = getpid();
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();
     if (pid < 0) {
@@ -134,6 +131,10 @@ int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<s
       return kExitError;
     }
     if (pid == 0) {
+      // A rank outlives a launcher killed with SIGKILL (a CI timeout) unless
+      // the kernel tells it; and the launcher may already be gone.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(kExitError);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
       setenv("RANK", std::to_string(r).c_str(), 1);
@@ -178,6 +179,55 @@ int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<s
 }
 
 }  // namespace
+
+namespace {
+
+// Bounds past which a count is a typo, not a run: ten million optimizer
+// steps, and a week for one collective.
+constexpr int64_t kMaxSteps = 10'000'000;
+constexpr double kMinTimeoutSeconds = 0.001;  // c10d takes milliseconds
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
+
+absl::Status FlagError(absl::string_view flag, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
+}
+
+absl::Status CheckStepCount(absl::string_view flag, int64_t value, absl::string_view meaning) {
+  if (value < 0 || value > kMaxSteps) {
+    return FlagError(flag, absl::StrCat(value, " is outside 0 .. ", kMaxSteps, " (", meaning, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateZrunOptions(const ZrunOptions& o) {
+  ZPLAN_RETURN_IF_ERROR(CheckStepCount("steps", o.steps, "optimizer steps; 0 = the plan's train_steps"));
+  ZPLAN_RETURN_IF_ERROR(CheckStepCount("save-every", o.save_every, "steps between checkpoints; 0 = at the end"));
+  ZPLAN_RETURN_IF_ERROR(CheckStepCount("stop-after", o.stop_after, "the last step to run; 0 = all"));
+  if (o.emulate_rank < -1) {
+    return FlagError("emulate-rank", absl::StrCat(o.emulate_rank, " is not a rank; give 0 .. world size - 1"));
+  }
+  if (!(o.timeout_seconds >= kMinTimeoutSeconds && o.timeout_seconds <= kMaxTimeoutSeconds)) {
+    return FlagError("timeout", absl::StrCat(o.timeout_seconds, " is not a wait in seconds; give ", kMinTimeoutSeconds,
+                                             " .. ", kMaxTimeoutSeconds, ", e.g. 120"));
+  }
+  if (!o.data_path.empty() && access(o.data_path.c_str(), R_OK) != 0) {
+    return FlagError("data", absl::StrCat("cannot read ", o.data_path, ": ", std::strerror(errno)));
+  }
+  if (!o.resume_dir.empty() && access((o.resume_dir + "/latest").c_str(), R_OK) != 0) {
+    return FlagError("resume", absl::StrCat(o.resume_dir, " has no readable `latest` checkpoint marker; give the "
+                                            "directory that --save-dir wrote"));
+  }
+  if (absl::Status s = CheckWritable(o.report_path); !s.ok()) return FlagError("report", s.message());
+  if (!o.save_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(o.save_dir, error);
+    if (error) return FlagError("save-dir", absl::StrCat("cannot create ", o.save_dir, ": ", error.message()));
+    if (absl::Status s = CheckWritable(o.save_dir + "/latest"); !s.ok()) return FlagError("save-dir", s.message());
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidatePlanForExecution(const Plan& plan, const std::string& path) {
   auto missing = [&](absl::string_view field) {
@@ -363,7 +413,8 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   // A user's own setting wins.
   setenv("THP_MEM_ALLOC_ENABLE", "1", /*overwrite=*/0);
   Plan plan;
-  absl::Status status = ReadProtoFile(options.plan_path, &plan);
+  absl::Status status = ValidateZrunOptions(options);
+  if (status.ok()) status = ReadProtoFile(options.plan_path, &plan);
   if (status.ok()) status = ValidatePlanForExecution(plan, options.plan_path);
   if (!status.ok()) {
     err << "zrun: " << status.message() << "\n";

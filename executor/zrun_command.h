@@ -23,14 +23,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "planner/cli.h"
 #include "proto/plan.pb.h"
 #include "proto/report.pb.h"
 
 namespace zplan {
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;
-inline constexpr int kExitBadInput = 2;
+// kExitOk, kExitError and kExitBadInput: planner/cli.h.
 inline constexpr int kExitBudget = 3;
 
 struct ZrunOptions {
@@ -46,6 +45,11 @@ struct ZrunOptions {
   int64_t stop_after = 0;
   std::string self_path;                  // this binary, for spawning ranks
 };
+
+// Checks every option before anything is read or launched: counts in range,
+// a finite positive timeout, an existing --data file and writable --report
+// and --save-dir locations; kInvalidArgument naming the flag and the fix.
+absl::Status ValidateZrunOptions(const ZrunOptions& options);
 
 // Checks that `plan` is complete enough to execute; kInvalidArgument naming
 // the missing or inconsistent field.

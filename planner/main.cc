@@ -1,79 +1,75 @@
 // zplan: what-if memory planning for ZeRO training. Flags -> ZplanOptions ->
-// RunZplan -> exit code (0 ok, 2 bad input, 1 other errors).
+// RunZplan -> exit code (cli.h: 0 ok, 2 bad input, 1 other errors).
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "planner/cli.h"
 #include "planner/zplan_command.h"
 
-ABSL_FLAG(std::string, model, "", "preset: 1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, ... (default 1b)");
+ABSL_FLAG(std::string, model, "", "preset (1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, vit-b-encoder, debug-tiny) or a ModelSpec .textproto (default 1b)");
 ABSL_FLAG(std::string, hf_config, "", "Hugging Face config.json instead of --model");
-ABSL_FLAG(std::string, params, "", "bare parameter count (standard shape), e.g. 7.5e9");
-ABSL_FLAG(std::string, layers, "", "explicit dimension: transformer blocks");
-ABSL_FLAG(std::string, hidden, "", "explicit dimension: hidden size");
-ABSL_FLAG(std::string, heads, "", "explicit dimension: attention heads");
-ABSL_FLAG(std::string, kv_heads, "", "explicit dimension: key/value heads (GQA)");
-ABSL_FLAG(std::string, head_dim, "", "explicit dimension: head width");
-ABSL_FLAG(std::string, ffn, "", "explicit dimension: FFN inner width");
-ABSL_FLAG(std::string, vocab, "", "explicit dimension: vocabulary (0 = none)");
+ABSL_FLAG(std::string, params, "", "bare parameter count (elements, standard shape), e.g. 7.5e9");
+ABSL_FLAG(std::string, layers, "", "explicit dimension: transformer blocks (count)");
+ABSL_FLAG(std::string, hidden, "", "explicit dimension: hidden size (elements)");
+ABSL_FLAG(std::string, heads, "", "explicit dimension: attention heads (count)");
+ABSL_FLAG(std::string, kv_heads, "", "explicit dimension: key/value heads (count, GQA)");
+ABSL_FLAG(std::string, head_dim, "", "explicit dimension: head width (elements)");
+ABSL_FLAG(std::string, ffn, "", "explicit dimension: FFN inner width (elements)");
+ABSL_FLAG(std::string, vocab, "", "explicit dimension: vocabulary (tokens; 0 = no embedding or head)");
 ABSL_FLAG(std::string, ds_config, "", "DeepSpeed ds_config.json; the flags below override it");
 ABSL_FLAG(std::string, seq, "", "sequence length in tokens (default 2048; list in sweep)");
-ABSL_FLAG(std::string, micro_batch, "", "micro-batch per GPU (default 1; list in sweep)");
-ABSL_FLAG(std::string, grad_accum, "", "gradient accumulation steps (default 1)");
-ABSL_FLAG(std::string, gpus, "", "GPUs per node (default 8)");
+ABSL_FLAG(std::string, micro_batch, "", "micro-batch per GPU in sequences (default 1; list in sweep)");
+ABSL_FLAG(std::string, grad_accum, "", "gradient accumulation (micro-steps per optimizer step, default 1)");
+ABSL_FLAG(std::string, gpus, "", "GPUs (ranks) per node (default 8)");
 ABSL_FLAG(std::string, nodes, "", "nodes (default 1)");
 ABSL_FLAG(std::string, zero_stage, "", "ZeRO stage 0-3; omit for the grid of all (list in sweep)");
-ABSL_FLAG(std::string, offload_optimizer, "", "cpu or none");
-ABSL_FLAG(std::string, offload_param, "", "cpu or none (stage 3)");
+ABSL_FLAG(std::string, offload_optimizer, "", "ZeRO offload_optimizer: cpu or none (default none)");
+ABSL_FLAG(std::string, offload_param, "", "ZeRO offload_param, stage 3: cpu or none (default none)");
 ABSL_FLAG(std::string, precision, "", "bf16 (default), fp16 or fp32");
-ABSL_FLAG(std::string, checkpointing, "", "activation checkpointing per block: true or false");
+ABSL_FLAG(std::string, checkpointing, "", "activation checkpointing per block: true or false (default false)");
 ABSL_FLAG(std::string, attention, "", "sdpa (default) or eager");
 ABSL_FLAG(std::string, gpu, "", "GPU catalog key (default h100-80gb)");
-ABSL_FLAG(std::string, host_ram_gib, "", "host RAM per node in GiB, to judge host fit");
-ABSL_FLAG(std::string, budget_gib, "", "device budget per GPU in GiB (default: capacity)");
-ABSL_FLAG(std::string, out, "", "write the plan here (.pb, .textproto or .json)");
-ABSL_FLAG(std::string, format, "table", "table, json or textproto");
-ABSL_FLAG(std::string, timeline, "", "write a Chrome trace (Perfetto) of the simulated step");
+ABSL_FLAG(std::string, host_ram_gib, "", "host RAM per node in GiB, to judge host fit (default: not judged)");
+ABSL_FLAG(std::string, budget_gib, "", "device budget per GPU in GiB (default: the GPU's capacity)");
+ABSL_FLAG(std::string, out, "", "write the plan to this path, atomically (.pb binary, .textproto or .json)");
+ABSL_FLAG(std::string, format, "table", "output: table, json or textproto");
+ABSL_FLAG(std::string, timeline, "", "write a Chrome trace (Perfetto) of the simulated step to this path");
 
-// Accepts --zero-stage as well as --zero_stage (Abseil flags use underscores).
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
-  for (std::string& arg : args) {
-    if (arg.rfind("--", 0) != 0) continue;
-    const size_t end = std::min(arg.find('='), arg.size());
-    for (size_t i = 2; i < end; ++i) {
-      if (arg[i] == '-') arg[i] = '_';
-    }
-  }
-  return args;
-}
+constexpr char kUsage[] =
+    "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb]\n"
+    "       zplan show plan.pb [--format json|textproto|table]";
 
 int main(int argc, char** argv) {
   // Under `bazel run`, resolve relative paths against the user's directory.
   if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr && chdir(dir) != 0) {
     std::cerr << "zplan: cannot enter " << dir << "\n";
-    return 1;
+    return zplan::kExitError;
   }
-  absl::SetProgramUsageMessage(
-      "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb]\n"
-      "zplan show plan.pb [--format json|textproto|table]");
-  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
-  std::vector<char*> raw;
-  for (std::string& arg : normalized) raw.push_back(arg.data());
-  std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(raw.size()), raw.data());
+  const absl::StatusOr<zplan::CommandLine> cl = zplan::ParseCommandLine(argc, argv, __FILE__);
+  if (!cl.ok()) {
+    std::cerr << "zplan: " << cl.status().message() << "\n";
+    return zplan::kExitBadInput;
+  }
+  if (cl->help) {
+    std::cout << zplan::FlagsHelp(kUsage, __FILE__);
+    return zplan::kExitOk;
+  }
+  if (cl->version) {
+    std::cout << zplan::VersionLine("zplan");
+    return zplan::kExitOk;
+  }
+  const std::vector<std::string>& args = cl->positional;
   zplan::ZplanOptions o;
-  if (args.size() >= 2) o.command = args[1];
-  if (o.command == "show" && args.size() == 3) o.plan_path = args[2];
-  if (args.size() > (o.command == "show" ? 3u : 2u)) {
-    std::cerr << "zplan: unexpected argument \"" << args.back() << "\"\n";
-    return 2;
+  if (!args.empty()) o.command = args[0];
+  if (o.command == "show" && args.size() == 2) o.plan_path = args[1];
+  if (args.size() > (o.command == "show" ? 2u : 1u)) {
+    std::cerr << "zplan: unexpected argument \"" << args.back() << "\"; --help shows the usage\n";
+    return zplan::kExitBadInput;
   }
   o.model = absl::GetFlag(FLAGS_model);
   o.hf_config = absl::GetFlag(FLAGS_hf_config);
@@ -106,5 +102,5 @@ int main(int argc, char** argv) {
   const absl::Status status = zplan::RunZplan(o, std::cout);
   if (status.ok()) return 0;
   std::cerr << "zplan: " << status.message() << "\n";
-  return absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? 2 : 1;
+  return zplan::ExitCodeFor(status);
 }

@@ -20,16 +20,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/version.h"
 #include "proto/model.pb.h"
 #include "proto/plan.pb.h"
 #include "proto/run_config.pb.h"
 
 namespace zplan {
 
-inline constexpr char kPlannerVersion[] = "zplan 0.1";
-// What the planner follows (docs/deepspeed_model.md); the oracle test fails
-// when tools/setup.sh installs anything else.
-inline constexpr char kModelledFrameworks[] = "DeepSpeed 0.19.8, transformers 5.23.0";
 inline constexpr double kDefaultTolerance = 0.03;  // planner vs executor (issue 4 target)
 
 struct PlanOptions {

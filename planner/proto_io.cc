@@ -1,5 +1,7 @@
 #include "planner/proto_io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -28,6 +30,8 @@ class TextErrorCollector : public google::protobuf::io::ErrorCollector {
  private:
   std::string first_;
 };
+
+std::string TemporaryPath(absl::string_view path) { return absl::StrCat(path, ".tmp.", getpid()); }
 
 }  // namespace
 
@@ -99,6 +103,10 @@ absl::Status ParseProto(absl::string_view data, ProtoFormat format, absl::string
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a directory; give a file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int error = errno;
@@ -112,7 +120,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view data) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const std::string tmp = TemporaryPath(path);
   FILE* file = std::fopen(tmp.c_str(), "wb");
   if (file == nullptr) {
     return absl::PermissionDeniedError(
@@ -130,6 +138,23 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view data
     std::remove(tmp.c_str());
     return absl::PermissionDeniedError(absl::StrCat("cannot replace ", path, ": ", std::strerror(error)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWritable(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a directory; give a file name"));
+  }
+  const std::string tmp = TemporaryPath(path);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    const int error = errno;
+    const std::string message = absl::StrCat("cannot write ", path, ": ", std::strerror(error));
+    return error == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
+  }
+  close(fd);
+  unlink(tmp.c_str());
   return absl::OkStatus();
 }
 

@@ -37,11 +37,18 @@ absl::StatusOr<std::string> SerializeProto(const google::protobuf::Message& mess
 absl::Status ParseProto(absl::string_view data, ProtoFormat format, absl::string_view what,
                         google::protobuf::Message* message);
 
-// Reads the whole file; kNotFound / kPermissionDenied name the path.
+// Reads the whole file; kNotFound / kPermissionDenied name the path,
+// kInvalidArgument a directory.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // Writes `data` to `path` through a temporary file and rename(2).
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view data);
+
+// Whether WriteFileAtomically(path, ...) can succeed now, checked before
+// any work (planning, training) so a bad path fails first: the temporary
+// file it would use is created and removed. kInvalidArgument for a
+// directory, kNotFound or kPermissionDenied naming the path otherwise.
+absl::Status CheckWritable(const std::string& path);
 
 absl::Status ReadProtoFile(const std::string& path, google::protobuf::Message* message);
 absl::Status WriteProtoFile(const std::string& path, const google::protobuf::Message& message);

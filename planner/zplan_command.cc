@@ -435,6 +435,12 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   if (o.format != "table" && o.format != "json" && o.format != "textproto") {
     return FlagError("format", o.format, "table, json or textproto");
   }
+  for (const auto& [flag, path] : {std::pair{"out", &o.out}, std::pair{"timeline", &o.timeline}}) {
+    if (path->empty()) continue;
+    if (absl::Status s = CheckWritable(*path); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", s.message()));
+    }
+  }
   if (o.command == "show") {
     if (o.plan_path.empty()) return absl::InvalidArgumentError("show: give the plan file, e.g. zplan show plan.pb");
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, ReadProtoFile<Plan>(o.plan_path));

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Command-line conventions of zplan and zrun (issue 10): --help and --version,
+# exit 2 with one line naming the flag for every usage mistake, zrun's flags
+# checked before anything is trained, and ranks that die with their launcher.
+set -uo pipefail
+ZPLAN="$TEST_SRCDIR/zplan/planner/zplan"
+ZRUN="$TEST_SRCDIR/zplan/executor/zrun"
+T="${TEST_TMPDIR:-$(mktemp -d)}"
+cd "$T"
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "ok: $*"; }
+
+# expect CODE PATTERN CMD...: exit code CODE, one line on stderr matching PATTERN.
+expect() {
+  local code=$1 pattern=$2; shift 2
+  "$@" > out.txt 2> err.txt; local rc=$?
+  if [[ $rc == "$code" ]] && grep -qE -- "$pattern" err.txt && [[ $(wc -l < err.txt) -le 1 ]]; then
+    pass "$* -> $rc"
+  else
+    fail "$*: exit $rc (want $code), stderr:"; head -5 err.txt
+  fi
+}
+
+for bin in "$ZPLAN" "$ZRUN"; do
+  name=$(basename "$bin")
+  "$bin" --help > help.txt 2>&1; rc=$?
+  if [[ $rc == 0 ]] && grep -q "^usage: $name" help.txt && ! grep -q "No flags matched" help.txt \
+     && [[ $(grep -c '^  --' help.txt) -ge 8 ]]; then
+    pass "$name --help lists $(grep -c '^  --' help.txt) flags"
+  else
+    cat help.txt; fail "$name --help (exit $rc)"
+  fi
+  "$bin" --version > v.txt 2>&1 && grep -q "DeepSpeed 0.19.8, transformers 5.23.0" v.txt && pass "$name --version" \
+    || { cat v.txt; fail "$name --version"; }
+  expect 2 "unknown flag --bogus" "$bin" --bogus
+done
+grep -q -- "--seq .*tokens" <("$ZPLAN" --help) || fail "zplan --help gives --seq's unit"
+grep -q -- "--timeout .*seconds.*(default 120)" <("$ZRUN" --help) || fail "zrun --help gives --timeout's unit and default"
+
+expect 2 "--seq needs a value" "$ZPLAN" --seq
+expect 2 "unexpected argument" "$ZPLAN" show a.pb b.pb
+expect 2 "--out: cannot write /nonexistent/dir/p.pb" "$ZPLAN" --model debug-tiny --zero-stage 3 --out /nonexistent/dir/p.pb
+[[ -s out.txt ]] && fail "zplan planned although --out could not be written"
+
+"$ZPLAN" --gpu cpu --model debug-tiny --gpus 2 --zero-stage 1 --seq 64 --out p.pb > /dev/null || fail "zplan p.pb"
+expect 2 "--steps: -1 is outside 0 .. 10000000" "$ZRUN" p.pb --steps -1
+expect 2 "--steps needs a value" "$ZRUN" p.pb --steps
+expect 2 "--steps: \"x\" is not valid" "$ZRUN" p.pb --steps=x
+expect 2 "--emulate-rank: -5 is not a rank" "$ZRUN" p.pb --emulate-rank -5
+expect 2 "--timeout: 0 is not a wait in seconds" "$ZRUN" p.pb --timeout 0
+expect 2 "--timeout: nan is not a wait in seconds" "$ZRUN" p.pb --timeout nan
+expect 2 "--report: cannot write /nonexistent/r.pb" "$ZRUN" p.pb --report /nonexistent/r.pb
+expect 2 "--data: cannot read missing.bin" "$ZRUN" p.pb --data missing.bin
+expect 2 "--resume: nowhere has no readable" "$ZRUN" p.pb --resume nowhere
+expect 2 "exactly one plan file" "$ZRUN"
+
+# kill -9 of the launcher (what a CI timeout does): its ranks end too.
+"$ZPLAN" --gpu cpu --model debug-tiny --gpus 2 --zero-stage 1 --seq 64 --out long.pb > /dev/null || fail "zplan long.pb"
+"$ZRUN" long.pb --steps 100000 --report long.json > long.out 2>&1 &
+parent=$!
+for _ in $(seq 100); do [[ $(pgrep -P $parent | wc -l) == 2 ]] && break; sleep 0.1; done
+children=$(pgrep -P $parent | tr '\n' ' ')
+kill -9 $parent
+wait $parent 2> /dev/null
+alive=2
+for _ in $(seq 50); do
+  alive=0
+  for c in $children; do kill -0 "$c" 2> /dev/null && alive=$((alive + 1)); done
+  [[ $alive == 0 ]] && break
+  sleep 0.1
+done
+[[ -n $children && $alive == 0 ]] && pass "ranks end with a SIGKILLed launcher" \
+  || { kill -9 $children 2> /dev/null; fail "$alive of [$children] ranks outlived the launcher"; }
+
+echo "$failures failure(s)"
+exit $(( failures > 0 ))
