@@ -1,11 +1,13 @@
 #include "planner/ds_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "planner/limits.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
 
@@ -32,6 +34,9 @@ class Reader {
     if (!v->is_number() || v->number_value() != std::floor(v->number_value())) {
       return Error(*v, path, absl::StrCat("expected an integer, got ",
                                           v->is_number() ? v->text() : JsonValue::TypeName(v->type())));
+    }
+    if (std::fabs(v->number_value()) > kMaxExactJsonInteger) {
+      return Error(*v, path, absl::StrCat(v->text(), " is too large to be a count (more than 2^53)"));
     }
     return std::optional<int64_t>(static_cast<int64_t>(v->number_value()));
   }
@@ -103,20 +108,41 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
   if (!root.is_object()) return r.Error(root, "(top level)", "expected a JSON object");
   const int64_t h = model.hidden_size();
 
-  // Batch: train_batch_size = micro * accumulation * world (DeepSpeed infers the third).
+  // Batch: train_batch_size = micro * accumulation * world; DeepSpeed infers
+  // a missing one by floor division and then asserts the product
+  // (runtime/config.py, _set_batch_related_parameters and _batch_assertion).
   ZPLAN_ASSIGN_OR_RETURN(auto micro, r.Int(root, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu"));
   ZPLAN_ASSIGN_OR_RETURN(auto accum, r.Int(root, "gradient_accumulation_steps", "gradient_accumulation_steps"));
   ZPLAN_ASSIGN_OR_RETURN(auto global, r.Int(root, "train_batch_size", "train_batch_size"));
+  // Unset (0) means one, as ResolveRunConfig does; both are bounded by now.
   const int64_t world = std::max<int64_t>(1, config->cluster().num_nodes()) *
                         std::max<int64_t>(1, config->cluster().gpus_per_node());
-  if (global) {
-    if (micro && accum && *micro * *accum * world != *global) {
-      return r.Error(*root.Find("train_batch_size"), "train_batch_size",
-                     absl::StrCat(*global, " != micro-batch ", *micro, " x accumulation ", *accum,
-                                  " x world size ", world, "; drop train_batch_size or fix the others"));
+  struct BatchKey {
+    const char* key;
+    const std::optional<int64_t>& value;
+    int64_t max;
+  };
+  for (const BatchKey& k : {BatchKey{"train_micro_batch_size_per_gpu", micro, kMaxMicroBatch},
+                            BatchKey{"gradient_accumulation_steps", accum, kMaxGradAccum},
+                            BatchKey{"train_batch_size", global, kMaxMicroBatch * kMaxGradAccum * kMaxWorldSize}}) {
+    if (k.value && (*k.value < 1 || *k.value > k.max)) {
+      return r.Error(*root.Find(k.key), k.key,
+                     absl::StrCat(*k.value, " is outside 1 .. ", k.max, " (DeepSpeed: has to be greater than 0)"));
     }
-    if (micro && !accum) accum = *global / (*micro * world);
-    if (!micro && accum) micro = *global / (*accum * world);
+  }
+  if (global) {
+    if (micro && !accum) accum = std::max<int64_t>(1, *global / *micro / world);
+    if (!micro && accum) micro = std::max<int64_t>(1, *global / world / *accum);
+    if (!micro && !accum) {
+      accum = 1;
+      micro = std::max<int64_t>(1, *global / world);
+    }
+    if (*micro * *accum * world != *global) {
+      return r.Error(*root.Find("train_batch_size"), "train_batch_size",
+                     absl::StrCat(*global, " != micro-batch ", *micro, " x accumulation ", *accum, " x world size ",
+                                  world, " (DeepSpeed's batch assertion); make train_batch_size a multiple of the "
+                                  "others or drop it"));
+    }
   }
   if (micro) config->set_micro_batch_size(*micro);
   if (accum) config->set_gradient_accumulation_steps(*accum);
@@ -130,6 +156,10 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
     const JsonValue* raw = section->Find("enabled");
     precision_auto |= raw != nullptr && Reader::IsAuto(raw);
     ZPLAN_ASSIGN_OR_RETURN(auto enabled, r.Bool(*section, "enabled", absl::StrCat(key, ".enabled")));
+    if (enabled && *enabled && precision_set) {
+      return r.Error(*raw, "bf16.enabled", "fp16 and bf16 are both enabled; DeepSpeed refuses that (\"bfloat16 and "
+                                           "fp16 modes cannot be simultaneously enabled\"): enable one");
+    }
     if (enabled && *enabled) {
       config->set_precision(std::string(key) == "fp16" ? PRECISION_FP16 : PRECISION_BF16);
       precision_set = true;

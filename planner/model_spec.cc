@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/inventory.h"
+#include "planner/limits.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
 
@@ -49,6 +50,9 @@ absl::Status ReadInt(const JsonValue& config, absl::string_view source, absl::st
     if (!value->is_number() || as_double != std::floor(as_double)) {
       return Invalid(source, value, key,
                      absl::StrCat("expected an integer, got ", JsonValue::TypeName(value->type())));
+    }
+    if (std::fabs(as_double) > kMaxExactJsonInteger) {
+      return Invalid(source, value, key, absl::StrCat(value->text(), " is too large to be a size (more than 2^53)"));
     }
     parsed = static_cast<int64_t>(as_double);
   }
@@ -119,6 +123,13 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
     }
   }
   const std::string model_type = ReadString(config, "model_type");
+  // Multimodal configs (Llava, Qwen2-VL, Gemma 3, ...) nest the language model.
+  if (config.Find("text_config") != nullptr && config.Find("num_hidden_layers") == nullptr) {
+    return Invalid(source, config.Find("text_config"), "text_config",
+                   absl::StrCat("a multimodal config (model_type \"", model_type,
+                                "\"): zplan plans its language model only; save text_config as its own "
+                                "config.json and pass that"));
+  }
   ModelSpec spec;
   spec.set_name(ReadString(config, "_name_or_path").empty() ? std::string(source)
                                                             : ReadString(config, "_name_or_path"));
@@ -138,6 +149,14 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "intermediate_size", &ffn));
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "vocab_size", &vocab));
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "max_position_embeddings", &positions));
+  for (const auto& [key, legacy] : {std::pair{"num_hidden_layers", "n_layer"}, std::pair{"hidden_size", "n_embd"},
+                                    std::pair{"num_attention_heads", "n_head"}, std::pair{"vocab_size", ""}}) {
+    if (config.Find(key) == nullptr && (*legacy == '\0' || config.Find(legacy) == nullptr)) {
+      return Invalid(source, &config, key,
+                     absl::StrCat("missing; zplan plans decoder language models from a transformers config.json, "
+                                  "which has it (model_type \"", model_type, "\")"));
+    }
+  }
 
   const bool gpt2 = model_type == "gpt2" || config.Find("n_embd") != nullptr;
   const bool qwen1 = model_type == "qwen";  // first-generation Qwen
@@ -278,25 +297,30 @@ ModelSpec ResolveModelSpec(ModelSpec spec) {
 }
 
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
-  auto positive = [](absl::string_view field, int64_t value) -> absl::Status {
-    if (value > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be > 0, got ", value));
+  struct Field {
+    const char* name;
+    int64_t value, min, max;
+    const char* meaning;
   };
-  ZPLAN_RETURN_IF_ERROR(positive("num_layers", spec.num_layers()));
-  ZPLAN_RETURN_IF_ERROR(positive("hidden_size", spec.hidden_size()));
-  ZPLAN_RETURN_IF_ERROR(positive("num_attention_heads", spec.num_attention_heads()));
-  ZPLAN_RETURN_IF_ERROR(positive("num_kv_heads", spec.num_kv_heads()));
-  ZPLAN_RETURN_IF_ERROR(positive("ffn_hidden_size", spec.ffn_hidden_size()));
-  if (spec.vocab_size() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.vocab_size: must be >= 0 (0 = no token embedding), got ", spec.vocab_size()));
+  const Field fields[] = {
+      {"num_layers", spec.num_layers(), 1, kMaxLayers, "transformer blocks"},
+      {"hidden_size", spec.hidden_size(), 1, kMaxHiddenSize, "model width"},
+      {"num_attention_heads", spec.num_attention_heads(), 1, kMaxHeads, "query heads"},
+      {"num_kv_heads", spec.num_kv_heads(), 1, kMaxHeads, "key/value heads"},
+      {"ffn_hidden_size", spec.ffn_hidden_size(), 1, kMaxFfnSize, "FFN inner width"},
+      {"vocab_size", spec.vocab_size(), 0, kMaxVocabSize, "tokens; 0 = no token embedding"},
+      {"max_position_embeddings", spec.max_position_embeddings(), 0, kMaxSeqLength, "learned position rows"},
+  };
+  for (const Field& f : fields) {
+    ZPLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat("model.", f.name), f.value, f.min, f.max, f.meaning));
   }
+  ZPLAN_RETURN_IF_ERROR(CheckRange("model.head_dim", spec.head_dim(), 0, kMaxHeadDim, "0 = hidden_size / heads"));
   if (spec.head_dim() == 0 && spec.hidden_size() % spec.num_attention_heads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.num_attention_heads: ", spec.num_attention_heads(), " heads do not divide hidden_size ",
         spec.hidden_size(), "; choose a divisor or set head_dim"));
   }
-  ZPLAN_RETURN_IF_ERROR(positive("head_dim", spec.head_dim()));
+  if (spec.head_dim() <= 0) return absl::InvalidArgumentError("model.head_dim: must be > 0");
   if (spec.num_attention_heads() % spec.num_kv_heads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.num_kv_heads: ", spec.num_kv_heads(), " does not divide num_attention_heads ",

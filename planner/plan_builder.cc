@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
+#include "planner/limits.h"
 #include "planner/memory_model.h"
 #include "planner/model_spec.h"
 #include "planner/run_config.h"
@@ -30,6 +31,7 @@ absl::StatusOr<Prepared> Prepare(const ModelSpec& model, const RunConfig& config
   ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(p.model));
   p.config = ResolveRunConfig(config);
   ZPLAN_RETURN_IF_ERROR(ValidateRunConfig(p.config));
+  ZPLAN_RETURN_IF_ERROR(ValidateSizes(p.model, p.config));
   ZPLAN_ASSIGN_OR_RETURN(p.gpu, FindGpu(p.config.cluster().gpu()));
   ZPLAN_ASSIGN_OR_RETURN(p.sizer, StepSizer::Create(p.model, p.config, p.gpu));
   p.sizes = p.sizer->For(p.config.micro_batch_size(), p.config.seq_length());
@@ -172,10 +174,13 @@ absl::StatusOr<int64_t> LargestFittingShape(const ModelSpec& model, const RunCon
   const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
   const StepSizer& sizer = *p.sizer;
   const int64_t b = p.config.micro_batch_size(), seq = p.config.seq_length();
-  return LargestFitting(search_batch ? kMaxSearchMicroBatch : kMaxSearchSeqLength,
-                        [&](int64_t n) -> absl::StatusOr<bool> {
-                          return ClosedFormPeakBytes(search_batch ? sizer.For(n, seq) : sizer.For(b, n)) <= budget;
-                        });
+  return LargestFitting(search_batch ? kMaxMicroBatch : kMaxSeqLength, [&](int64_t n) -> absl::StatusOr<bool> {
+    RunConfig shape = p.config;
+    (search_batch ? shape.set_micro_batch_size(n) : shape.set_seq_length(n));
+    // A shape too large to size does not fit anything.
+    if (!ValidateSizes(p.model, shape).ok()) return false;
+    return ClosedFormPeakBytes(search_batch ? sizer.For(n, seq) : sizer.For(b, n)) <= budget;
+  });
 }
 
 absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,

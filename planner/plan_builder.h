@@ -48,9 +48,7 @@ absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig&
 
 // Largest micro-batch (resp. sequence length) whose device peak fits the GPU
 // (or `budget_bytes` when > 0), other settings unchanged; 0 when even 1 does
-// not fit. Searches up to kMaxSearchMicroBatch / kMaxSearchSeqLength.
-inline constexpr int64_t kMaxSearchMicroBatch = 1 << 16;
-inline constexpr int64_t kMaxSearchSeqLength = 1 << 22;
+// not fit. Searches up to kMaxMicroBatch / kMaxSeqLength (limits.h).
 absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
                                       int64_t budget_bytes = 0);
 absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& config,

@@ -2,7 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "planner/gpu_catalog.h"
+#include "planner/limits.h"
 #include "planner/status_macros.h"
+#include "planner/units.h"
 
 namespace zplan {
 
@@ -50,20 +52,42 @@ RunConfig ResolveRunConfig(RunConfig config) {
 }
 
 absl::Status ValidateRunConfig(const RunConfig& config) {
-  auto positive = [](absl::string_view field, int64_t value, absl::string_view example) {
-    if (value > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": must be > 0, got ", value, " (e.g. ", example, ")"));
+  const ClusterSpec& cluster = config.cluster();
+  struct Field {
+    const char* name;
+    int64_t value, min, max;
+    const char* meaning;
   };
-  ZPLAN_RETURN_IF_ERROR(positive("cluster.num_nodes (--nodes)", config.cluster().num_nodes(), "1"));
-  ZPLAN_RETURN_IF_ERROR(positive("cluster.gpus_per_node (--gpus)", config.cluster().gpus_per_node(), "8"));
-  ZPLAN_RETURN_IF_ERROR(positive("micro_batch_size (--micro-batch)", config.micro_batch_size(), "1"));
-  ZPLAN_RETURN_IF_ERROR(positive("gradient_accumulation_steps (--grad-accum)",
-                                 config.gradient_accumulation_steps(), "1"));
-  ZPLAN_RETURN_IF_ERROR(positive("seq_length (--seq)", config.seq_length(), "2048"));
-  if (config.cluster().host_ram_bytes() < 0) {
-    return absl::InvalidArgumentError("cluster.host_ram_bytes: must be >= 0 (0 = unknown)");
+  const Field fields[] = {
+      {"cluster.num_nodes (--nodes)", cluster.num_nodes(), 1, kMaxNodes, "nodes, e.g. 1"},
+      {"cluster.gpus_per_node (--gpus)", cluster.gpus_per_node(), 1, kMaxGpusPerNode, "ranks per node, e.g. 8"},
+      {"micro_batch_size (--micro-batch)", config.micro_batch_size(), 1, kMaxMicroBatch, "sequences per rank, e.g. 1"},
+      {"gradient_accumulation_steps (--grad-accum)", config.gradient_accumulation_steps(), 1, kMaxGradAccum,
+       "micro-steps per optimizer step, e.g. 1"},
+      {"seq_length (--seq)", config.seq_length(), 1, kMaxSeqLength, "tokens per sequence, e.g. 2048"},
+      {"train_steps", config.train_steps(), 1, kMaxTrainSteps, "optimizer steps zrun runs"},
+      {"optimizer.warmup_steps (scheduler.params.warmup_num_steps)", config.optimizer().warmup_steps(), 0,
+       kMaxTrainSteps, "linear warm-up steps"},
+  };
+  for (const Field& f : fields) ZPLAN_RETURN_IF_ERROR(CheckRange(f.name, f.value, f.min, f.max, f.meaning));
+  // Checked by division: the product itself may not fit in int64.
+  if (cluster.gpus_per_node() > kMaxWorldSize / cluster.num_nodes()) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster: ", cluster.num_nodes(), " nodes x ", cluster.gpus_per_node(),
+                                                   " GPUs is more than the ", kMaxWorldSize,
+                                                   " ranks zplan plans; reduce --nodes or --gpus"));
   }
+  ZPLAN_RETURN_IF_ERROR(CheckRange("cluster.host_ram_bytes (--host-ram-gib)", cluster.host_ram_bytes(), 0,
+                                   static_cast<int64_t>(kMaxGiB * kGiB), "bytes of RAM per node; 0 = unknown"));
+  const OptimizerConfig& opt = config.optimizer();
+  ZPLAN_RETURN_IF_ERROR(CheckFinite("optimizer.learning_rate (optimizer.params.lr)", opt.learning_rate(), 0, 1e3,
+                                    "peak learning rate, e.g. 3e-4"));
+  ZPLAN_RETURN_IF_ERROR(CheckFinite("optimizer.beta1 (optimizer.params.betas[0])", opt.beta1(), 0, 1, "e.g. 0.9"));
+  ZPLAN_RETURN_IF_ERROR(CheckFinite("optimizer.beta2 (optimizer.params.betas[1])", opt.beta2(), 0, 1, "e.g. 0.999"));
+  ZPLAN_RETURN_IF_ERROR(CheckFinite("optimizer.eps (optimizer.params.eps)", opt.eps(), 0, 1, "e.g. 1e-8"));
+  ZPLAN_RETURN_IF_ERROR(CheckFinite("optimizer.weight_decay (optimizer.params.weight_decay)", opt.weight_decay(), 0,
+                                    1e3, "e.g. 0.01"));
+  ZPLAN_RETURN_IF_ERROR(CheckFinite("optimizer.gradient_clipping (gradient_clipping)", opt.gradient_clipping(), 0, 1e12,
+                                    "global-norm clip; 0 = off"));
   const ZeroConfig& zero = config.zero();
   if (zero.stage() < 0 || zero.stage() > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -74,21 +98,24 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
         "zero.offload_param (--offload-param): parameter offload needs ZeRO stage 3, got stage ",
         zero.stage(), "; use --zero-stage 3 or drop --offload-param"));
   }
-  ZPLAN_RETURN_IF_ERROR(positive("zero.reduce_bucket_elements (reduce_bucket_size)",
-                                 zero.reduce_bucket_elements(), "5e8"));
-  ZPLAN_RETURN_IF_ERROR(positive("zero.allgather_bucket_elements (allgather_bucket_size)",
-                                 zero.allgather_bucket_elements(), "5e8"));
-  // 0 turns prefetching off, as in DeepSpeed.
-  if (zero.stage3_prefetch_bucket_elements() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "zero.stage3_prefetch_bucket_elements (stage3_prefetch_bucket_size): must be >= 0 (0 = no prefetch), got ",
-        zero.stage3_prefetch_bucket_elements()));
-  }
-  ZPLAN_RETURN_IF_ERROR(positive("zero.stage3_max_live_parameters", zero.stage3_max_live_parameters(), "1e9"));
-  ZPLAN_RETURN_IF_ERROR(positive("zero.sub_group_elements (sub_group_size)", zero.sub_group_elements(), "1e9"));
-  if (zero.stage3_param_persistence_threshold() < 0) {
-    return absl::InvalidArgumentError("zero.stage3_param_persistence_threshold: must be >= 0");
-  }
+  const Field buckets[] = {
+      {"zero.reduce_bucket_elements (reduce_bucket_size)", zero.reduce_bucket_elements(), 1, kMaxBucketElements,
+       "elements, e.g. 5e8"},
+      {"zero.allgather_bucket_elements (allgather_bucket_size)", zero.allgather_bucket_elements(), 1,
+       kMaxBucketElements, "elements, e.g. 5e8"},
+      // 0 turns prefetching off, as in DeepSpeed.
+      {"zero.stage3_prefetch_bucket_elements (stage3_prefetch_bucket_size)", zero.stage3_prefetch_bucket_elements(),
+       0, kMaxBucketElements, "elements; 0 = no prefetch"},
+      {"zero.stage3_max_live_parameters", zero.stage3_max_live_parameters(), 1, kMaxBucketElements,
+       "elements, e.g. 1e9"},
+      {"zero.stage3_max_reuse_distance", zero.stage3_max_reuse_distance(), 0, kMaxBucketElements,
+       "elements, e.g. 1e9"},
+      {"zero.sub_group_elements (sub_group_size)", zero.sub_group_elements(), 1, kMaxBucketElements,
+       "elements, e.g. 1e9"},
+      {"zero.stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold(), 0, kMaxBucketElements,
+       "elements, e.g. 1e5"},
+  };
+  for (const Field& f : buckets) ZPLAN_RETURN_IF_ERROR(CheckRange(f.name, f.value, f.min, f.max, f.meaning));
   if (config.precision() == PRECISION_UNSPECIFIED) {
     return absl::InvalidArgumentError("precision (--precision): choose bf16, fp16 or fp32");
   }

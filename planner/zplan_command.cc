@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "planner/ds_config.h"
 #include "planner/gpu_catalog.h"
+#include "planner/limits.h"
 #include "planner/model_spec.h"
 #include "planner/plan_builder.h"
 #include "planner/proto_io.h"
@@ -30,24 +31,24 @@ absl::Status FlagError(absl::string_view flag, absl::string_view value, absl::st
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", value, "\" is not ", want));
 }
 
-// Integers accept "8192", "5e8", "1,000" is not accepted (lists use commas).
-absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view text, int64_t min_value) {
+// Integers accept "8192" and "5e8" ("1,000" is not accepted: lists use
+// commas), within [min_value, max_value] (limits.h).
+absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view text, int64_t min_value,
+                                 int64_t max_value) {
   double value = 0;
-  if (!absl::SimpleAtod(text, &value) || value != std::floor(value) || std::fabs(value) > 9e18) {
-    return FlagError(flag, text, "an integer");
-  }
-  if (value < static_cast<double>(min_value)) {
+  if (!absl::SimpleAtod(text, &value) || value != std::floor(value)) return FlagError(flag, text, "an integer");
+  if (!(value >= static_cast<double>(min_value) && value <= static_cast<double>(max_value))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": must be >= ", min_value, ", got ", text));
+        absl::StrCat("--", flag, ": ", text, " is outside ", min_value, " .. ", max_value));
   }
   return static_cast<int64_t>(value);
 }
 
-absl::StatusOr<std::vector<int64_t>> ParseList(absl::string_view flag, absl::string_view text,
-                                               int64_t min_value, bool allow_list) {
+absl::StatusOr<std::vector<int64_t>> ParseList(absl::string_view flag, absl::string_view text, int64_t min_value,
+                                               int64_t max_value, bool allow_list) {
   std::vector<int64_t> values;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
-    ZPLAN_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, absl::StripAsciiWhitespace(part), min_value));
+    ZPLAN_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, absl::StripAsciiWhitespace(part), min_value, max_value));
     values.push_back(v);
   }
   if (values.size() > 1 && !allow_list) {
@@ -72,7 +73,9 @@ absl::StatusOr<bool> ParseBool(absl::string_view flag, absl::string_view text) {
 
 absl::StatusOr<int64_t> ParseGiB(absl::string_view flag, absl::string_view text) {
   double gib = 0;
-  if (!absl::SimpleAtod(text, &gib) || gib <= 0) return FlagError(flag, text, "a positive size in GiB");
+  if (!absl::SimpleAtod(text, &gib) || !(gib > 0 && gib <= kMaxGiB)) {
+    return FlagError(flag, text, absl::StrCat("a size in GiB above 0 and up to ", kMaxGiB));
+  }
   return static_cast<int64_t>(gib * kGiB);
 }
 
@@ -83,7 +86,7 @@ absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
   }
   if (!o.hf_config.empty()) return LoadHfConfig(o.hf_config);
   if (!o.params.empty()) {
-    ZPLAN_ASSIGN_OR_RETURN(int64_t params, ParseInt("params", o.params, 1));
+    ZPLAN_ASSIGN_OR_RETURN(int64_t params, ParseInt("params", o.params, 1, kMaxParameters));
     return ModelSpecForParams(params);
   }
   if (absl::EndsWith(o.model, ".textproto")) {
@@ -100,21 +103,21 @@ absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
     const char* flag;
     const std::string& value;
     void (ModelSpec::*set)(int64_t);
-    int64_t min_value;
+    int64_t min_value, max_value;
   };
   const Dimension dims[] = {
-      {"layers", o.layers, &ModelSpec::set_num_layers, 1},
-      {"hidden", o.hidden, &ModelSpec::set_hidden_size, 1},
-      {"heads", o.heads, &ModelSpec::set_num_attention_heads, 1},
-      {"kv-heads", o.kv_heads, &ModelSpec::set_num_kv_heads, 1},
-      {"head-dim", o.head_dim, &ModelSpec::set_head_dim, 1},
-      {"ffn", o.ffn, &ModelSpec::set_ffn_hidden_size, 1},
-      {"vocab", o.vocab, &ModelSpec::set_vocab_size, 0},
+      {"layers", o.layers, &ModelSpec::set_num_layers, 1, kMaxLayers},
+      {"hidden", o.hidden, &ModelSpec::set_hidden_size, 1, kMaxHiddenSize},
+      {"heads", o.heads, &ModelSpec::set_num_attention_heads, 1, kMaxHeads},
+      {"kv-heads", o.kv_heads, &ModelSpec::set_num_kv_heads, 1, kMaxHeads},
+      {"head-dim", o.head_dim, &ModelSpec::set_head_dim, 1, kMaxHeadDim},
+      {"ffn", o.ffn, &ModelSpec::set_ffn_hidden_size, 1, kMaxFfnSize},
+      {"vocab", o.vocab, &ModelSpec::set_vocab_size, 0, kMaxVocabSize},
   };
   bool changed = false;
   for (const Dimension& d : dims) {
     if (d.value.empty()) continue;
-    ZPLAN_ASSIGN_OR_RETURN(int64_t v, ParseInt(d.flag, d.value, d.min_value));
+    ZPLAN_ASSIGN_OR_RETURN(int64_t v, ParseInt(d.flag, d.value, d.min_value, d.max_value));
     (spec.*d.set)(v);
     changed = true;
   }
@@ -146,8 +149,8 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
   const bool sweep = o.command == "sweep";
   RunConfig& c = r.config;
   ClusterSpec* cluster = c.mutable_cluster();
-  ZPLAN_ASSIGN_OR_RETURN(int64_t gpus, ParseInt("gpus", o.gpus.empty() ? "8" : o.gpus, 1));
-  ZPLAN_ASSIGN_OR_RETURN(int64_t nodes, ParseInt("nodes", o.nodes.empty() ? "1" : o.nodes, 1));
+  ZPLAN_ASSIGN_OR_RETURN(int64_t gpus, ParseInt("gpus", o.gpus.empty() ? "8" : o.gpus, 1, kMaxGpusPerNode));
+  ZPLAN_ASSIGN_OR_RETURN(int64_t nodes, ParseInt("nodes", o.nodes.empty() ? "1" : o.nodes, 1, kMaxNodes));
   cluster->set_gpus_per_node(o.gpus.empty() ? kDefaultGpusPerNode : gpus);
   cluster->set_num_nodes(nodes);
   cluster->set_gpu(o.gpu.empty() ? std::string(kDefaultGpu) : absl::AsciiStrToLower(o.gpu));
@@ -164,28 +167,22 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     r.stage_given = true;  // a DeepSpeed config always has a stage (default 0)
   }
   if (!o.zero_stage.empty()) {
-    ZPLAN_ASSIGN_OR_RETURN(r.stages, ParseList("zero-stage", o.zero_stage, 0, sweep));
-    for (int64_t stage : r.stages) {
-      if (stage > 3) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--zero-stage: ZeRO has stages 0, 1, 2 and 3, got ", stage));
-      }
-    }
+    ZPLAN_ASSIGN_OR_RETURN(r.stages, ParseList("zero-stage", o.zero_stage, 0, 3, sweep));
     c.mutable_zero()->set_stage(static_cast<int>(r.stages.front()));
     r.stage_given = true;
   } else {
     r.stages = {c.zero().stage()};
   }
   if (!o.micro_batch.empty()) {
-    ZPLAN_ASSIGN_OR_RETURN(r.micro_batches, ParseList("micro-batch", o.micro_batch, 1, sweep));
+    ZPLAN_ASSIGN_OR_RETURN(r.micro_batches, ParseList("micro-batch", o.micro_batch, 1, kMaxMicroBatch, sweep));
     c.set_micro_batch_size(r.micro_batches.front());
   }
   if (!o.seq.empty()) {
-    ZPLAN_ASSIGN_OR_RETURN(r.seqs, ParseList("seq", o.seq, 1, sweep));
+    ZPLAN_ASSIGN_OR_RETURN(r.seqs, ParseList("seq", o.seq, 1, kMaxSeqLength, sweep));
     c.set_seq_length(r.seqs.front());
   }
   if (!o.grad_accum.empty()) {
-    ZPLAN_ASSIGN_OR_RETURN(int64_t ga, ParseInt("grad-accum", o.grad_accum, 1));
+    ZPLAN_ASSIGN_OR_RETURN(int64_t ga, ParseInt("grad-accum", o.grad_accum, 1, kMaxGradAccum));
     c.set_gradient_accumulation_steps(ga);
   }
   if (!o.offload_optimizer.empty()) {

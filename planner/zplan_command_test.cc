@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "planner/cli.h"
 #include "planner/proto_io.h"
 
 namespace zplan {
@@ -152,19 +153,34 @@ TEST(ZplanCommandTest, DsConfigThenFlagsOverride) {
 struct BadInput {
   const char* name;
   void (*mutate)(ZplanOptions*);
-  const char* message;  // substring of the error
+  const char* message;        // substring of the error
+  const char* hf = nullptr;   // written as the --hf-config file
+  const char* ds = nullptr;   // written as the --ds-config file
 };
+
+void Nothing(ZplanOptions*) {}
 
 class ZplanRejectionTest : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(ZplanRejectionTest, RejectsWithFieldAndWritesNothing) {
   ZplanOptions o = Base();
   o.zero_stage = "2";
-  GetParam().mutate(&o);
-  o.out = TempPath(std::string(GetParam().name) + ".pb");
+  const BadInput& input = GetParam();
+  if (input.hf != nullptr) {
+    o.model.clear();
+    o.hf_config = TempPath(std::string(input.name) + "_config.json");
+    ASSERT_TRUE(WriteFileAtomically(o.hf_config, input.hf).ok());
+  }
+  if (input.ds != nullptr) {
+    o.ds_config = TempPath(std::string(input.name) + "_ds.json");
+    ASSERT_TRUE(WriteFileAtomically(o.ds_config, input.ds).ok());
+  }
+  input.mutate(&o);
+  o.out = TempPath(std::string(input.name) + ".pb");
   std::remove(o.out.c_str());
   absl::Status status = RunCapture(o);
   ASSERT_FALSE(status.ok());
+  EXPECT_EQ(ExitCodeFor(status), kExitBadInput) << status;
   EXPECT_NE(status.message().find(GetParam().message), std::string::npos) << status;
   EXPECT_EQ(status.message().find('\n'), std::string::npos) << "one line: " << status;
   EXPECT_FALSE(Exists(o.out));
@@ -201,9 +217,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"heads_not_dividing", WriteBadHf, "heads do not divide hidden_size"},
         BadInput{"dims_heads_not_dividing", [](ZplanOptions* o) { o->hidden = "1000"; o->heads = "3"; },
                  "heads do not divide hidden_size"},
-        BadInput{"dims_zero_layers", [](ZplanOptions* o) { o->layers = "0"; }, "--layers: must be >= 1"},
+        BadInput{"dims_zero_layers", [](ZplanOptions* o) { o->layers = "0"; }, "--layers: 0 is outside 1 .. 2048"},
         BadInput{"stage_4", [](ZplanOptions* o) { o->zero_stage = "4"; }, "--zero-stage"},
-        BadInput{"zero_seq", [](ZplanOptions* o) { o->seq = "0"; }, "--seq: must be >= 1"},
+        BadInput{"zero_seq", [](ZplanOptions* o) { o->seq = "0"; }, "--seq: 0 is outside 1 .. 16777216"},
         BadInput{"negative_batch", [](ZplanOptions* o) { o->micro_batch = "-2"; }, "--micro-batch"},
         BadInput{"zero_gpus", [](ZplanOptions* o) { o->gpus = "0"; }, "--gpus"},
         BadInput{"not_a_number", [](ZplanOptions* o) { o->seq = "8k"; }, "--seq: \"8k\" is not an integer"},
@@ -220,7 +236,46 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"list_outside_sweep", [](ZplanOptions* o) { o->micro_batch = "1,2"; }, "zplan sweep"},
         BadInput{"bad_format", [](ZplanOptions* o) { o->format = "yaml"; }, "--format"},
         BadInput{"bad_precision", [](ZplanOptions* o) { o->precision = "int8"; }, "--precision"},
-        BadInput{"bf16_on_volta", [](ZplanOptions* o) { o->gpu = "v100-32gb"; }, "no bf16"}),
+        BadInput{"bf16_on_volta", [](ZplanOptions* o) { o->gpu = "v100-32gb"; }, "no bf16"},
+        // Issue 10's defect classes: each crashed, hung or gave a wrong result before.
+        BadInput{"seq_near_2_63", [](ZplanOptions* o) { o->seq = "9e18"; }, "--seq: 9e18 is outside 1 .. 16777216"},
+        BadInput{"nodes_near_2_63", [](ZplanOptions* o) { o->nodes = "9e18"; }, "--nodes: 9e18 is outside"},
+        BadInput{"gpus_1e9", [](ZplanOptions* o) { o->gpus = "1e9"; }, "--gpus: 1e9 is outside 1 .. 1024"},
+        BadInput{"world_too_large", [](ZplanOptions* o) { o->gpus = "1024"; o->nodes = "1024"; },
+                 "more than the 262144 ranks"},
+        BadInput{"budget_nan", [](ZplanOptions* o) { o->budget_gib = "nan"; }, "--budget-gib: \"nan\" is not"},
+        BadInput{"host_ram_inf", [](ZplanOptions* o) { o->host_ram_gib = "inf"; }, "--host-ram-gib"},
+        BadInput{"scores_overflow", [](ZplanOptions* o) { o->seq = "16777216"; o->micro_batch = "1024"; },
+                 "the attention scores (micro-batch x heads x seq x seq) would take about"},
+        BadInput{"hf_hidden_2_32", Nothing, "model.hidden_size: 4294967296 is outside",
+                 R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 4294967296,
+                     "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
+        BadInput{"hf_layers_50000", Nothing, "model.num_layers: 50000 is outside 1 .. 2048",
+                 R"({"model_type": "llama", "num_hidden_layers": 50000, "hidden_size": 64,
+                     "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
+        BadInput{"hf_int_1e300", Nothing, "too large to be a size",
+                 R"({"model_type": "llama", "num_hidden_layers": 1e300, "hidden_size": 64,
+                     "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
+        BadInput{"hf_no_vocab", Nothing, "vocab_size: missing",
+                 R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                     "num_attention_heads": 1, "intermediate_size": 64})"},
+        BadInput{"hf_multimodal", Nothing, "text_config: a multimodal config (model_type \"llava\")",
+                 R"({"model_type": "llava", "text_config": {"model_type": "llama", "hidden_size": 64}})"},
+        BadInput{"hf_moe", Nothing, "num_experts: mixture-of-experts",
+                 R"({"model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 64, "num_experts": 8,
+                     "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
+        BadInput{"ds_micro_zero", Nothing, "train_micro_batch_size_per_gpu: 0 is outside 1 ..", nullptr,
+                 R"({"train_micro_batch_size_per_gpu": 0, "train_batch_size": 16})"},
+        BadInput{"ds_accum_zero", Nothing, "gradient_accumulation_steps: 0 is outside 1 ..", nullptr,
+                 R"({"gradient_accumulation_steps": 0, "train_batch_size": 16})"},
+        BadInput{"ds_batch_not_divisible", Nothing, "15 != micro-batch 2 x accumulation 1 x world size 8", nullptr,
+                 R"({"train_batch_size": 15, "train_micro_batch_size_per_gpu": 2})"},
+        BadInput{"ds_fp16_and_bf16", Nothing, "fp16 and bf16 are both enabled", nullptr,
+                 R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"},
+        BadInput{"ds_bucket_1e300", Nothing, "too large to be a count", nullptr,
+                 R"({"zero_optimization": {"reduce_bucket_size": 1e300}})"},
+        BadInput{"ds_lr_negative", Nothing, "optimizer.learning_rate (optimizer.params.lr): -1 is outside", nullptr,
+                 R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})"}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return std::string(info.param.name); });
 
 TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {

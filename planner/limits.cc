@@ -1,0 +1,60 @@
+#include "planner/limits.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace zplan {
+
+absl::Status CheckRange(absl::string_view field, int64_t value, int64_t min, int64_t max,
+                        absl::string_view meaning) {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is outside ", min, " .. ", max, " (", meaning, ")"));
+}
+
+absl::Status CheckFinite(absl::string_view field, double value, double min, double max, absl::string_view meaning) {
+  if (std::isfinite(value) && value >= min && value <= max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is outside ", min, " .. ", max, " (", meaning, ")"));
+}
+
+absl::Status ValidateSizes(const ModelSpec& m, const RunConfig& c) {
+  const double layers = static_cast<double>(m.num_layers()), h = static_cast<double>(m.hidden_size());
+  const double heads = static_cast<double>(m.num_attention_heads()), kv = static_cast<double>(m.num_kv_heads());
+  const double head_dim = static_cast<double>(m.head_dim()), ffn = static_cast<double>(m.ffn_hidden_size());
+  const double vocab = static_cast<double>(m.vocab_size());
+  const double tokens = static_cast<double>(c.micro_batch_size()) * static_cast<double>(c.seq_length());
+  // Per block: q, k, v, o and three FFN matrices (an upper bound for two-matrix FFNs).
+  const double parameters = layers * (h * head_dim * (2 * heads + 2 * kv) + 3 * h * ffn) + 2 * vocab * h +
+                            static_cast<double>(m.max_position_embeddings()) * h;
+  if (parameters > static_cast<double>(kMaxParameters)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model: about %.3g parameters is more than zplan plans (%.3g); check num_layers, hidden_size, "
+        "ffn_hidden_size and vocab_size",
+        parameters, static_cast<double>(kMaxParameters)));
+  }
+  struct Product {
+    const char* what;
+    double bytes;
+    const char* fix;
+  };
+  // fp32, the widest element any of them is held in.
+  const Product products[] = {
+      {"the logits (micro-batch x seq x vocab)", 4 * tokens * vocab, "--micro-batch or --seq"},
+      {"the attention scores (micro-batch x heads x seq x seq)", 4 * tokens * heads * static_cast<double>(c.seq_length()),
+       "--seq or --micro-batch"},
+      {"the activations (micro-batch x seq x width x layers)",
+       4 * tokens * std::fmax(std::fmax(h, ffn), heads * head_dim) * layers * 16, "--micro-batch or --seq"},
+      {"the model states (parameters x 16 bytes)", 16 * parameters, "the model's dimensions"},
+  };
+  for (const Product& p : products) {
+    if (p.bytes > kMaxDerivedBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s would take about %.3g bytes, more than any machine has (zplan stops at %.3g); reduce %s", p.what,
+          p.bytes, kMaxDerivedBytes, p.fix));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zplan
