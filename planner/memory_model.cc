@@ -233,8 +233,8 @@ Moment BestMoment(const StepSizes& s) {
     consider(attention, "backward, layer %d, attention gradients", i);
   }
 
-  // 4. Embedding backward: the embedding's gradient contribution.
-  if (s.has_vocab) {
+  // 4. Embedding backward: the embedding's and learned positions' gradients.
+  if (s.has_vocab || s.pos_grad > 0) {
     Live l = base;
     l[kActivations] -= s.embed_saved + (s.checkpointing ? s.attention_mask : 0);
     l[kTemps] += s.act_grad;

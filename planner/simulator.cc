@@ -267,25 +267,29 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
   r.Free(embed_saved, PHASE_BACKWARD, -1, "embedding dropout mask freed");
 
-  // Embedding backward.
+  // Embedding backward: the token embedding's and the learned positions'
+  // gradients (a model without a vocabulary may still have positions).
   partition_from(-1, PHASE_BACKWARD);
-  if (s.has_vocab) {
-    const int gather =
-        embed_kept >= 0 ? embed_kept : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "embedding gathered");
+  if (s.has_vocab || s.pos_grad > 0) {
+    const int gather = !s.has_vocab ? -1
+                       : embed_kept >= 0
+                           ? embed_kept
+                           : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "embedding gathered");
     const int contribution =
-        r.Alloc(kept && !s.tied ? COMPONENT_GRADS : COMPONENT_TEMPORARIES, s.embed_grad, PHASE_BACKWARD, -1,
-                "backward, embedding gradient");
+        !s.has_vocab ? -1
+                     : r.Alloc(kept && !s.tied ? COMPONENT_GRADS : COMPONENT_TEMPORARIES, s.embed_grad,
+                               PHASE_BACKWARD, -1, "backward, embedding gradient");
     const int pos = r.Alloc(produced, s.pos_grad, PHASE_BACKWARD, -1, "backward, embedding gradient");
-    if (s.tied || !kept) r.Free(contribution, PHASE_BACKWARD, -1, "embedding gradient accumulated");
+    if (contribution >= 0 && (s.tied || !kept)) r.Free(contribution, PHASE_BACKWARD, -1, "embedding gradient accumulated");
     if (kept) {
-      if (!s.tied) kept_grads.push_back(contribution);
+      if (contribution >= 0 && !s.tied) kept_grads.push_back(contribution);
       kept_grads.push_back(pos);
     }
     if (!kept) {
       r.Free(pos, PHASE_BACKWARD, -1, "position gradient into reduce bucket");
-      if (s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "tied embedding gradient into reduce bucket");
+      if (s.tied && s.has_vocab) r.Free(head_grad, PHASE_BACKWARD, -1, "tied embedding gradient into reduce bucket");
     }
-    r.Free(gather, PHASE_BACKWARD, -1, "embedding released");
+    if (gather >= 0) r.Free(gather, PHASE_BACKWARD, -1, "embedding released");
   }
   r.Free(act_grad_in, PHASE_BACKWARD, -1, "block input gradient freed");
   r.Free(ids, PHASE_BACKWARD, -1, "token ids freed");
