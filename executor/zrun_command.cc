@@ -229,23 +229,6 @@ absl::Status ValidateZrunOptions(const ZrunOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status ValidatePlanForExecution(const Plan& plan, const std::string& path) {
-  auto missing = [&](absl::string_view field) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": plan field ", field, " is missing; write the plan with zplan --out"));
-  };
-  if (plan.planner_version().empty()) return missing("planner_version");
-  if (!plan.has_model() || plan.model().num_layers() <= 0) return missing("model");
-  if (!plan.has_config()) return missing("config");
-  if (plan.parameters_size() == 0) return missing("parameters");
-  if (plan.total_params() <= 0) return missing("total_params");
-  if (WorldSize(plan.config()) <= 0) return missing("config.cluster");
-  if (plan.config().micro_batch_size() <= 0 || plan.config().seq_length() <= 0) {
-    return missing("config.micro_batch_size / config.seq_length");
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
 // Measured bytes that count against a device budget: tensors at the peak
@@ -415,7 +398,7 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   Plan plan;
   absl::Status status = ValidateZrunOptions(options);
   if (status.ok()) status = ReadProtoFile(options.plan_path, &plan);
-  if (status.ok()) status = ValidatePlanForExecution(plan, options.plan_path);
+  if (status.ok()) status = ValidatePlan(plan, options.plan_path);
   if (!status.ok()) {
     err << "zrun: " << status.message() << "\n";
     return kExitBadInput;

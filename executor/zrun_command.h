@@ -51,10 +51,6 @@ struct ZrunOptions {
 // and --save-dir locations; kInvalidArgument naming the flag and the fix.
 absl::Status ValidateZrunOptions(const ZrunOptions& options);
 
-// Checks that `plan` is complete enough to execute; kInvalidArgument naming
-// the missing or inconsistent field.
-absl::Status ValidatePlanForExecution(const Plan& plan, const std::string& path);
-
 // Compares measured with predicted and fills Report.passed / failures.
 void JudgeReport(const Plan& plan, Report* report);
 

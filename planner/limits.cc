@@ -18,6 +18,40 @@ absl::Status CheckFinite(absl::string_view field, double value, double min, doub
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is outside ", min, " .. ", max, " (", meaning, ")"));
 }
 
+absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    // Sequence length, and the range of the second byte (RFC 3629, section 4).
+    int length = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (c < 0x80) {
+      length = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    }
+    bool valid = length > 0 && i + static_cast<size_t>(length) <= text.size();
+    for (int k = 1; valid && k < length; ++k) {
+      const unsigned char next = static_cast<unsigned char>(text[i + static_cast<size_t>(k)]);
+      valid = k == 1 ? next >= low && next <= high : next >= 0x80 && next <= 0xBF;
+    }
+    if (!valid) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": not valid UTF-8 (byte ", i,
+                                                     "); use a plain name"));
+    }
+    i += static_cast<size_t>(length);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSizes(const ModelSpec& m, const RunConfig& c) {
   const double layers = static_cast<double>(m.num_layers()), h = static_cast<double>(m.hidden_size());
   const double heads = static_cast<double>(m.num_attention_heads()), kv = static_cast<double>(m.num_kv_heads());

@@ -58,6 +58,11 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t min, int
 // A finite double in [min, max].
 absl::Status CheckFinite(absl::string_view field, double value, double min, double max, absl::string_view meaning);
 
+// kInvalidArgument unless `text` is valid UTF-8 without surrogate code
+// points: protobuf refuses to parse a string field that is not, so a plan
+// holding one could be written but never read.
+absl::Status CheckUtf8(absl::string_view field, absl::string_view text);
+
 // The largest sizes a resolved, field-valid model and run imply -- parameters,
 // the logits, the attention scores, all blocks' activations -- within
 // kMaxParameters and kMaxDerivedBytes; the message names the product and

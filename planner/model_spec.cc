@@ -315,6 +315,8 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     ZPLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat("model.", f.name), f.value, f.min, f.max, f.meaning));
   }
   ZPLAN_RETURN_IF_ERROR(CheckRange("model.head_dim", spec.head_dim(), 0, kMaxHeadDim, "0 = hidden_size / heads"));
+  ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.name (_name_or_path)", spec.name()));
+  ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.source", spec.source()));
   if (spec.head_dim() == 0 && spec.hidden_size() % spec.num_attention_heads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.num_attention_heads: ", spec.num_attention_heads(), " heads do not divide hidden_size ",

@@ -94,6 +94,36 @@ std::string OffloadLabel(bool offload_optimizer, bool offload_param) {
   return offload_optimizer ? "optimizer" : "none";
 }
 
+absl::Status ValidatePlan(const Plan& plan, absl::string_view path) {
+  auto missing = [&](absl::string_view field) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a whole plan (field ", field,
+                                                   " is missing or empty); write it again with zplan --out"));
+  };
+  if (plan.planner_version().empty()) return missing("planner_version");
+  if (plan.modelled_frameworks().empty()) return missing("modelled_frameworks");
+  if (plan.construction_peak_bytes_per_rank() <= 0) return missing("construction_peak_bytes_per_rank");
+  if (!plan.has_model()) return missing("model");
+  if (!plan.has_config()) return missing("config");
+  if (!plan.has_gpu() || plan.gpu().key().empty()) return missing("gpu");
+  if (plan.parameters_size() == 0) return missing("parameters");
+  if (plan.total_params() <= 0) return missing("total_params");
+  if (!plan.has_device_per_rank() || plan.device_per_rank().peak_bytes() <= 0) return missing("device_per_rank");
+  if (plan.ranks_size() == 0) return missing("ranks");
+  if (!plan.has_budget()) return missing("budget");
+  // A plan without its tolerance would pass any measurement.
+  if (!(plan.budget().tolerance() > 0 && plan.budget().tolerance() <= 1)) return missing("budget.tolerance");
+  if (plan.budget().device_bytes_per_rank() < 0 || plan.budget().host_bytes_per_node() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": budget: negative bytes; write the plan again"));
+  }
+  // The numbers a hand-edited or damaged plan may carry, bounded as a flag would be.
+  auto invalid = [&](const absl::Status& status) {
+    return status.ok() ? status : absl::InvalidArgumentError(absl::StrCat(path, ": ", status.message()));
+  };
+  ZPLAN_RETURN_IF_ERROR(invalid(ValidateModelSpec(plan.model())));
+  ZPLAN_RETURN_IF_ERROR(invalid(ValidateRunConfig(plan.config())));
+  return invalid(ValidateSizes(plan.model(), plan.config()));
+}
+
 absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
                                const PlanOptions& options) {
   ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));

@@ -35,6 +35,13 @@ struct PlanOptions {
   double tolerance = kDefaultTolerance;
 };
 
+// Checks that `plan` (read from `path`) is a whole plan that zplan wrote:
+// its version, model, config, inventory, budget with a tolerance and
+// per-rank breakdowns present, and every number within limits.h. A file cut
+// short or emptied parses as a protobuf but fails here, naming the missing
+// field; `zplan show` and zrun both refuse it (kInvalidArgument).
+absl::Status ValidatePlan(const Plan& plan, absl::string_view path);
+
 absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
                                const PlanOptions& options = {});
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -15,6 +16,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace zplan {
 namespace {
@@ -167,6 +169,16 @@ absl::Status ReadProtoFile(const std::string& path, google::protobuf::Message* m
 absl::Status WriteProtoFile(const std::string& path, const google::protobuf::Message& message) {
   auto data = SerializeProto(message, FormatForPath(path));
   if (!data.ok()) return data.status();
+  // Read it back first: a file that would not parse (a string that is not
+  // UTF-8) or parse as something else must never replace a good one.
+  std::unique_ptr<google::protobuf::Message> back(message.New());
+  const absl::Status parsed = ParseProto(*data, FormatForPath(path), path, back.get());
+  if (!parsed.ok() || !google::protobuf::util::MessageDifferencer::Equals(message, *back)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the ", message.GetTypeName(),
+                                                   " would not read back as written (",
+                                                   parsed.ok() ? "it differs" : parsed.message(),
+                                                   "); nothing was written"));
+  }
   return WriteFileAtomically(path, *data);
 }
 

@@ -441,6 +441,7 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   if (o.command == "show") {
     if (o.plan_path.empty()) return absl::InvalidArgumentError("show: give the plan file, e.g. zplan show plan.pb");
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, ReadProtoFile<Plan>(o.plan_path));
+    ZPLAN_RETURN_IF_ERROR(ValidatePlan(plan, o.plan_path));
     return EmitPlan(plan, o, out);
   }
   ZPLAN_ASSIGN_OR_RETURN(Resolved r, Resolve(o));

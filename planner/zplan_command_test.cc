@@ -264,6 +264,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"hf_moe", Nothing, "num_experts: mixture-of-experts",
                  R"({"model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 64, "num_experts": 8,
                      "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
+        BadInput{"hf_name_lone_surrogate", Nothing, "model.name (_name_or_path): not valid UTF-8",
+                 R"({"_name_or_path": "a\ud800b", "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                     "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
+        BadInput{"hf_name_invalid_utf8", Nothing, "model.name (_name_or_path): not valid UTF-8",
+                 "{\"_name_or_path\": \"a\xff\", \"model_type\": \"llama\", \"num_hidden_layers\": 2, "
+                 "\"hidden_size\": 64, \"num_attention_heads\": 1, \"intermediate_size\": 64, \"vocab_size\": 100}"},
         BadInput{"ds_micro_zero", Nothing, "train_micro_batch_size_per_gpu: 0 is outside 1 ..", nullptr,
                  R"({"train_micro_batch_size_per_gpu": 0, "train_batch_size": 16})"},
         BadInput{"ds_accum_zero", Nothing, "gradient_accumulation_steps: 0 is outside 1 ..", nullptr,
@@ -304,6 +310,31 @@ TEST(ZplanCommandTest, FailedRunLeavesExistingPlanUntouched) {
   o.seq = "0";
   EXPECT_FALSE(RunCapture(o).ok());
   EXPECT_EQ(*ReadFile(o.out), *before);
+}
+
+// A plan cut short still parses as a protobuf (fields are optional); `show`
+// printed it as an all-zero plan and zrun ran it with every check off.
+TEST(ZplanCommandTest, ShowRejectsEveryTruncationEmptyFileAndDirectory) {
+  ZplanOptions o = Base();
+  o.model = "debug-tiny";
+  o.zero_stage = "3";
+  o.out = TempPath("whole.pb");
+  ASSERT_TRUE(RunCapture(o).ok());
+  const std::string whole = *ReadFile(o.out);
+  ZplanOptions show;
+  show.command = "show";
+  show.plan_path = o.out;
+  ASSERT_TRUE(RunCapture(show).ok());
+  show.plan_path = TempPath("cut.pb");
+  for (size_t length = 0; length < whole.size(); length += length + 64 < whole.size() ? 97 : 1) {
+    ASSERT_TRUE(WriteFileAtomically(show.plan_path, whole.substr(0, length)).ok());
+    const absl::Status status = RunCapture(show);
+    ASSERT_EQ(ExitCodeFor(status), kExitBadInput) << "cut at " << length << " of " << whole.size() << ": " << status;
+  }
+  show.plan_path = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const absl::Status directory = RunCapture(show);
+  EXPECT_EQ(ExitCodeFor(directory), kExitBadInput) << directory;
+  EXPECT_NE(directory.message().find("is a directory"), std::string::npos) << directory;
 }
 
 TEST(ZplanCommandTest, ShowRejectsCorruptPlan) {

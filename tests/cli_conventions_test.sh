@@ -54,6 +54,13 @@ expect 2 "--report: cannot write /nonexistent/r.pb" "$ZRUN" p.pb --report /nonex
 expect 2 "--data: cannot read missing.bin" "$ZRUN" p.pb --data missing.bin
 expect 2 "--resume: nowhere has no readable" "$ZRUN" p.pb --resume nowhere
 expect 2 "exactly one plan file" "$ZRUN"
+# A plan cut short (its budget and tolerance gone) once ran with every check
+# off and printed "verdict: pass".
+head -c $(( $(stat -c %s p.pb) - 12 )) p.pb > cut.pb
+expect 2 "cut.pb: not a whole plan|cut.pb: not a binary" "$ZRUN" cut.pb
+: > empty.pb
+expect 2 "empty.pb: not a whole plan" "$ZRUN" empty.pb
+expect 2 "empty.pb: not a whole plan" "$ZPLAN" show empty.pb
 
 # kill -9 of the launcher (what a CI timeout does): its ranks end too.
 "$ZPLAN" --gpu cpu --model debug-tiny --gpus 2 --zero-stage 1 --seq 64 --out long.pb > /dev/null || fail "zplan long.pb"
