@@ -179,10 +179,12 @@ Moment BestMoment(const StepSizes& s) {
 
   // 3. Backward through block i: recompute (checkpointing), then gradients.
   // Everything is linear in i on either side of the block where the gradient
-  // partition appears, so those blocks' ends bound the rest.
+  // partition appears, so those blocks' ends bound the rest: when it appears
+  // in block p's attention half, p - 1 is the first block whose MLP half has it.
   const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
   std::vector<int> blocks;
-  for (int i : {last, s.grad_partition_from + 1, s.grad_partition_from, s.gather_kept_from, s.gather_kept_from - 1, 0}) {
+  for (int i : {last, s.grad_partition_from + 1, s.grad_partition_from, s.grad_partition_from - 1, s.gather_kept_from,
+                s.gather_kept_from - 1, 0}) {
     if (i >= 0 && i <= last) blocks.push_back(i);
   }
   std::sort(blocks.rbegin(), blocks.rend());

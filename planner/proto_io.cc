@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -76,13 +77,17 @@ absl::StatusOr<std::string> SerializeProto(const google::protobuf::Message& mess
 absl::Status ParseProto(absl::string_view data, ProtoFormat format, absl::string_view what,
                         google::protobuf::Message* message) {
   switch (format) {
-    case ProtoFormat::kBinary:
+    case ProtoFormat::kBinary: {
+      // The rejection below says it in one line; protobuf would also log a
+      // string that is not UTF-8.
+      google::protobuf::LogSilencer silencer;
       if (!message->ParseFromArray(data.data(), static_cast<int>(data.size()))) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": not a binary ", message->GetTypeName(),
             " (corrupt or truncated; regenerate it with zplan --out)"));
       }
       return absl::OkStatus();
+    }
     case ProtoFormat::kText: {
       TextErrorCollector errors;
       google::protobuf::TextFormat::Parser parser;

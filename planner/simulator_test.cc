@@ -118,6 +118,23 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
   EXPECT_GT(checked, 1000);
 }
 
+// Found by tests/fuzz: the stage-2 partition appearing in block 30's
+// attention half put the peak at block 29's MLP gradients, a block the closed
+// form did not consider (zplan --params 7.5e9 --zero-stage 2 aborted).
+TEST(SimulatorTest, AgreesWhereThePartitionAppearsInAnAttentionHalf) {
+  auto model = ModelSpecForParams(7'500'000'000);
+  ASSERT_TRUE(model.ok());
+  RunConfig config;
+  config.mutable_cluster()->set_gpus_per_node(8);
+  config.mutable_zero()->set_stage(2);
+  config = ResolveRunConfig(config);
+  auto sizes = ComputeStepSizes(*model, config, *FindGpu(config.cluster().gpu()));
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  const SimulatedStep step = SimulateStep(*sizes);
+  EXPECT_EQ(step.peak.peak_bytes(), ClosedFormPeakBytes(*sizes));
+  EXPECT_EQ(step.peak.peak_event(), ClosedFormDevicePeak(*sizes).peak_event());
+}
+
 TEST(SimulatorTest, PeakEventIsRecorded) {
   auto model = LoadPreset("1b");
   RunConfig config;
