@@ -13,6 +13,13 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t min, int
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is outside ", min, " .. ", max, " (", meaning, ")"));
 }
 
+absl::Status CheckFields(std::initializer_list<BoundedField> fields) {
+  for (const BoundedField& f : fields) {
+    if (absl::Status s = CheckRange(f.name, f.value, f.min, f.max, f.meaning); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckFinite(absl::string_view field, double value, double min, double max, absl::string_view meaning) {
   if (std::isfinite(value) && value >= min && value <= max) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is outside ", min, " .. ", max, " (", meaning, ")"));

@@ -15,6 +15,7 @@
 #define ZPLAN_PLANNER_LIMITS_H_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -54,6 +55,16 @@ inline constexpr double kMaxDerivedBytes = static_cast<double>(int64_t{1} << 60)
 // unless min <= value <= max.
 absl::Status CheckRange(absl::string_view field, int64_t value, int64_t min, int64_t max,
                         absl::string_view meaning);
+
+// One integer field and its bounds, for CheckFields.
+struct BoundedField {
+  const char* name;
+  int64_t value, min, max;
+  const char* meaning;
+};
+
+// CheckRange on each field in order; the first failure.
+absl::Status CheckFields(std::initializer_list<BoundedField> fields);
 
 // A finite double in [min, max].
 absl::Status CheckFinite(absl::string_view field, double value, double min, double max, absl::string_view meaning);

@@ -297,23 +297,15 @@ ModelSpec ResolveModelSpec(ModelSpec spec) {
 }
 
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
-  struct Field {
-    const char* name;
-    int64_t value, min, max;
-    const char* meaning;
-  };
-  const Field fields[] = {
-      {"num_layers", spec.num_layers(), 1, kMaxLayers, "transformer blocks"},
-      {"hidden_size", spec.hidden_size(), 1, kMaxHiddenSize, "model width"},
-      {"num_attention_heads", spec.num_attention_heads(), 1, kMaxHeads, "query heads"},
-      {"num_kv_heads", spec.num_kv_heads(), 1, kMaxHeads, "key/value heads"},
-      {"ffn_hidden_size", spec.ffn_hidden_size(), 1, kMaxFfnSize, "FFN inner width"},
-      {"vocab_size", spec.vocab_size(), 0, kMaxVocabSize, "tokens; 0 = no token embedding"},
-      {"max_position_embeddings", spec.max_position_embeddings(), 0, kMaxSeqLength, "learned position rows"},
-  };
-  for (const Field& f : fields) {
-    ZPLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat("model.", f.name), f.value, f.min, f.max, f.meaning));
-  }
+  ZPLAN_RETURN_IF_ERROR(CheckFields({
+      {"model.num_layers", spec.num_layers(), 1, kMaxLayers, "transformer blocks"},
+      {"model.hidden_size", spec.hidden_size(), 1, kMaxHiddenSize, "model width"},
+      {"model.num_attention_heads", spec.num_attention_heads(), 1, kMaxHeads, "query heads"},
+      {"model.num_kv_heads", spec.num_kv_heads(), 1, kMaxHeads, "key/value heads"},
+      {"model.ffn_hidden_size", spec.ffn_hidden_size(), 1, kMaxFfnSize, "FFN inner width"},
+      {"model.vocab_size", spec.vocab_size(), 0, kMaxVocabSize, "tokens; 0 = no token embedding"},
+      {"model.max_position_embeddings", spec.max_position_embeddings(), 0, kMaxSeqLength, "learned position rows"},
+  }));
   ZPLAN_RETURN_IF_ERROR(CheckRange("model.head_dim", spec.head_dim(), 0, kMaxHeadDim, "0 = hidden_size / heads"));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.name (_name_or_path)", spec.name()));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.source", spec.source()));

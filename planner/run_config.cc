@@ -53,12 +53,7 @@ RunConfig ResolveRunConfig(RunConfig config) {
 
 absl::Status ValidateRunConfig(const RunConfig& config) {
   const ClusterSpec& cluster = config.cluster();
-  struct Field {
-    const char* name;
-    int64_t value, min, max;
-    const char* meaning;
-  };
-  const Field fields[] = {
+  ZPLAN_RETURN_IF_ERROR(CheckFields({
       {"cluster.num_nodes (--nodes)", cluster.num_nodes(), 1, kMaxNodes, "nodes, e.g. 1"},
       {"cluster.gpus_per_node (--gpus)", cluster.gpus_per_node(), 1, kMaxGpusPerNode, "ranks per node, e.g. 8"},
       {"micro_batch_size (--micro-batch)", config.micro_batch_size(), 1, kMaxMicroBatch, "sequences per rank, e.g. 1"},
@@ -68,8 +63,7 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
       {"train_steps", config.train_steps(), 1, kMaxTrainSteps, "optimizer steps zrun runs"},
       {"optimizer.warmup_steps (scheduler.params.warmup_num_steps)", config.optimizer().warmup_steps(), 0,
        kMaxTrainSteps, "linear warm-up steps"},
-  };
-  for (const Field& f : fields) ZPLAN_RETURN_IF_ERROR(CheckRange(f.name, f.value, f.min, f.max, f.meaning));
+  }));
   // Checked by division: the product itself may not fit in int64.
   if (cluster.gpus_per_node() > kMaxWorldSize / cluster.num_nodes()) {
     return absl::InvalidArgumentError(absl::StrCat("cluster: ", cluster.num_nodes(), " nodes x ", cluster.gpus_per_node(),
@@ -98,7 +92,7 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
         "zero.offload_param (--offload-param): parameter offload needs ZeRO stage 3, got stage ",
         zero.stage(), "; use --zero-stage 3 or drop --offload-param"));
   }
-  const Field buckets[] = {
+  ZPLAN_RETURN_IF_ERROR(CheckFields({
       {"zero.reduce_bucket_elements (reduce_bucket_size)", zero.reduce_bucket_elements(), 1, kMaxBucketElements,
        "elements, e.g. 5e8"},
       {"zero.allgather_bucket_elements (allgather_bucket_size)", zero.allgather_bucket_elements(), 1,
@@ -114,8 +108,7 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
        "elements, e.g. 1e9"},
       {"zero.stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold(), 0, kMaxBucketElements,
        "elements, e.g. 1e5"},
-  };
-  for (const Field& f : buckets) ZPLAN_RETURN_IF_ERROR(CheckRange(f.name, f.value, f.min, f.max, f.meaning));
+  }));
   if (config.precision() == PRECISION_UNSPECIFIED) {
     return absl::InvalidArgumentError("precision (--precision): choose bf16, fp16 or fp32");
   }
