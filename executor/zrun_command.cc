@@ -19,6 +19,7 @@
 #include "executor/collectives.h"
 #include "executor/device_memory.h"
 #include "executor/trainer.h"
+#include "planner/limits.h"
 #include "planner/memory_model.h"
 #include "planner/plan_builder.h"
 #include "planner/proto_io.h"
@@ -182,9 +183,7 @@ int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<s
 
 namespace {
 
-// Bounds past which a count is a typo, not a run: ten million optimizer
-// steps, and a week for one collective.
-constexpr int64_t kMaxSteps = 10'000'000;
+// A week for one collective is a typo, not a wait (steps: limits.h).
 constexpr double kMinTimeoutSeconds = 0.001;  // c10d takes milliseconds
 constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
 
@@ -193,10 +192,7 @@ absl::Status FlagError(absl::string_view flag, absl::string_view problem) {
 }
 
 absl::Status CheckStepCount(absl::string_view flag, int64_t value, absl::string_view meaning) {
-  if (value < 0 || value > kMaxSteps) {
-    return FlagError(flag, absl::StrCat(value, " is outside 0 .. ", kMaxSteps, " (", meaning, ")"));
-  }
-  return absl::OkStatus();
+  return CheckRange(absl::StrCat("--", flag), value, 0, kMaxTrainSteps, meaning);
 }
 
 }  // namespace
