@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,25 +28,16 @@ constexpr char kUsage[] = "zrun plan.pb [--steps N] [--report report.pb] [--emul
 int main(int argc, char** argv) {
   // Before any tensor exists, so every CPU tensor byte is counted.
   zplan::InstallCountingCpuAllocator();
-  const absl::StatusOr<zplan::CommandLine> cl = zplan::ParseCommandLine(argc, argv, __FILE__);
-  if (!cl.ok()) {
-    std::cerr << "zrun: " << cl.status().message() << "\n";
-    return zplan::kExitBadInput;
+  zplan::CommandLine cl;
+  if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zrun", kUsage, __FILE__, &cl)) {
+    return *code;
   }
-  if (cl->help) {
-    std::cout << zplan::FlagsHelp(kUsage, __FILE__);
-    return zplan::kExitOk;
-  }
-  if (cl->version) {
-    std::cout << zplan::VersionLine("zrun");
-    return zplan::kExitOk;
-  }
-  if (cl->positional.size() != 1) {
+  if (cl.positional.size() != 1) {
     std::cerr << "zrun: give exactly one plan file, e.g. zrun plan.pb (--help lists the flags)\n";
     return zplan::kExitBadInput;
   }
   zplan::ZrunOptions o;
-  o.plan_path = cl->positional[0];
+  o.plan_path = cl.positional[0];
   o.report_path = absl::GetFlag(FLAGS_report);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.data_path = absl::GetFlag(FLAGS_data);

@@ -1,6 +1,8 @@
 #include "planner/cli.h"
 
+#include <iostream>
 #include <map>
+#include <utility>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
@@ -88,6 +90,25 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv, absl::string
     }
   }
   return result;
+}
+
+std::optional<int> HandleCommandLine(int argc, char** argv, absl::string_view program, absl::string_view usage,
+                                     absl::string_view flags_file, CommandLine* command_line) {
+  absl::StatusOr<CommandLine> parsed = ParseCommandLine(argc, argv, flags_file);
+  if (!parsed.ok()) {
+    std::cerr << program << ": " << parsed.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (parsed->help) {
+    std::cout << FlagsHelp(usage, flags_file);
+    return kExitOk;
+  }
+  if (parsed->version) {
+    std::cout << VersionLine(program);
+    return kExitOk;
+  }
+  *command_line = *std::move(parsed);
+  return std::nullopt;
 }
 
 std::string FlagsHelp(absl::string_view usage, absl::string_view flags_file) {

@@ -11,12 +11,12 @@
 // are accepted or listed, whatever else is linked in.
 //
 // Example (main.cc):
-//   auto cl = ParseCommandLine(argc, argv, __FILE__);
-//   if (!cl.ok()) { std::cerr << "zplan: " << cl.status().message() << "\n"; return kExitBadInput; }
-//   if (cl->help) { std::cout << FlagsHelp(kUsage, __FILE__); return kExitOk; }
+//   CommandLine cl;
+//   if (auto code = HandleCommandLine(argc, argv, "zplan", kUsage, __FILE__, &cl)) return *code;
 #ifndef ZPLAN_PLANNER_CLI_H_
 #define ZPLAN_PLANNER_CLI_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +44,13 @@ struct CommandLine {
 
 // Parses argv[1..] and sets the flags it names.
 absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv, absl::string_view flags_file);
+
+// What every main does first: parses argv into *command_line and returns
+// nullopt, or, for --help / --version, prints them to stdout and returns
+// kExitOk, or, for a usage error, prints "<program>: <message>" to stderr
+// and returns kExitBadInput.
+std::optional<int> HandleCommandLine(int argc, char** argv, absl::string_view program, absl::string_view usage,
+                                     absl::string_view flags_file, CommandLine* command_line);
 
 // `usage`, then one entry per flag of `flags_file`: --name, its help and its
 // default where it has one.

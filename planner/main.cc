@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,20 +51,11 @@ int main(int argc, char** argv) {
     std::cerr << "zplan: cannot enter " << dir << "\n";
     return zplan::kExitError;
   }
-  const absl::StatusOr<zplan::CommandLine> cl = zplan::ParseCommandLine(argc, argv, __FILE__);
-  if (!cl.ok()) {
-    std::cerr << "zplan: " << cl.status().message() << "\n";
-    return zplan::kExitBadInput;
+  zplan::CommandLine cl;
+  if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zplan", kUsage, __FILE__, &cl)) {
+    return *code;
   }
-  if (cl->help) {
-    std::cout << zplan::FlagsHelp(kUsage, __FILE__);
-    return zplan::kExitOk;
-  }
-  if (cl->version) {
-    std::cout << zplan::VersionLine("zplan");
-    return zplan::kExitOk;
-  }
-  const std::vector<std::string>& args = cl->positional;
+  const std::vector<std::string>& args = cl.positional;
   zplan::ZplanOptions o;
   if (!args.empty()) o.command = args[0];
   if (o.command == "show" && args.size() == 2) o.plan_path = args[1];

@@ -4,6 +4,7 @@
 //   bazel run //tests/fuzz:zplan_fuzz -- --runs 10000000 --seed 7 --out-dir /tmp/fuzz
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
@@ -17,16 +18,13 @@ ABSL_FLAG(uint64_t, seed, 1, "mutation seed (the same seed runs the same inputs)
 ABSL_FLAG(double, seconds_per_input, 10, "an input running longer is a hang (seconds)");
 ABSL_FLAG(std::string, out_dir, ".", "directory for crash-N / hang-N inputs");
 
+constexpr char kUsage[] = "zplan_fuzz [--runs N] [--seed S] [--out-dir DIR]";
+
 int main(int argc, char** argv) {
   if (const char* dir = std::getenv("BUILD_WORKSPACE_DIRECTORY"); dir != nullptr && chdir(dir) != 0) return 1;
-  const absl::StatusOr<zplan::CommandLine> cl = zplan::ParseCommandLine(argc, argv, __FILE__);
-  if (!cl.ok()) {
-    std::cerr << "zplan_fuzz: " << cl.status().message() << "\n";
-    return zplan::kExitBadInput;
-  }
-  if (cl->help) {
-    std::cout << zplan::FlagsHelp("zplan_fuzz [--runs N] [--seed S] [--out-dir DIR]", __FILE__);
-    return zplan::kExitOk;
+  zplan::CommandLine cl;
+  if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zplan_fuzz", kUsage, __FILE__, &cl)) {
+    return *code;
   }
   zplan::FuzzOptions o;
   o.runs = absl::GetFlag(FLAGS_runs);
