@@ -1,12 +1,11 @@
 #include "planner/ds_config.h"
 
 #include <algorithm>
-#include <cmath>
 #include <optional>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "planner/json.h"
 #include "planner/limits.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
@@ -14,106 +13,40 @@
 namespace zplan {
 namespace {
 
-class Reader {
- public:
-  Reader(absl::string_view source) : source_(source) {}
-
-  absl::Status Error(const JsonValue& value, absl::string_view path, absl::string_view message) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ":", value.line(), ": ", path, ": ", message));
-  }
-
-  static bool IsAuto(const JsonValue* value) {
-    return value != nullptr && value->is_string() && value->text() == "auto";
-  }
-
-  // An integer (JSON number like 5e8 or 500000000); nullopt if absent, null or "auto".
-  absl::StatusOr<std::optional<int64_t>> Int(const JsonValue& parent, absl::string_view key,
-                                             absl::string_view path) const {
-    const JsonValue* v = parent.Find(key);
-    if (v == nullptr || v->is_null() || IsAuto(v)) return std::optional<int64_t>();
-    if (!v->is_number() || v->number_value() != std::floor(v->number_value())) {
-      return Error(*v, path, absl::StrCat("expected an integer, got ",
-                                          v->is_number() ? v->text() : JsonValue::TypeName(v->type())));
-    }
-    if (std::fabs(v->number_value()) > kMaxExactJsonInteger) {
-      return Error(*v, path, absl::StrCat(v->text(), " is too large to be a count (more than 2^53)"));
-    }
-    return std::optional<int64_t>(static_cast<int64_t>(v->number_value()));
-  }
-
-  absl::StatusOr<std::optional<double>> Number(const JsonValue& parent, absl::string_view key,
-                                               absl::string_view path) const {
-    const JsonValue* v = parent.Find(key);
-    if (v == nullptr || v->is_null() || IsAuto(v)) return std::optional<double>();
-    if (!v->is_number()) {
-      return Error(*v, path, absl::StrCat("expected a number, got ", JsonValue::TypeName(v->type())));
-    }
-    return std::optional<double>(v->number_value());
-  }
-
-  absl::StatusOr<std::optional<bool>> Bool(const JsonValue& parent, absl::string_view key,
-                                           absl::string_view path) const {
-    const JsonValue* v = parent.Find(key);
-    if (v == nullptr || v->is_null() || IsAuto(v)) return std::optional<bool>();
-    if (!v->is_bool()) {
-      return Error(*v, path, absl::StrCat("expected true or false, got ", JsonValue::TypeName(v->type())));
-    }
-    return std::optional<bool>(v->bool_value());
-  }
-
-  absl::StatusOr<const JsonValue*> Object(const JsonValue& parent, absl::string_view key,
-                                          absl::string_view path) const {
-    const JsonValue* v = parent.Find(key);
-    if (v == nullptr || v->is_null()) return nullptr;
-    if (!v->is_object()) {
-      return Error(*v, path, absl::StrCat("expected an object, got ", JsonValue::TypeName(v->type())));
-    }
-    return v;
-  }
-
- private:
-  absl::string_view source_;
-};
-
 // "device": "cpu" | "none" | "nvme"; pin_memory.
-absl::Status ReadOffload(const Reader& r, const JsonValue& zero, absl::string_view key,
-                         OffloadDevice* device, ZeroConfig* out) {
-  const std::string path = absl::StrCat("zero_optimization.", key);
-  ZPLAN_ASSIGN_OR_RETURN(const JsonValue* offload, r.Object(zero, key, path));
-  if (offload == nullptr) return absl::OkStatus();
-  const JsonValue* dev = offload->Find("device");
-  if (dev != nullptr) {
-    if (!dev->is_string()) return r.Error(*dev, path + ".device", "expected \"cpu\" or \"none\"");
-    if (dev->text() == "cpu") {
+absl::Status ReadOffload(const JsonObject& zero, absl::string_view key, OffloadDevice* device, ZeroConfig* out) {
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> offload, zero.Object(key));
+  if (!offload) return absl::OkStatus();
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<std::string> dev, offload->String("device"));
+  if (dev) {
+    if (*dev == "cpu") {
       *device = OFFLOAD_CPU;
-    } else if (dev->text() == "none") {
+    } else if (*dev == "none") {
       *device = OFFLOAD_NONE;
-    } else if (dev->text() == "nvme") {
-      return r.Error(*dev, path + ".device", "NVMe offload is not modelled; use \"cpu\" or \"none\"");
+    } else if (*dev == "nvme") {
+      return offload->Error("device", "NVMe offload is not modelled; use \"cpu\" or \"none\"");
     } else {
-      return r.Error(*dev, path + ".device",
-                     absl::StrCat("unknown device \"", dev->text(), "\"; use \"cpu\" or \"none\""));
+      return offload->Error("device", absl::StrCat("unknown device \"", *dev, "\"; use \"cpu\" or \"none\""));
     }
   }
-  ZPLAN_ASSIGN_OR_RETURN(std::optional<bool> pin, r.Bool(*offload, "pin_memory", path + ".pin_memory"));
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<bool> pin, offload->Bool("pin_memory"));
   if (pin) out->set_pin_memory(*pin);
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view source,
-                                  const ModelSpec& model, RunConfig* config) {
-  Reader r(source);
-  if (!root.is_object()) return r.Error(root, "(top level)", "expected a JSON object");
+absl::Status ApplyDeepSpeedConfig(absl::string_view text, absl::string_view source, const ModelSpec& model,
+                                  RunConfig* config) {
+  ZPLAN_ASSIGN_OR_RETURN(const JsonObject root, ParseJsonObject(text, source, JsonObject::Auto::kIsUnset));
   const int64_t h = model.hidden_size();
 
   // Batch: train_batch_size = micro * accumulation * world; DeepSpeed infers
   // a missing one by floor division and then asserts the product
   // (runtime/config.py, _set_batch_related_parameters and _batch_assertion).
-  ZPLAN_ASSIGN_OR_RETURN(auto micro, r.Int(root, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu"));
-  ZPLAN_ASSIGN_OR_RETURN(auto accum, r.Int(root, "gradient_accumulation_steps", "gradient_accumulation_steps"));
-  ZPLAN_ASSIGN_OR_RETURN(auto global, r.Int(root, "train_batch_size", "train_batch_size"));
+  ZPLAN_ASSIGN_OR_RETURN(auto micro, root.Int("train_micro_batch_size_per_gpu"));
+  ZPLAN_ASSIGN_OR_RETURN(auto accum, root.Int("gradient_accumulation_steps"));
+  ZPLAN_ASSIGN_OR_RETURN(auto global, root.Int("train_batch_size"));
   // Unset (0) means one, as ResolveRunConfig does; both are bounded by now.
   const int64_t world = std::max<int64_t>(1, config->cluster().num_nodes()) *
                         std::max<int64_t>(1, config->cluster().gpus_per_node());
@@ -126,8 +59,8 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
                             BatchKey{"gradient_accumulation_steps", accum, kMaxGradAccum},
                             BatchKey{"train_batch_size", global, kMaxMicroBatch * kMaxGradAccum * kMaxWorldSize}}) {
     if (k.value && (*k.value < 1 || *k.value > k.max)) {
-      return r.Error(*root.Find(k.key), k.key,
-                     absl::StrCat(*k.value, " is outside 1 .. ", k.max, " (DeepSpeed: has to be greater than 0)"));
+      return root.Error(k.key,
+                        absl::StrCat(*k.value, " is outside 1 .. ", k.max, " (DeepSpeed: has to be greater than 0)"));
     }
   }
   if (global) {
@@ -138,10 +71,10 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
       micro = std::max<int64_t>(1, *global / world);
     }
     if (*micro * *accum * world != *global) {
-      return r.Error(*root.Find("train_batch_size"), "train_batch_size",
-                     absl::StrCat(*global, " != micro-batch ", *micro, " x accumulation ", *accum, " x world size ",
-                                  world, " (DeepSpeed's batch assertion); make train_batch_size a multiple of the "
-                                  "others or drop it"));
+      return root.Error("train_batch_size",
+                        absl::StrCat(*global, " != micro-batch ", *micro, " x accumulation ", *accum,
+                                     " x world size ", world, " (DeepSpeed's batch assertion); make "
+                                     "train_batch_size a multiple of the others or drop it"));
     }
   }
   if (micro) config->set_micro_batch_size(*micro);
@@ -151,14 +84,13 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
   // "auto" section is the Trainer's --bf16/--fp16, i.e. the flag's choice.
   bool precision_auto = false, precision_set = false;
   for (const char* key : {"fp16", "bf16"}) {
-    ZPLAN_ASSIGN_OR_RETURN(const JsonValue* section, r.Object(root, key, key));
-    if (section == nullptr) continue;
-    const JsonValue* raw = section->Find("enabled");
-    precision_auto |= raw != nullptr && Reader::IsAuto(raw);
-    ZPLAN_ASSIGN_OR_RETURN(auto enabled, r.Bool(*section, "enabled", absl::StrCat(key, ".enabled")));
+    ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> section, root.Object(key));
+    if (!section) continue;
+    precision_auto |= section->IsAuto("enabled");
+    ZPLAN_ASSIGN_OR_RETURN(auto enabled, section->Bool("enabled"));
     if (enabled && *enabled && precision_set) {
-      return r.Error(*raw, "bf16.enabled", "fp16 and bf16 are both enabled; DeepSpeed refuses that (\"bfloat16 and "
-                                           "fp16 modes cannot be simultaneously enabled\"): enable one");
+      return section->Error("enabled", "fp16 and bf16 are both enabled; DeepSpeed refuses that (\"bfloat16 and "
+                                       "fp16 modes cannot be simultaneously enabled\"): enable one");
     }
     if (enabled && *enabled) {
       config->set_precision(std::string(key) == "fp16" ? PRECISION_FP16 : PRECISION_BF16);
@@ -168,25 +100,22 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
   if (!precision_set && !precision_auto) config->set_precision(PRECISION_FP32);
 
   OptimizerConfig* opt = config->mutable_optimizer();
-  ZPLAN_ASSIGN_OR_RETURN(auto clip, r.Number(root, "gradient_clipping", "gradient_clipping"));
+  ZPLAN_ASSIGN_OR_RETURN(auto clip, root.Number("gradient_clipping"));
   if (clip) opt->set_gradient_clipping(*clip);
-  ZPLAN_ASSIGN_OR_RETURN(const JsonValue* optimizer, r.Object(root, "optimizer", "optimizer"));
-  if (optimizer != nullptr) {
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> optimizer, root.Object("optimizer"));
+  if (optimizer) {
     // DeepSpeed builds Adam and AdamW itself (runtime/engine.py,
     // _configure_basic_optimizer); other optimizers keep other states.
-    const JsonValue* type = optimizer->Find("type");
-    if (type != nullptr && !Reader::IsAuto(type) &&
-        !(type->is_string() && (absl::AsciiStrToLower(type->text()) == "adam" ||
-                                absl::AsciiStrToLower(type->text()) == "adamw"))) {
-      return r.Error(*type, "optimizer.type",
-                     "zplan models Adam and AdamW (fp32 m and v per parameter); remove the optimizer block or use "
-                     "\"AdamW\"");
+    ZPLAN_ASSIGN_OR_RETURN(std::optional<std::string> type, optimizer->String("type"));
+    if (type && absl::AsciiStrToLower(*type) != "adam" && absl::AsciiStrToLower(*type) != "adamw") {
+      return optimizer->Error("type", "zplan models Adam and AdamW (fp32 m and v per parameter); remove the "
+                                      "optimizer block or use \"AdamW\"");
     }
-    ZPLAN_ASSIGN_OR_RETURN(const JsonValue* params, r.Object(*optimizer, "params", "optimizer.params"));
-    if (params != nullptr) {
-      ZPLAN_ASSIGN_OR_RETURN(auto torch_adam, r.Bool(*params, "torch_adam", "optimizer.params.torch_adam"));
-      ZPLAN_ASSIGN_OR_RETURN(auto foreach, r.Bool(*params, "foreach", "optimizer.params.foreach"));
-      ZPLAN_ASSIGN_OR_RETURN(auto fused, r.Bool(*params, "fused", "optimizer.params.fused"));
+    ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> params, optimizer->Object("params"));
+    if (params) {
+      ZPLAN_ASSIGN_OR_RETURN(auto torch_adam, params->Bool("torch_adam"));
+      ZPLAN_ASSIGN_OR_RETURN(auto foreach, params->Bool("foreach"));
+      ZPLAN_ASSIGN_OR_RETURN(auto fused, params->Bool("fused"));
       if (torch_adam && *torch_adam) {
         opt->set_implementation(fused && *fused       ? ADAM_IMPL_TORCH_FUSED
                                 : foreach && *foreach ? ADAM_IMPL_TORCH_FOREACH
@@ -194,51 +123,50 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
       } else {
         opt->set_implementation(ADAM_IMPL_DEEPSPEED);
       }
-      ZPLAN_ASSIGN_OR_RETURN(auto lr, r.Number(*params, "lr", "optimizer.params.lr"));
-      ZPLAN_ASSIGN_OR_RETURN(auto eps, r.Number(*params, "eps", "optimizer.params.eps"));
-      ZPLAN_ASSIGN_OR_RETURN(auto wd, r.Number(*params, "weight_decay", "optimizer.params.weight_decay"));
+      ZPLAN_ASSIGN_OR_RETURN(auto lr, params->Number("lr"));
+      ZPLAN_ASSIGN_OR_RETURN(auto eps, params->Number("eps"));
+      ZPLAN_ASSIGN_OR_RETURN(auto wd, params->Number("weight_decay"));
       if (lr) opt->set_learning_rate(*lr);
       if (eps) opt->set_eps(*eps);
       if (wd) opt->set_weight_decay(*wd);
-      const JsonValue* betas = params->Find("betas");
-      if (betas != nullptr && !Reader::IsAuto(betas)) {
-        if (betas->type() != JsonValue::Type::kArray || betas->items().size() != 2 ||
-            !betas->items()[0].is_number() || !betas->items()[1].is_number()) {
-          return r.Error(*betas, "optimizer.params.betas", "expected two numbers, e.g. [0.9, 0.95]");
+      const google::protobuf::Value* betas = params->Find("betas");
+      if (betas != nullptr && !params->IsAuto("betas")) {
+        const auto& items = betas->list_value().values();
+        if (items.size() != 2 || !items[0].has_number_value() || !items[1].has_number_value()) {
+          return params->Error("betas", "expected two numbers, e.g. [0.9, 0.95]");
         }
-        opt->set_beta1(betas->items()[0].number_value());
-        opt->set_beta2(betas->items()[1].number_value());
+        opt->set_beta1(items[0].number_value());
+        opt->set_beta2(items[1].number_value());
       }
     }
   }
-  ZPLAN_ASSIGN_OR_RETURN(const JsonValue* scheduler, r.Object(root, "scheduler", "scheduler"));
-  if (scheduler != nullptr) {
-    ZPLAN_ASSIGN_OR_RETURN(const JsonValue* params, r.Object(*scheduler, "params", "scheduler.params"));
-    if (params != nullptr) {
-      ZPLAN_ASSIGN_OR_RETURN(auto warmup, r.Int(*params, "warmup_num_steps", "scheduler.params.warmup_num_steps"));
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> scheduler, root.Object("scheduler"));
+  if (scheduler) {
+    ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> params, scheduler->Object("params"));
+    if (params) {
+      ZPLAN_ASSIGN_OR_RETURN(auto warmup, params->Int("warmup_num_steps"));
       if (warmup) opt->set_warmup_steps(*warmup);
     }
   }
 
-  ZPLAN_ASSIGN_OR_RETURN(const JsonValue* zero_json, r.Object(root, "zero_optimization", "zero_optimization"));
-  if (zero_json == nullptr) return absl::OkStatus();
-  const JsonValue& z = *zero_json;
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> zero_json, root.Object("zero_optimization"));
+  if (!zero_json) return absl::OkStatus();
+  const JsonObject& z = *zero_json;
   ZeroConfig* zero = config->mutable_zero();
-  ZPLAN_ASSIGN_OR_RETURN(auto stage, r.Int(z, "stage", "zero_optimization.stage"));
+  ZPLAN_ASSIGN_OR_RETURN(auto stage, z.Int("stage"));
   if (stage) {
     if (*stage < 0 || *stage > 3) {
-      return r.Error(*z.Find("stage"), "zero_optimization.stage",
-                     absl::StrCat("ZeRO has stages 0, 1, 2 and 3, got ", *stage));
+      return z.Error("stage", absl::StrCat("ZeRO has stages 0, 1, 2 and 3, got ", *stage));
     }
     zero->set_stage(static_cast<int>(*stage));
   }
-  ZPLAN_ASSIGN_OR_RETURN(auto cpu_offload, r.Bool(z, "cpu_offload", "zero_optimization.cpu_offload"));
+  ZPLAN_ASSIGN_OR_RETURN(auto cpu_offload, z.Bool("cpu_offload"));
   if (cpu_offload && *cpu_offload) zero->set_offload_optimizer(OFFLOAD_CPU);  // deprecated alias
   OffloadDevice device = zero->offload_optimizer();
-  ZPLAN_RETURN_IF_ERROR(ReadOffload(r, z, "offload_optimizer", &device, zero));
+  ZPLAN_RETURN_IF_ERROR(ReadOffload(z, "offload_optimizer", &device, zero));
   zero->set_offload_optimizer(device);
   device = zero->offload_param();
-  ZPLAN_RETURN_IF_ERROR(ReadOffload(r, z, "offload_param", &device, zero));
+  ZPLAN_RETURN_IF_ERROR(ReadOffload(z, "offload_param", &device, zero));
   zero->set_offload_param(device);
 
   struct IntKey {
@@ -257,19 +185,18 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
       {"sub_group_size", &ZeroConfig::set_sub_group_elements, 0},
   };
   for (const IntKey& k : keys) {
-    const std::string path = absl::StrCat("zero_optimization.", k.key);
-    if (Reader::IsAuto(z.Find(k.key))) {
+    if (z.IsAuto(k.key)) {
       if (k.auto_value > 0) (zero->*k.set)(k.auto_value);
       continue;
     }
-    ZPLAN_ASSIGN_OR_RETURN(auto value, r.Int(z, k.key, path));
+    ZPLAN_ASSIGN_OR_RETURN(auto value, z.Int(k.key));
     if (!value) continue;
-    if (*value < 0) return r.Error(*z.Find(k.key), path, "must be >= 0");
+    if (*value < 0) return z.Error(k.key, "must be >= 0");
     (zero->*k.set)(*value);
   }
-  ZPLAN_ASSIGN_OR_RETURN(auto overlap, r.Bool(z, "overlap_comm", "zero_optimization.overlap_comm"));
+  ZPLAN_ASSIGN_OR_RETURN(auto overlap, z.Bool("overlap_comm"));
   if (overlap) zero->set_overlap_comm(*overlap);
-  ZPLAN_ASSIGN_OR_RETURN(auto contiguous, r.Bool(z, "contiguous_gradients", "zero_optimization.contiguous_gradients"));
+  ZPLAN_ASSIGN_OR_RETURN(auto contiguous, z.Bool("contiguous_gradients"));
   if (contiguous) zero->set_contiguous_gradients(*contiguous);
   return absl::OkStatus();
 }
@@ -277,8 +204,7 @@ absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view sourc
 absl::Status ApplyDeepSpeedConfigFile(const std::string& path, const ModelSpec& model,
                                       RunConfig* config) {
   ZPLAN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  ZPLAN_ASSIGN_OR_RETURN(JsonValue root, ParseJson(text, path));
-  return ApplyDeepSpeedConfig(root, path, model, config);
+  return ApplyDeepSpeedConfig(text, path, model, config);
 }
 
 }  // namespace zplan

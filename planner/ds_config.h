@@ -19,9 +19,9 @@
 // command line (or the default). Only fields present in the file are set, so
 // command-line flags applied afterwards override it.
 //
-// Errors are kInvalidArgument "<file>:<line>: <key path>: <what> (<fix>)":
-// malformed JSON, a key of the wrong type, stage outside 0..3, NVMe offload
-// (not modelled), batch sizes that do not multiply up.
+// Errors are kInvalidArgument "<file>: <key path>: <what> (<fix>)": a key of the wrong type, stage outside 0..3, NVMe offload
+// (not modelled), batch sizes that do not multiply up; malformed JSON gets
+// "<file>:<line>:<column>: malformed JSON: <what>" (planner/json.h).
 //
 // Example:
 //   ZPLAN_RETURN_IF_ERROR(ApplyDeepSpeedConfigFile("ds_config.json", model, &config));
@@ -32,14 +32,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "planner/json.h"
 #include "proto/model.pb.h"
 #include "proto/run_config.pb.h"
 
 namespace zplan {
 
-absl::Status ApplyDeepSpeedConfig(const JsonValue& root, absl::string_view source,
-                                  const ModelSpec& model, RunConfig* config);
+// `text` is the file's contents; errors name `source` and the key path.
+absl::Status ApplyDeepSpeedConfig(absl::string_view text, absl::string_view source, const ModelSpec& model,
+                                  RunConfig* config);
 
 absl::Status ApplyDeepSpeedConfigFile(const std::string& path, const ModelSpec& model,
                                       RunConfig* config);

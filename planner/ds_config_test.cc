@@ -9,9 +9,7 @@ namespace {
 
 absl::Status Apply(const std::string& text, RunConfig* config) {
   auto model = LoadPreset("qwen3-0.6b");  // hidden 1024
-  auto json = ParseJson(text, "ds_config.json");
-  if (!json.ok()) return json.status();
-  return ApplyDeepSpeedConfig(*json, "ds_config.json", *model, config);
+  return ApplyDeepSpeedConfig(text, "ds_config.json", *model, config);
 }
 
 TEST(DsConfigTest, ReadsSeed004Config) {
@@ -86,11 +84,11 @@ TEST(DsConfigTest, RejectsInconsistentBatchSizes) {
   EXPECT_NE(s.message().find("train_batch_size"), std::string::npos) << s;
 }
 
-TEST(DsConfigTest, RejectsWrongTypeNamingKeyAndLine) {
+TEST(DsConfigTest, RejectsWrongTypeNamingKeyPath) {
   RunConfig config;
   absl::Status s = Apply("{\n \"zero_optimization\": {\n  \"stage\": \"three\"\n }\n}", &config);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("ds_config.json:3: zero_optimization.stage"), std::string::npos) << s;
+  EXPECT_EQ(std::string(s.message()), "ds_config.json: zero_optimization.stage: expected an integer, got string \"three\"");
 }
 
 TEST(DsConfigTest, RejectsStageFour) {
@@ -108,7 +106,7 @@ TEST(DsConfigTest, RejectsNvmeOffload) {
 TEST(DsConfigTest, RejectsMalformedJsonWithLine) {
   RunConfig config;
   absl::Status s = Apply("{\n \"zero_optimization\": {\"stage\": 2,}\n}", &config);
-  EXPECT_NE(s.message().find("ds_config.json:2:"), std::string::npos) << s;
+  EXPECT_EQ(std::string(s.message()), "ds_config.json:2:34: malformed JSON: a trailing comma before '}'; remove it");
 }
 
 TEST(DsConfigTest, DeprecatedCpuOffloadAlias) {

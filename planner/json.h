@@ -1,67 +1,85 @@
 // File: json.h
-// A small JSON reader for the two JSON inputs users hand zplan: a Hugging Face
-// config.json and a DeepSpeed ds_config.json.
+// The two JSON inputs users hand zplan -- a Hugging Face config.json and a
+// DeepSpeed ds_config.json -- parsed by protobuf's json_util into a
+// google.protobuf.Value, and read through JsonObject, whose errors name the
+// key path: "ds_config.json: zero_optimization.stage: expected an integer,
+// got string".
 //
-// Every value remembers the line it started on, so errors can say
-// "ds_config.json:12: zero_optimization.stage: expected a number". Parse
-// errors report line and column. Numbers keep their text, so 64-bit integers
-// and "5e8" both convert exactly. Duplicate object keys keep the last value,
-// as Python's json module does.
+// Accepted is what Python's json.loads accepts (transformers and DeepSpeed
+// read both files with it), except, on the safe side:
+// - a duplicate key is an error (Python silently keeps the last one);
+// - NaN and Infinity are errors (no field of either file can use them).
+// protobuf's parser alone is more lenient than Python's (trailing commas,
+// single quotes, bare keys, "1.", invalid escapes, raw control characters in
+// strings); a lexical pre-check refuses those with the line and column.
+// Text must be UTF-8; numbers are doubles, so integers beyond 2^53 are
+// refused by JsonObject::Int.
 //
 // Example:
-//   ZPLAN_ASSIGN_OR_RETURN(JsonValue root, ParseJson(text, "config.json"));
-//   const JsonValue* hidden = root.Find("hidden_size");
+//   ZPLAN_ASSIGN_OR_RETURN(JsonObject root, ParseJsonObject(text, "config.json"));
+//   ZPLAN_ASSIGN_OR_RETURN(std::optional<int64_t> hidden, root.Int("hidden_size"));
 #ifndef ZPLAN_PLANNER_JSON_H_
 #define ZPLAN_PLANNER_JSON_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
-#include <utility>
-#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/struct.pb.h"
 
 namespace zplan {
 
-class JsonValue {
+// Parses a complete JSON document. kInvalidArgument names `source`, the
+// line and column where they are known, and what is wrong.
+absl::StatusOr<google::protobuf::Value> ParseJson(absl::string_view text, absl::string_view source);
+
+// "number", "string", "object", ... for error messages.
+const char* JsonTypeName(const google::protobuf::Value& value);
+
+// One object of a parsed document (which it keeps alive), with typed members.
+// Each typed read returns nullopt when the key is absent or null -- and, for
+// a ds_config.json, when it is "auto", the placeholder the transformers
+// Trainer fills in from its own arguments.
+class JsonObject {
  public:
-  enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
+  enum class Auto { kIsError, kIsUnset };
 
-  Type type() const { return type_; }
-  int line() const { return line_; }
-  bool is_null() const { return type_ == Type::kNull; }
-  bool is_string() const { return type_ == Type::kString; }
-  bool is_number() const { return type_ == Type::kNumber; }
-  bool is_bool() const { return type_ == Type::kBool; }
-  bool is_object() const { return type_ == Type::kObject; }
+  // The member's value as written, or nullptr.
+  const google::protobuf::Value* Find(absl::string_view key) const;
+  // "source: path.key: message".
+  absl::Status Error(absl::string_view key, absl::string_view message) const;
+  bool IsAuto(absl::string_view key) const;
 
-  bool bool_value() const { return bool_; }
-  double number_value() const { return number_; }
-  const std::string& text() const { return text_; }  // string value, or a number's literal
-  const std::vector<JsonValue>& items() const { return items_; }
-  const std::vector<std::pair<std::string, JsonValue>>& members() const { return members_; }
-
-  // The member named `key` of an object, or nullptr (also for non-objects).
-  const JsonValue* Find(absl::string_view key) const;
-
-  // "number", "string", ... for error messages.
-  static const char* TypeName(Type type);
+  // An integer (500000000 or 5e8) of magnitude below 2^53.
+  absl::StatusOr<std::optional<int64_t>> Int(absl::string_view key) const;
+  absl::StatusOr<std::optional<double>> Number(absl::string_view key) const;
+  absl::StatusOr<std::optional<bool>> Bool(absl::string_view key) const;
+  absl::StatusOr<std::optional<std::string>> String(absl::string_view key) const;
+  absl::StatusOr<std::optional<JsonObject>> Object(absl::string_view key) const;
 
  private:
-  friend class JsonParser;
-  Type type_ = Type::kNull;
-  int line_ = 1;
-  bool bool_ = false;
-  double number_ = 0;
-  std::string text_;
-  std::vector<JsonValue> items_;
-  std::vector<std::pair<std::string, JsonValue>> members_;
+  // The member if it holds a value; nullptr when absent, null or an allowed "auto".
+  const google::protobuf::Value* Present(absl::string_view key) const;
+  absl::Status WrongType(absl::string_view key, absl::string_view expected) const;
+
+  friend absl::StatusOr<JsonObject> ParseJsonObject(absl::string_view, absl::string_view, Auto);
+  JsonObject(std::shared_ptr<const google::protobuf::Value> document, const google::protobuf::Struct* object,
+             std::string source, std::string path, Auto auto_values);
+
+  std::shared_ptr<const google::protobuf::Value> document_;
+  const google::protobuf::Struct* object_;  // inside *document_
+  std::string source_;
+  std::string path_;
+  Auto auto_values_;
 };
 
-// Parses a complete JSON document. kInvalidArgument names `source`, the line
-// and column of the first error.
-absl::StatusOr<JsonValue> ParseJson(absl::string_view text, absl::string_view source);
+// ParseJson, and the top level must be an object.
+absl::StatusOr<JsonObject> ParseJsonObject(absl::string_view text, absl::string_view source,
+                                           JsonObject::Auto auto_values = JsonObject::Auto::kIsError);
 
 }  // namespace zplan
 

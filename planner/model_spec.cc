@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/inventory.h"
+#include "planner/json.h"
 #include "planner/limits.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
@@ -33,59 +34,26 @@ std::map<std::string, std::string> PresetFiles() {
   return presets;
 }
 
-absl::Status Invalid(absl::string_view source, const JsonValue* value, absl::string_view key,
-                     absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(source, ":", value != nullptr ? value->line() : 1,
-                                                 ": ", key, ": ", message));
-}
-
-// Reads an integer field; absent (or null) leaves *out unchanged.
-absl::Status ReadInt(const JsonValue& config, absl::string_view source, absl::string_view key,
-                     int64_t* out) {
-  const JsonValue* value = config.Find(key);
-  if (value == nullptr || value->is_null()) return absl::OkStatus();
-  int64_t parsed = 0;
-  if (!value->is_number() || !absl::SimpleAtoi(value->text(), &parsed)) {
-    double as_double = value->number_value();
-    if (!value->is_number() || as_double != std::floor(as_double)) {
-      return Invalid(source, value, key,
-                     absl::StrCat("expected an integer, got ", JsonValue::TypeName(value->type())));
-    }
-    if (std::fabs(as_double) > kMaxExactJsonInteger) {
-      return Invalid(source, value, key, absl::StrCat(value->text(), " is too large to be a size (more than 2^53)"));
-    }
-    parsed = static_cast<int64_t>(as_double);
-  }
-  *out = parsed;
+// Reads an integer, number or boolean member; absent (or null) leaves *out unchanged.
+template <typename T, typename Reader>
+absl::Status ReadInto(const JsonObject& config, Reader read, absl::string_view key, T* out) {
+  auto value = (config.*read)(key);
+  if (!value.ok()) return value.status();
+  if (*value) *out = **value;
   return absl::OkStatus();
 }
 
-absl::Status ReadBool(const JsonValue& config, absl::string_view source, absl::string_view key,
-                      bool* out) {
-  const JsonValue* value = config.Find(key);
-  if (value == nullptr || value->is_null()) return absl::OkStatus();
-  if (!value->is_bool()) {
-    return Invalid(source, value, key,
-                   absl::StrCat("expected true or false, got ", JsonValue::TypeName(value->type())));
-  }
-  *out = value->bool_value();
-  return absl::OkStatus();
+absl::Status ReadInt(const JsonObject& config, absl::string_view key, int64_t* out) {
+  return ReadInto(config, &JsonObject::Int, key, out);
 }
-
-std::string ReadString(const JsonValue& config, absl::string_view key) {
-  const JsonValue* value = config.Find(key);
-  return value != nullptr && value->is_string() ? value->text() : "";
+absl::Status ReadBool(const JsonObject& config, absl::string_view key, bool* out) {
+  return ReadInto(config, &JsonObject::Bool, key, out);
 }
-
-// Reads a number; absent (or null) leaves *out unchanged.
-absl::Status ReadDouble(const JsonValue& config, absl::string_view source, absl::string_view key, double* out) {
-  const JsonValue* value = config.Find(key);
-  if (value == nullptr || value->is_null()) return absl::OkStatus();
-  if (!value->is_number()) {
-    return Invalid(source, value, key, absl::StrCat("expected a number, got ", JsonValue::TypeName(value->type())));
-  }
-  *out = value->number_value();
-  return absl::OkStatus();
+absl::Status ReadDouble(const JsonObject& config, absl::string_view key, double* out) {
+  return ReadInto(config, &JsonObject::Number, key, out);
+}
+absl::Status ReadString(const JsonObject& config, absl::string_view key, std::string* out) {
+  return ReadInto(config, &JsonObject::String, key, out);
 }
 
 }  // namespace
@@ -112,56 +80,57 @@ absl::StatusOr<ModelSpec> LoadPreset(absl::string_view name) {
   return spec;
 }
 
-absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::string_view source) {
-  if (!config.is_object()) return Invalid(source, &config, "config", "expected a JSON object");
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source) {
+  ZPLAN_ASSIGN_OR_RETURN(const JsonObject config, ParseJsonObject(text, source));
   for (absl::string_view moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
     int64_t experts = 0;
-    ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, moe_key, &experts));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, moe_key, &experts));
     if (experts > 1) {
-      return Invalid(source, config.Find(moe_key), moe_key,
-                     "mixture-of-experts models are not supported; plan a dense model");
+      return config.Error(moe_key, "mixture-of-experts models are not supported; plan a dense model");
     }
   }
-  const std::string model_type = ReadString(config, "model_type");
+  std::string model_type, name, act, attn;
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "model_type", &model_type));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
+  // The activation and attention keys under their legacy names first.
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "activation_function", &act));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "hidden_act", &act));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_attn_implementation", &attn));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "attn_implementation", &attn));
   // Multimodal configs (Llava, Qwen2-VL, Gemma 3, ...) nest the language model.
   if (config.Find("text_config") != nullptr && config.Find("num_hidden_layers") == nullptr) {
-    return Invalid(source, config.Find("text_config"), "text_config",
-                   absl::StrCat("a multimodal config (model_type \"", model_type,
-                                "\"): zplan plans its language model only; save text_config as its own "
-                                "config.json and pass that"));
+    return config.Error("text_config", absl::StrCat("a multimodal config (model_type \"", model_type,
+                                                    "\"): zplan plans its language model only; save text_config "
+                                                    "as its own config.json and pass that"));
   }
   ModelSpec spec;
-  spec.set_name(ReadString(config, "_name_or_path").empty() ? std::string(source)
-                                                            : ReadString(config, "_name_or_path"));
+  spec.set_name(name.empty() ? std::string(source) : name);
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
   int64_t positions = 0;
   // GPT-2 legacy names first; the modern names override when both exist.
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_layer", &layers));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_embd", &hidden));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_head", &heads));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_inner", &ffn));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "n_positions", &positions));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "num_hidden_layers", &layers));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "hidden_size", &hidden));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "num_attention_heads", &heads));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "num_key_value_heads", &kv_heads));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "head_dim", &head_dim));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "intermediate_size", &ffn));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "vocab_size", &vocab));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, source, "max_position_embeddings", &positions));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_layer", &layers));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_embd", &hidden));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_head", &heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_inner", &ffn));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_positions", &positions));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_hidden_layers", &layers));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "hidden_size", &hidden));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_attention_heads", &heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_key_value_heads", &kv_heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "head_dim", &head_dim));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "intermediate_size", &ffn));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "vocab_size", &vocab));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "max_position_embeddings", &positions));
   for (const auto& [key, legacy] : {std::pair{"num_hidden_layers", "n_layer"}, std::pair{"hidden_size", "n_embd"},
                                     std::pair{"num_attention_heads", "n_head"}, std::pair{"vocab_size", ""}}) {
     if (config.Find(key) == nullptr && (*legacy == '\0' || config.Find(legacy) == nullptr)) {
-      return Invalid(source, &config, key,
-                     absl::StrCat("missing; zplan plans decoder language models from a transformers config.json, "
-                                  "which has it (model_type \"", model_type, "\")"));
+      return config.Error(key, absl::StrCat("missing; zplan plans decoder language models from a transformers "
+                                            "config.json, which has it (model_type \"", model_type, "\")"));
     }
   }
 
   const bool gpt2 = model_type == "gpt2" || config.Find("n_embd") != nullptr;
   const bool qwen1 = model_type == "qwen";  // first-generation Qwen
-  std::string act = ReadString(config, "hidden_act");
-  if (act.empty()) act = ReadString(config, "activation_function");
   const bool gated = !gpt2 && (act.empty() || act == "silu" || act == "swish" || act == "swiglu" ||
                                model_type == "gemma" || model_type == "gemma2");
   // GPT-2's activation_function defaults to "gelu_new".
@@ -182,7 +151,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
   static const std::set<std::string> kUntiedByDefault = {"llama", "mistral", "qwen2", "qwen3",
                                                           "qwen", "mixtral", "phi3", "granite"};
   bool tied = kUntiedByDefault.count(model_type) == 0;
-  ZPLAN_RETURN_IF_ERROR(ReadBool(config, source, "tie_word_embeddings", &tied));
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "tie_word_embeddings", &tied));
   spec.set_tie_word_embeddings(tied);
 
   const bool layernorm = gpt2 || config.Find("layer_norm_eps") != nullptr ||
@@ -193,17 +162,15 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
   if (gpt2) spec.set_max_position_embeddings(positions);
 
   bool qkv_bias = gpt2 || model_type == "qwen2" || qwen1;
-  ZPLAN_RETURN_IF_ERROR(ReadBool(config, source, "attention_bias", &qkv_bias));
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "attention_bias", &qkv_bias));
   bool mlp_bias = gpt2;
-  ZPLAN_RETURN_IF_ERROR(ReadBool(config, source, "mlp_bias", &mlp_bias));
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "mlp_bias", &mlp_bias));
   spec.set_attention_qkv_bias(qkv_bias);
   // Llama's attention_bias covers o_proj too; Qwen2 biases only q, k, v.
   spec.set_attention_out_bias(gpt2 || (qkv_bias && model_type == "llama"));
   spec.set_mlp_bias(mlp_bias);
   spec.set_qk_norm(model_type == "qwen3");
 
-  std::string attn = ReadString(config, "attn_implementation");
-  if (attn.empty()) attn = ReadString(config, "_attn_implementation");
   spec.set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
   spec.set_eager_softmax_in_working_dtype(gpt2);
   // Dropout sites under their transformers names (GPT-2/Phi-3 legacy first);
@@ -211,10 +178,10 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
   // configs have only attention_dropout (0.0).
   const double default_dropout = gpt2 ? 0.1 : 0.0;
   double attention_dropout = default_dropout, residual_dropout = default_dropout, embedding_dropout = default_dropout;
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "attn_pdrop", &attention_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "attention_dropout", &attention_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "resid_pdrop", &residual_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, source, "embd_pdrop", &embedding_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "attn_pdrop", &attention_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "attention_dropout", &attention_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "resid_pdrop", &residual_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "embd_pdrop", &embedding_dropout));
   spec.set_attention_dropout(attention_dropout);
   spec.set_residual_dropout(residual_dropout);
   spec.set_embedding_dropout(embedding_dropout);
@@ -227,8 +194,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::s
 
 absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path) {
   ZPLAN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  ZPLAN_ASSIGN_OR_RETURN(JsonValue config, ParseJson(text, path));
-  return ModelSpecFromHfConfig(config, path);
+  return ModelSpecFromHfConfig(text, path);
 }
 
 absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params) {

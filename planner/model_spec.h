@@ -23,7 +23,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "planner/json.h"
 #include "proto/model.pb.h"
 
 namespace zplan {
@@ -35,9 +34,9 @@ std::vector<std::string> PresetNames();
 absl::StatusOr<ModelSpec> LoadPreset(absl::string_view name);
 
 // Reads a Hugging Face config.json (Llama/Mistral/Qwen2/Qwen3/GPT-2/Qwen
-// key names, GQA, explicit head_dim, tied embeddings). `source` names the
-// file in errors.
-absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const JsonValue& config, absl::string_view source);
+// key names, GQA, explicit head_dim, tied embeddings) from its `text`.
+// Errors read "<source>: <key>: <what>" (planner/json.h).
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source);
 absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path);
 
 // A standard shape for a bare parameter count, by this rule:

@@ -72,9 +72,7 @@ TEST(ModelSpecTest, UnknownPresetListsPresets) {
 }
 
 absl::StatusOr<ModelSpec> SpecFromJson(const std::string& text) {
-  auto json = ParseJson(text, "config.json");
-  if (!json.ok()) return json.status();
-  return ModelSpecFromHfConfig(*json, "config.json");
+  return ModelSpecFromHfConfig(text, "config.json");
 }
 
 absl::Status FromJson(const std::string& text) { return SpecFromJson(text).status(); }
@@ -122,16 +120,17 @@ TEST(ModelSpecTest, RejectsNonPositiveSizes) {
   EXPECT_NE(status.message().find("num_layers"), std::string::npos) << status;
 }
 
-TEST(ModelSpecTest, RejectsWrongTypeWithLine) {
+TEST(ModelSpecTest, RejectsWrongTypeNamingKey) {
   absl::Status status = FromJson("{\n  \"hidden_size\": 1024,\n  \"num_hidden_layers\": \"two\"\n}");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("config.json:3"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("num_hidden_layers"), std::string::npos) << status;
+  EXPECT_EQ(std::string(status.message()), "config.json: num_hidden_layers: expected an integer, got string \"two\"");
 }
 
 TEST(ModelSpecTest, RejectsMalformedJsonWithLine) {
   absl::Status status = FromJson("{\n  \"hidden_size\": 1024,\n  \"vocab_size\" 5\n}");
-  EXPECT_NE(status.message().find("config.json:3:"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("config.json:3:16: malformed JSON: expected : between key:value pair"),
+            std::string::npos)
+      << status;
 }
 
 TEST(ModelSpecTest, RejectsMixtureOfExperts) {

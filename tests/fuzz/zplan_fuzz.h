@@ -6,8 +6,8 @@
 // An input is one byte naming its kind (InputKind, modulo kKinds) and the
 // payload. FuzzOneInput runs it through the real readers and, when they
 // accept it, through the planner, and then checks what must always hold:
-// a plan zplan builds passes ValidatePlan and reads back equal. A rejection
-// is fine; a crash, an abort, a hang or a broken invariant is a finding.
+// a plan zplan builds passes ValidatePlan and reads back equal, and a JSON
+// reader's rejection is one line. A rejection is fine; a crash, an abort, a hang or a broken invariant is a finding.
 //
 // RunFuzzer mutates a seed corpus deterministically (seeded mt19937_64:
 // byte flips, insertions, deletions, splices, and numbers and strings
