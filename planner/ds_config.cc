@@ -26,7 +26,7 @@ absl::Status ReadOffload(const JsonObject& zero, absl::string_view key, OffloadD
     } else if (*dev == "nvme") {
       return offload->Error("device", "NVMe offload is not modelled; use \"cpu\" or \"none\"");
     } else {
-      return offload->Error("device", absl::StrCat("unknown device \"", *dev, "\"; use \"cpu\" or \"none\""));
+      return offload->Error("device", absl::StrCat("unknown device ", QuoteInput(*dev), "; use \"cpu\" or \"none\""));
     }
   }
   ZPLAN_ASSIGN_OR_RETURN(std::optional<bool> pin, offload->Bool("pin_memory"));

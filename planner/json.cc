@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
@@ -94,6 +95,16 @@ absl::Status CheckPythonStrictness(absl::string_view text, absl::string_view sou
 // protobuf's message is "reason\n<the input around the error>\n<spaces>^";
 // one line instead, with the line and column where the excerpt is unique.
 absl::Status FromProtobufError(absl::string_view message, absl::string_view text, absl::string_view source) {
+  // "(struct_value.fields[0]) a: Repeated map key: 'a' is already set." (the
+  // key itself may hold a line break).
+  constexpr absl::string_view kRepeated = "Repeated map key: '";
+  if (const size_t repeated = message.find(kRepeated); repeated != absl::string_view::npos) {
+    absl::string_view key = message.substr(repeated + kRepeated.size());
+    key = key.substr(0, key.rfind("' is already set"));
+    return Malformed(source, "",
+                     absl::StrCat("the key ", QuoteInput(key), " appears twice in one object; keep one (Python's "
+                                  "json would silently use the last)"));
+  }
   const size_t reason_end = message.find('\n');
   const size_t caret_start = message.rfind('\n');
   absl::string_view reason = message.substr(0, reason_end);
@@ -107,15 +118,6 @@ absl::Status FromProtobufError(absl::string_view message, absl::string_view text
         text.find(excerpt, at + 1) == absl::string_view::npos) {
       where = LineColumn(text, at + (caret - caret_start - 1));
     }
-  }
-  // "(struct_value.fields[0]) a: Repeated map key: 'a' is already set"
-  const size_t repeated = reason.find("Repeated map key: '");
-  if (repeated != absl::string_view::npos) {
-    absl::string_view key = reason.substr(repeated + 19);
-    key = key.substr(0, key.rfind("' is already set"));
-    return Malformed(source, where,
-                     absl::StrCat("the key \"", key, "\" appears twice in one object; keep one (Python's json "
-                                  "would silently use the last)"));
   }
   return Malformed(source, where, absl::AsciiStrToLower(reason.substr(0, 1)) + std::string(reason.substr(1)));
 }
@@ -145,6 +147,12 @@ const char* JsonTypeName(const Value& value) {
     case Value::KIND_NOT_SET: break;
   }
   return "nothing";
+}
+
+std::string QuoteInput(absl::string_view text) {
+  constexpr size_t kMaxQuotedBytes = 40;
+  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxQuotedBytes)),
+                      text.size() > kMaxQuotedBytes ? "...\"" : "\"");
 }
 
 JsonObject::JsonObject(std::shared_ptr<const Value> document, const google::protobuf::Struct* object,
@@ -194,9 +202,7 @@ absl::Status JsonObject::WrongType(absl::string_view key, absl::string_view expe
   const Value& value = *Find(key);
   std::string got = JsonTypeName(value);
   if (value.has_number_value()) absl::StrAppend(&got, " ", value.number_value());
-  if (value.has_string_value() && value.string_value().size() <= 40) {
-    absl::StrAppend(&got, " \"", value.string_value(), "\"");
-  }
+  if (value.has_string_value()) absl::StrAppend(&got, " ", QuoteInput(value.string_value()));
   return Error(key, absl::StrCat("expected ", expected, ", got ", got));
 }
 

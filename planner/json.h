@@ -40,6 +40,10 @@ absl::StatusOr<google::protobuf::Value> ParseJson(absl::string_view text, absl::
 // "number", "string", "object", ... for error messages.
 const char* JsonTypeName(const google::protobuf::Value& value);
 
+// Text from the input, for an error message: in double quotes, escaped (a
+// message stays one line) and cut at 40 bytes.
+std::string QuoteInput(absl::string_view text);
+
 // One object of a parsed document (which it keeps alive), with typed members.
 // Each typed read returns nullopt when the key is absent or null -- and, for
 // a ds_config.json, when it is "auto", the placeholder the transformers

@@ -89,6 +89,18 @@ TEST(JsonObjectTest, TypedMembersNameTheKeyPath) {
   EXPECT_EQ(root->Object("s").status().message(), "c.json: s: expected an object, got string \"three\"");
 }
 
+// Input text in a message is escaped, so every error stays one line.
+TEST(JsonObjectTest, QuotedInputKeepsMessagesOneLine) {
+  auto root = ParseJsonObject(R"({"n": "two\nlines \"and\" more text than forty bytes"})", "c");
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(std::string(root->Int("n").status().message()),
+            R"(c: n: expected an integer, got string "two\nlines \"and\" more text than forty byt...")");
+  auto twice = ParseJson(R"({"a\nb": 1, "a\nb": 2})", "c");
+  EXPECT_EQ(std::string(twice.status().message()),
+            R"(c: malformed JSON: the key "a\nb" appears twice in one object; keep one (Python's json would )"
+            R"(silently use the last))");
+}
+
 TEST(JsonObjectTest, IntegersStopBelowTwoToThe53) {
   auto root = ParseJsonObject(R"({"ok": 9007199254740991, "big": 9007199254740993, "neg": -1e300})", "c");
   ASSERT_TRUE(root.ok());

@@ -1,12 +1,9 @@
 #include "planner/model_spec.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <set>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/inventory.h"
@@ -34,7 +31,7 @@ std::map<std::string, std::string> PresetFiles() {
   return presets;
 }
 
-// Reads an integer, number or boolean member; absent (or null) leaves *out unchanged.
+// Reads a member into *out; absent or null leaves *out unchanged.
 template <typename T, typename Reader>
 absl::Status ReadInto(const JsonObject& config, Reader read, absl::string_view key, T* out) {
   auto value = (config.*read)(key);
@@ -99,8 +96,8 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::st
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "attn_implementation", &attn));
   // Multimodal configs (Llava, Qwen2-VL, Gemma 3, ...) nest the language model.
   if (config.Find("text_config") != nullptr && config.Find("num_hidden_layers") == nullptr) {
-    return config.Error("text_config", absl::StrCat("a multimodal config (model_type \"", model_type,
-                                                    "\"): zplan plans its language model only; save text_config "
+    return config.Error("text_config", absl::StrCat("a multimodal config (model_type ", QuoteInput(model_type),
+                                                    "): zplan plans its language model only; save text_config "
                                                     "as its own config.json and pass that"));
   }
   ModelSpec spec;
@@ -125,7 +122,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::st
                                     std::pair{"num_attention_heads", "n_head"}, std::pair{"vocab_size", ""}}) {
     if (config.Find(key) == nullptr && (*legacy == '\0' || config.Find(legacy) == nullptr)) {
       return config.Error(key, absl::StrCat("missing; zplan plans decoder language models from a transformers "
-                                            "config.json, which has it (model_type \"", model_type, "\")"));
+                                            "config.json, which has it (model_type ", QuoteInput(model_type), ")"));
     }
   }
 
