@@ -321,7 +321,10 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z3-bf16-offload-both-ckpt-w4", qwen3,
                     DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 4, 128, "sdpa", true),
       DeepSpeedCase("z3-bf16-prefetch-0", llama,
-                    DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_prefetch_bucket_size\": 0"})), 2, 128),
+                    DsConfig(3, "bf16", 2, 1, "",
+                             "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 0, "
+                             "\"stage3_param_persistence_threshold\": 10000"),
+                    2, 128),
       DeepSpeedCase("z3-bf16-max-live-1e5", llama,
                     DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_max_live_parameters\": 100000"})), 2, 128),
       DeepSpeedCase("z3-bf16-reuse-distance-0", qwen2,
