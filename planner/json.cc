@@ -62,7 +62,8 @@ absl::Status CheckPythonStrictness(absl::string_view text, absl::string_view sou
         }
         if (text[i] != '\\' || ++i == text.size()) continue;
         if (absl::string_view("\"\\/bfnrtu").find(text[i]) == absl::string_view::npos) {
-          return error(i - 1, absl::StrCat("an invalid escape in a string: a backslash before ", QuoteInput(text.substr(i, 1))));
+          return error(i - 1, absl::StrCat("an invalid escape in a string: a backslash before ",
+                                           QuoteInput(text.substr(i, 1))));
         }
       }
     } else if (c == '\'') {

@@ -50,7 +50,8 @@ TEST(JsonTest, RefusesWhatPythonRefusesWithLineAndColumn) {
            Case{"{\"a\": \"\xff\"}", "t.json", "UTF-8"},
            Case{"{\"a\": 1, \"a\": 2}", "t.json", "\"a\" appears twice"},
            Case{"  \n", "t.json", "empty"},
-           Case{"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", "t.json:1:33:", "deeper than 32"},
+           Case{"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", "t.json:1:33:",
+                "deeper than 32"},
        }) {
     auto v = ParseJson(c.text, "t.json");
     ASSERT_FALSE(v.ok()) << c.text;
