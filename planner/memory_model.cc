@@ -432,7 +432,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   const int64_t h = model.hidden_size();
   const int64_t vocab = model.vocab_size();
 
-  const std::vector<TensorSpec> params = ParameterInventory(model);
+  sizer.params_ = ParameterInventory(model);
+  const std::vector<TensorSpec>& params = sizer.params_;
   s.shards = ComputeShardLayout(params, s.world_size, zero.stage3_param_persistence_threshold());
   const ShardLayout& sh = s.shards;
   const int64_t total = sh.total_elements;

@@ -204,6 +204,9 @@ class StepSizer {
   StepSizes For(int64_t micro_batch, int64_t seq_length) const;
   StepSizes ForRank(int64_t micro_batch, int64_t seq_length, int64_t rank) const;
 
+  // The model's ParameterInventory, built once per sizer.
+  const std::vector<TensorSpec>& parameters() const { return params_; }
+
  private:
   // What distinguishes one rank from another (stages 1/2).
   struct RankVariant {
@@ -226,6 +229,7 @@ class StepSizer {
   std::vector<RankVariant> variants_;  // distinct ones
   std::vector<int> rank_variant_;      // rank -> index into variants_
   ModelSpec model_;
+  std::vector<TensorSpec> params_;
   StepSizes base_;                   // fields independent of batch and sequence
   int64_t dtype_bytes_ = 2;
   int working_dtype_ = 0;            // DType of activations

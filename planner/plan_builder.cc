@@ -124,9 +124,9 @@ absl::Status ValidatePlan(const Plan& plan, absl::string_view path) {
   return invalid(ValidateSizes(plan.model(), plan.config()));
 }
 
-absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
-                               const PlanOptions& options) {
-  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+namespace {
+
+Plan PlanFor(const Prepared& p, const PlanOptions& options) {
   const StepSizes& s = p.sizes;
   Plan plan;
   plan.set_planner_version(kPlannerVersion);
@@ -134,7 +134,7 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   *plan.mutable_config() = p.config;
   *plan.mutable_model() = p.model;
   *plan.mutable_gpu() = p.gpu;
-  for (TensorSpec& t : ParameterInventory(p.model)) *plan.add_parameters() = std::move(t);
+  for (const TensorSpec& t : p.sizer->parameters()) *plan.add_parameters() = t;
   plan.set_total_params(s.shards.total_elements);
   plan.set_model_states_bytes_per_rank(ModelStatesBytes(s));
 
@@ -182,22 +182,8 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
   return plan;
 }
 
-const MemoryBreakdown& PlannedDevice(const Plan& plan, int rank) {
-  for (const RankPlan& r : plan.ranks()) {
-    if (r.rank() == rank) return r.device();
-  }
-  return plan.device_per_rank();
-}
-
-absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config) {
-  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
-  return ClosedFormPeakBytes(p.sizes);
-}
-
 // Largest micro-batch (search_batch) or sequence length that fits, the other fixed.
-absl::StatusOr<int64_t> LargestFittingShape(const ModelSpec& model, const RunConfig& config,
-                                            int64_t budget_bytes, bool search_batch) {
-  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+absl::StatusOr<int64_t> LargestFittingShape(const Prepared& p, int64_t budget_bytes, bool search_batch) {
   if (p.gpu.capacity_bytes() == 0 && budget_bytes == 0) {
     return absl::InvalidArgumentError("max-batch: CPU ranks have no device limit; pass --budget-gib");
   }
@@ -213,14 +199,36 @@ absl::StatusOr<int64_t> LargestFittingShape(const ModelSpec& model, const RunCon
   });
 }
 
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
+                               const PlanOptions& options) {
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  return PlanFor(p, options);
+}
+
+const MemoryBreakdown& PlannedDevice(const Plan& plan, int rank) {
+  for (const RankPlan& r : plan.ranks()) {
+    if (r.rank() == rank) return r.device();
+  }
+  return plan.device_per_rank();
+}
+
+absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config) {
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  return ClosedFormPeakBytes(p.sizes);
+}
+
 absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
                                       int64_t budget_bytes) {
-  return LargestFittingShape(model, config, budget_bytes, /*search_batch=*/true);
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  return LargestFittingShape(p, budget_bytes, /*search_batch=*/true);
 }
 
 absl::StatusOr<int64_t> MaxSeqLength(const ModelSpec& model, const RunConfig& config,
                                      int64_t budget_bytes) {
-  return LargestFittingShape(model, config, budget_bytes, /*search_batch=*/false);
+  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
+  return LargestFittingShape(p, budget_bytes, /*search_batch=*/false);
 }
 
 const std::vector<StageOption>& StageOptions() {
@@ -244,12 +252,12 @@ absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const Run
   PlanOptions row_options = options;
   row_options.record_timeline = false;
   for (const StageOption& option : StageOptions()) {
-    const RunConfig row_config = WithStageOption(config, option);
+    ZPLAN_ASSIGN_OR_RETURN(const Prepared p, Prepare(model, WithStageOption(config, option)));
     GridRow row;
     row.option = option;
-    ZPLAN_ASSIGN_OR_RETURN(row.plan, BuildPlan(model, row_config, row_options));
-    if (row.plan.gpu().capacity_bytes() > 0 || options.device_budget_bytes > 0) {
-      ZPLAN_ASSIGN_OR_RETURN(row.max_micro_batch, MaxMicroBatch(model, row_config, options.device_budget_bytes));
+    row.plan = PlanFor(p, row_options);
+    if (p.gpu.capacity_bytes() > 0 || options.device_budget_bytes > 0) {
+      ZPLAN_ASSIGN_OR_RETURN(row.max_micro_batch, LargestFittingShape(p, options.device_budget_bytes, true));
     }
     rows.push_back(std::move(row));
   }
