@@ -6,7 +6,9 @@ Each rank is one process with DS_ACCELERATOR=cpu (gloo), launched the way
 torchrun does (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT).
 Before the model exists, every rank loads zplan's counting CPU allocator
 (//executor:libzplan_counting_allocator.so, the one zrun measures with), so
-DeepSpeed and zrun are measured by the same code.
+DeepSpeed and zrun are measured by the same code. Loading it also gives the
+process zrun's 16-bit CPU matrix products (executor/cpu_gemm.h: the same
+tensors, at fp32 speed where the CPU lacks AVX512).
 
 What it writes (--out): a zplan Report (proto/report.proto) as JSON, so the
 plan-vs-measurement comparison is the one zrun's reports go through
@@ -60,6 +62,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (>= 2)")
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"])
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--lora-config", default="", help="a PEFT adapter_config.json: train LoRA adapters on the frozen model")
     p.add_argument("--allocator", required=True, help="path of libzplan_counting_allocator.so")
     p.add_argument("--out", required=True, help="where the Report (JSON) goes")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the ranks are killed")
@@ -287,11 +290,17 @@ def run_rank(args):
     torch.manual_seed(0)
     alloc.tag(PARAMS)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=args.attention)
+    if args.lora_config:
+        import peft
+        with open(args.lora_config) as f:
+            model = peft.get_peft_model(model, peft.get_peft_config(json.load(f)))
     if args.checkpointing:
         model.activation_checkpointing_enable()
     model.train()
     alloc.tag(BUFFERS)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    # As the Trainer's create_optimizer: the optimizer gets the trainable parameters only.
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable, config=ds_config)
     init_peak = alloc.peak()
     tag_resident_states(alloc, engine)
 
@@ -414,7 +423,8 @@ def run_rank(args):
                      "peak_allocated_bytes": max(warmup_peak, steady_breakdown["peak_bytes"])}],
         "losses": losses,
         "framework": f"DeepSpeed {deepspeed.__version__}, transformers {transformers.__version__}, "
-                     f"torch {torch.__version__}",
+                     + (f"peft {sys.modules['peft'].__version__}, " if args.lora_config else "")
+                     + f"torch {torch.__version__}",
     }
     if args.trace:
         result["trace"] = trace

@@ -1,0 +1,149 @@
+#include "executor/cpu_gemm.h"
+
+// The dispatch stubs' per-capability kernels are static members declared only
+// under the capability macros libtorch_cpu was built with (x86-64: DEFAULT,
+// AVX2, AVX512).
+#define HAVE_AVX2_CPU_DEFINITION
+#define HAVE_AVX512_CPU_DEFINITION
+#include <ATen/native/CPUBlas.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <atomic>
+#include <type_traits>
+#include <vector>
+
+// The Fortran BLAS sgemm libtorch_cpu exports (MKL: column-major, 32-bit
+// sizes), and MKL's per-thread thread count.
+extern "C" int MKL_Set_Num_Threads_Local(int threads);  // the C interface (by value)
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+
+namespace zplan {
+namespace {
+
+using at::native::TransposeType;
+using at::native::cpublas::gemm_fn;
+
+// Panel edge: three 1 MiB fp32 panels per thread, and sgemm's blocks large
+// enough that converting each panel (once per block row or column) costs a
+// few percent of the product.
+constexpr int64_t kPanel = 512;
+
+std::atomic<int64_t> g_calls{0};
+gemm_fn g_gemm = nullptr;             // the kernels ATen had chosen
+gemm_fn g_gemm_no_downcast = nullptr;
+
+// op(X)(row, col) of a column-major matrix stored with leading dimension ld.
+template <typename T>
+float At(const T* x, int64_t ld, TransposeType trans, int64_t row, int64_t col) {
+  return static_cast<float>(trans == TransposeType::NoTranspose ? x[row + col * ld] : x[col + row * ld]);
+}
+
+// C (m x n, ldc, column-major, of type Out) = alpha op(A) op(B) + beta C, as
+// cpublas's reference kernel defines it (beta 0 ignores C).
+template <typename In, typename Out>
+void PanelGemm(TransposeType transa, TransposeType transb, int64_t m, int64_t n, int64_t k, float alpha,
+               const In* a, int64_t lda, const In* b, int64_t ldb, float beta, Out* c, int64_t ldc) {
+  thread_local std::vector<float> a_panel(kPanel * kPanel), b_panel(kPanel * kPanel), c_panel(kPanel * kPanel);
+  const float one = 1.0f;
+  // One thread, as the reference loops this replaces: MKL forking OpenMP
+  // threads for every panel, in each of several ranks sharing the cores,
+  // spent half of a 2-rank step spinning in libgomp.
+  const int mkl_threads = MKL_Set_Num_Threads_Local(1);
+  for (int64_t j0 = 0; j0 < n; j0 += kPanel) {
+    const int nb = static_cast<int>(std::min(kPanel, n - j0));
+    for (int64_t i0 = 0; i0 < m; i0 += kPanel) {
+      const int mb = static_cast<int>(std::min(kPanel, m - i0));
+      std::fill(c_panel.begin(), c_panel.begin() + mb * nb, 0.0f);
+      for (int64_t p0 = 0; p0 < k; p0 += kPanel) {
+        const int kb = static_cast<int>(std::min(kPanel, k - p0));
+        for (int p = 0; p < kb; ++p) {
+          for (int i = 0; i < mb; ++i) a_panel[i + p * mb] = At(a, lda, transa, i0 + i, p0 + p);
+        }
+        for (int j = 0; j < nb; ++j) {
+          for (int p = 0; p < kb; ++p) b_panel[p + j * kb] = At(b, ldb, transb, p0 + p, j0 + j);
+        }
+        sgemm_("N", "N", &mb, &nb, &kb, &one, a_panel.data(), &mb, b_panel.data(), &kb, &one, c_panel.data(), &mb);
+      }
+      for (int j = 0; j < nb; ++j) {
+        for (int i = 0; i < mb; ++i) {
+          Out& out = c[(i0 + i) + (j0 + j) * ldc];
+          const float sum = alpha * c_panel[i + j * mb];
+          out = static_cast<Out>(beta == 0.0f ? sum : sum + beta * static_cast<float>(out));
+        }
+      }
+    }
+  }
+  MKL_Set_Num_Threads_Local(mkl_threads);
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+// gemm_stub: inputs and output of `type`.
+void Gemm(c10::ScalarType type, TransposeType transa, TransposeType transb, int64_t m, int64_t n, int64_t k,
+          const c10::Scalar& alpha, const void* a, int64_t lda, const void* b, int64_t ldb, const c10::Scalar& beta,
+          void* c, int64_t ldc) {
+  const float al = alpha.to<float>(), be = beta.to<float>();
+  if (type == c10::ScalarType::BFloat16) {
+    using T = c10::BFloat16;
+    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
+                     static_cast<T*>(c), ldc);
+  }
+  if (type == c10::ScalarType::Half) {
+    using T = c10::Half;
+    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
+                     static_cast<T*>(c), ldc);
+  }
+  g_gemm(type, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// gemm_no_downcast_stub: inputs of `type`, fp32 output (cpublas::gemm's
+// bf16 x bf16 -> float overload).
+void GemmNoDowncast(c10::ScalarType type, TransposeType transa, TransposeType transb, int64_t m, int64_t n,
+                    int64_t k, const c10::Scalar& alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                    const c10::Scalar& beta, void* c, int64_t ldc) {
+  const float al = alpha.to<float>(), be = beta.to<float>();
+  if (type == c10::ScalarType::BFloat16) {
+    using T = c10::BFloat16;
+    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
+                     static_cast<float*>(c), ldc);
+  }
+  if (type == c10::ScalarType::Half) {
+    using T = c10::Half;
+    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
+                     static_cast<float*>(c), ldc);
+  }
+  g_gemm_no_downcast(type, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Installs `replacement` for every capability and returns the kernel
+// DispatchStubImpl::choose_cpu_impl would have picked for this CPU (its
+// capabilities as ATen's cpuinfo checks define them, ATen/native/DispatchStub.cpp
+// compute_cpu_capability).
+template <typename Stub>
+gemm_fn Replace(gemm_fn replacement) {
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq");
+  const gemm_fn chosen = avx512 && Stub::AVX512 != nullptr ? Stub::AVX512
+                         : avx2 && Stub::AVX2 != nullptr   ? Stub::AVX2
+                                                           : Stub::DEFAULT;
+  Stub::DEFAULT = Stub::AVX2 = Stub::AVX512 = replacement;
+  return chosen;
+}
+
+const bool kRegistered = [] {
+  using GemmStub = std::remove_reference_t<decltype(at::native::cpublas::gemm_stub)>;
+  using NoDowncastStub = std::remove_reference_t<decltype(at::native::cpublas::gemm_no_downcast_stub)>;
+  g_gemm = Replace<GemmStub>(&Gemm);
+  g_gemm_no_downcast = Replace<NoDowncastStub>(&GemmNoDowncast);
+  return true;
+}();
+
+}  // namespace
+
+int64_t HalfGemmCalls() { return g_calls.load(std::memory_order_relaxed); }
+
+}  // namespace zplan

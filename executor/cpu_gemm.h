@@ -1,0 +1,34 @@
+// File: cpu_gemm.h
+// 16-bit matrix products on CPUs without native bf16/fp16 GEMM, at fp32 speed.
+//
+// ATen multiplies bf16 and fp16 matrices on the CPU with oneDNN only where the
+// CPU has AVX512 (mkldnn_bf16_device_check in ATen/native/mkldnn/Utils.h);
+// elsewhere, e.g. an AMD EPYC (Zen 3) VM, cpublas::gemm falls back to
+// gemm_stub's reference loops: a bf16 2048x1024 @ 1024x1024 product takes 4.4 s
+// (1.0 GFLOP/s) against 0.05 s in fp32, so a bf16 zrun or DeepSpeed step there
+// is ~50x slower than fp32. Linking this library (it registers itself, like a
+// TORCH_LIBRARY_IMPL) replaces gemm_stub's and gemm_no_downcast_stub's CPU
+// kernels for bf16 and fp16 with a blocked product: 512x512 panels converted
+// to fp32 in thread-local buffers and multiplied by the BLAS sgemm libtorch
+// carries, accumulated in fp32 and rounded once, as the reference loops do.
+// Other dtypes go to the kernel ATen chose. No tensor is allocated (the panels
+// are plain heap memory, not c10's allocator), so what zrun and the DeepSpeed
+// oracle measure is unchanged; only the time changes. Where oneDNN takes the
+// product, the stubs are never reached and nothing changes.
+//
+// A process must load this before its first 16-bit product: the dispatch stub
+// caches the kernel it chose at its first call.
+#ifndef ZPLAN_EXECUTOR_CPU_GEMM_H_
+#define ZPLAN_EXECUTOR_CPU_GEMM_H_
+
+#include <cstdint>
+
+namespace zplan {
+
+// 16-bit products this process has computed through the fp32 panels (0 where
+// oneDNN took them all).
+int64_t HalfGemmCalls();
+
+}  // namespace zplan
+
+#endif  // ZPLAN_EXECUTOR_CPU_GEMM_H_
