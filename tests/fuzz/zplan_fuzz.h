@@ -42,7 +42,7 @@ bool FuzzOneInput(absl::string_view input);
 struct FuzzOptions {
   int64_t runs = 10'000;
   uint64_t seed = 1;
-  double seconds_per_input = 10;  // longer is a hang
+  double seconds_per_input = 10;  // CPU seconds; longer is a hang
   std::vector<std::pair<InputKind, std::string>> corpus_dirs;  // every file is a seed
   std::string out_dir = ".";      // where crash-N / hang-N go
 };

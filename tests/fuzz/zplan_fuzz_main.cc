@@ -15,7 +15,7 @@
 
 ABSL_FLAG(int64_t, runs, 1'000'000, "inputs to run");
 ABSL_FLAG(uint64_t, seed, 1, "mutation seed (the same seed runs the same inputs)");
-ABSL_FLAG(double, seconds_per_input, 10, "an input running longer is a hang (seconds)");
+ABSL_FLAG(double, seconds_per_input, 10, "an input using more CPU time is a hang (seconds)");
 ABSL_FLAG(std::string, out_dir, ".", "directory for crash-N / hang-N inputs");
 
 constexpr char kUsage[] = "zplan_fuzz [--runs N] [--seed S] [--out-dir DIR]";
