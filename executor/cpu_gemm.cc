@@ -124,6 +124,7 @@ void GemmNoDowncast(c10::ScalarType type, TransposeType transa, TransposeType tr
 // compute_cpu_capability).
 template <typename Stub>
 gemm_fn Replace(gemm_fn replacement) {
+  __builtin_cpu_init();  // we run among the static constructors
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq");
