@@ -32,7 +32,9 @@ TEST(CpuGemmTest, SixteenBitProductsMatchFp32) {
     }
   }
   // Without AVX512, oneDNN declines bf16 and the products above came here.
-  if (!__builtin_cpu_supports("avx512bw")) EXPECT_GT(HalfGemmCalls(), 0);
+  if (!__builtin_cpu_supports("avx512bw")) {
+    EXPECT_GT(HalfGemmCalls(), 0);
+  }
   // Batched products (bmm: attention) go through the same kernel.
   const at::Tensor q = at::randn({4, 64, 32}).to(at::kBFloat16), kt = at::randn({4, 32, 64}).to(at::kBFloat16);
   EXPECT_TRUE(at::allclose(at::bmm(q, kt).to(at::kFloat), at::bmm(q.to(at::kFloat), kt.to(at::kFloat)), 1e-2, 5e-2));
