@@ -33,8 +33,7 @@ using at::native::cpublas::gemm_fn;
 constexpr int64_t kPanel = 512;
 
 std::atomic<int64_t> g_calls{0};
-gemm_fn g_gemm = nullptr;             // the kernels ATen had chosen
-gemm_fn g_gemm_no_downcast = nullptr;
+gemm_fn g_gemm = nullptr;  // the kernel ATen had chosen
 
 // op(X)(row, col) of a column-major matrix stored with leading dimension ld.
 template <typename T>
@@ -42,11 +41,11 @@ float At(const T* x, int64_t ld, TransposeType trans, int64_t row, int64_t col) 
   return static_cast<float>(trans == TransposeType::NoTranspose ? x[row + col * ld] : x[col + row * ld]);
 }
 
-// C (m x n, ldc, column-major, of type Out) = alpha op(A) op(B) + beta C, as
-// cpublas's reference kernel defines it (beta 0 ignores C).
-template <typename In, typename Out>
+// C (m x n, ldc, column-major) = alpha op(A) op(B) + beta C, as cpublas's
+// reference kernel defines it (beta 0 ignores C).
+template <typename T>
 void PanelGemm(TransposeType transa, TransposeType transb, int64_t m, int64_t n, int64_t k, float alpha,
-               const In* a, int64_t lda, const In* b, int64_t ldb, float beta, Out* c, int64_t ldc) {
+               const T* a, int64_t lda, const T* b, int64_t ldb, float beta, T* c, int64_t ldc) {
   thread_local std::vector<float> a_panel(kPanel * kPanel), b_panel(kPanel * kPanel), c_panel(kPanel * kPanel);
   const float one = 1.0f;
   // One thread, as the reference loops this replaces: MKL forking OpenMP
@@ -70,9 +69,9 @@ void PanelGemm(TransposeType transa, TransposeType transb, int64_t m, int64_t n,
       }
       for (int j = 0; j < nb; ++j) {
         for (int i = 0; i < mb; ++i) {
-          Out& out = c[(i0 + i) + (j0 + j) * ldc];
+          T& out = c[(i0 + i) + (j0 + j) * ldc];
           const float sum = alpha * c_panel[i + j * mb];
-          out = static_cast<Out>(beta == 0.0f ? sum : sum + beta * static_cast<float>(out));
+          out = static_cast<T>(beta == 0.0f ? sum : sum + beta * static_cast<float>(out));
         }
       }
     }
@@ -81,65 +80,35 @@ void PanelGemm(TransposeType transa, TransposeType transb, int64_t m, int64_t n,
   g_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
-// gemm_stub: inputs and output of `type`.
+// gemm_stub: a 16-bit product to the panels, any other type to the kernel
+// ATen had chosen.
 void Gemm(c10::ScalarType type, TransposeType transa, TransposeType transb, int64_t m, int64_t n, int64_t k,
           const c10::Scalar& alpha, const void* a, int64_t lda, const void* b, int64_t ldb, const c10::Scalar& beta,
           void* c, int64_t ldc) {
-  const float al = alpha.to<float>(), be = beta.to<float>();
-  if (type == c10::ScalarType::BFloat16) {
-    using T = c10::BFloat16;
-    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
-                     static_cast<T*>(c), ldc);
-  }
-  if (type == c10::ScalarType::Half) {
-    using T = c10::Half;
-    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
-                     static_cast<T*>(c), ldc);
-  }
+  const auto run = [&](auto element) {
+    using T = decltype(element);
+    PanelGemm(transa, transb, m, n, k, alpha.to<float>(), static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb,
+              beta.to<float>(), static_cast<T*>(c), ldc);
+  };
+  if (type == c10::ScalarType::BFloat16) return run(c10::BFloat16());
+  if (type == c10::ScalarType::Half) return run(c10::Half());
   g_gemm(type, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// gemm_no_downcast_stub: inputs of `type`, fp32 output (cpublas::gemm's
-// bf16 x bf16 -> float overload).
-void GemmNoDowncast(c10::ScalarType type, TransposeType transa, TransposeType transb, int64_t m, int64_t n,
-                    int64_t k, const c10::Scalar& alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
-                    const c10::Scalar& beta, void* c, int64_t ldc) {
-  const float al = alpha.to<float>(), be = beta.to<float>();
-  if (type == c10::ScalarType::BFloat16) {
-    using T = c10::BFloat16;
-    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
-                     static_cast<float*>(c), ldc);
-  }
-  if (type == c10::ScalarType::Half) {
-    using T = c10::Half;
-    return PanelGemm(transa, transb, m, n, k, al, static_cast<const T*>(a), lda, static_cast<const T*>(b), ldb, be,
-                     static_cast<float*>(c), ldc);
-  }
-  g_gemm_no_downcast(type, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// Installs `replacement` for every capability and returns the kernel
+// Installs Gemm for every capability of gemm_stub, keeping the kernel
 // DispatchStubImpl::choose_cpu_impl would have picked for this CPU (its
-// capabilities as ATen's cpuinfo checks define them, ATen/native/DispatchStub.cpp
-// compute_cpu_capability).
-template <typename Stub>
-gemm_fn Replace(gemm_fn replacement) {
+// capabilities as ATen/native/DispatchStub.cpp compute_cpu_capability defines
+// them).
+const bool kRegistered = [] {
+  using Stub = std::remove_reference_t<decltype(at::native::cpublas::gemm_stub)>;
   __builtin_cpu_init();  // we run among the static constructors
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq");
-  const gemm_fn chosen = avx512 && Stub::AVX512 != nullptr ? Stub::AVX512
-                         : avx2 && Stub::AVX2 != nullptr   ? Stub::AVX2
-                                                           : Stub::DEFAULT;
-  Stub::DEFAULT = Stub::AVX2 = Stub::AVX512 = replacement;
-  return chosen;
-}
-
-const bool kRegistered = [] {
-  using GemmStub = std::remove_reference_t<decltype(at::native::cpublas::gemm_stub)>;
-  using NoDowncastStub = std::remove_reference_t<decltype(at::native::cpublas::gemm_no_downcast_stub)>;
-  g_gemm = Replace<GemmStub>(&Gemm);
-  g_gemm_no_downcast = Replace<NoDowncastStub>(&GemmNoDowncast);
+  g_gemm = avx512 && Stub::AVX512 != nullptr ? Stub::AVX512
+           : avx2 && Stub::AVX2 != nullptr   ? Stub::AVX2
+                                             : Stub::DEFAULT;
+  Stub::DEFAULT = Stub::AVX2 = Stub::AVX512 = &Gemm;
   return true;
 }();
 

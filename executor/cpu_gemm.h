@@ -7,10 +7,10 @@
 // gemm_stub's reference loops: a bf16 2048x1024 @ 1024x1024 product takes 4.4 s
 // (1.0 GFLOP/s) against 0.05 s in fp32, so a bf16 zrun or DeepSpeed step there
 // is ~50x slower than fp32. Linking this library (it registers itself, like a
-// TORCH_LIBRARY_IMPL) replaces gemm_stub's and gemm_no_downcast_stub's CPU
-// kernels for bf16 and fp16 with a blocked product: 512x512 panels converted
-// to fp32 in thread-local buffers and multiplied by the BLAS sgemm libtorch
-// carries, accumulated in fp32 and rounded once, as the reference loops do.
+// TORCH_LIBRARY_IMPL) replaces gemm_stub's CPU kernels for bf16 and fp16 with
+// a blocked product: 512x512 panels converted to fp32 in thread-local buffers
+// and multiplied by the BLAS sgemm libtorch carries (one thread, as the loops
+// it replaces), accumulated in fp32 and rounded once, as those loops do.
 // Other dtypes go to the kernel ATen chose. No tensor is allocated (the panels
 // are plain heap memory, not c10's allocator), so what zrun and the DeepSpeed
 // oracle measure is unchanged; only the time changes. Where oneDNN takes the
