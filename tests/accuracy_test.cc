@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "planner/memory_model.h"
 #include "planner/proto_io.h"
@@ -45,7 +46,10 @@ TEST(AccuracyTest, EveryConfigurationMeetsTheGoalsAndTheDocIsCurrent) {
     diff = FirstDifferenceWithin(Section(*committed, kComponentSectionHeading, kHostSectionHeading),
                                  Section(fresh, kComponentSectionHeading, kHostSectionHeading),
                                  kComponentSplitTolerance);
-    if (!diff.empty()) diff = "the per-component table (by more than 1% of a row), " + diff;
+    if (!diff.empty()) {
+      diff = absl::StrCat("the per-component table (by more than ", 100 * kComponentSplitTolerance, "% of a row), ",
+                          diff);
+    }
   }
   if (!diff.empty()) {
     FAIL() << "docs/accuracy.md differs from this run at " << diff
