@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "executor/counting_allocator.h"
+#include "planner/units.h"
 
 namespace zplan {
 namespace {
@@ -51,6 +52,20 @@ std::string DeviceName(const at::Device& device) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device.index()) != cudaSuccess) return "cuda";
   return prop.name;
+}
+
+absl::Status CheckSharedDevice(const at::Device& device, int ranks_on_device, int64_t planned_bytes_per_rank) {
+  if (!device.is_cuda() || ranks_on_device <= 1 || planned_bytes_per_rank <= 0) return absl::OkStatus();
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return absl::OkStatus();
+  const int64_t total = static_cast<int64_t>(total_bytes);
+  if (static_cast<double>(ranks_on_device) * planned_bytes_per_rank <= total) return absl::OkStatus();
+  const int64_t fit = total / planned_bytes_per_rank;
+  return absl::FailedPreconditionError(absl::StrCat(
+      ranks_on_device, " ranks share cuda:", device.index(), " (", DeviceName(device), ", ", FormatBytes(total),
+      ") and each is planned at ", FormatBytes(planned_bytes_per_rank), ": ",
+      FormatBytes(ranks_on_device * planned_bytes_per_rank), " in all does not fit; run at most ", fit,
+      " rank(s) per GPU (zplan --gpus), or plan a smaller --micro-batch or --seq"));
 }
 
 bool SupportsBf16(const at::Device& device) {

@@ -38,6 +38,12 @@ int CudaDeviceCount();
 
 std::string DeviceName(const at::Device& device);
 
+// Ranks that share one GPU (Gloo, more local ranks than devices) each hold
+// their planned peak, context included: kFailedPrecondition naming how many
+// fit when `ranks_on_device` x `planned_bytes_per_rank` exceeds the device,
+// instead of an out-of-memory error mid-step on one rank. CPU: always OK.
+absl::Status CheckSharedDevice(const at::Device& device, int ranks_on_device, int64_t planned_bytes_per_rank);
+
 // Whether `device` computes in bf16 (CPU: yes; CUDA: compute capability >= 8.0).
 bool SupportsBf16(const at::Device& device);
 

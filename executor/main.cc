@@ -21,6 +21,10 @@ ABSL_FLAG(std::string, save_dir, "", "write per-rank checkpoint shards and a `la
 ABSL_FLAG(int64_t, save_every, 0, "optimizer steps between checkpoints (default 0: only after the last step)");
 ABSL_FLAG(std::string, resume, "", "resume from the `latest` checkpoint in this directory");
 ABSL_FLAG(int64_t, stop_after, 0, "stop (and checkpoint) after this step; the schedule still spans --steps (default 0: off)");
+ABSL_FLAG(std::string, profile_dir, "",
+          "write rank-R.trace.json per rank: a Kineto trace of one steady-state step (chrome://tracing, Perfetto)");
+ABSL_FLAG(std::string, memory_snapshot_dir, "",
+          "write rank-R.memory.pickle per CUDA rank: the caching allocator's history (pytorch.org/memory_viz)");
 ABSL_FLAG(double, timeout, 120, "seconds a collective or the rendezvous may wait for a peer (default 120)");
 
 constexpr char kUsage[] = "zrun plan.pb [--steps N] [--report report.pb] [--emulate-rank R]";
@@ -47,6 +51,8 @@ int main(int argc, char** argv) {
   o.save_every = absl::GetFlag(FLAGS_save_every);
   o.resume_dir = absl::GetFlag(FLAGS_resume);
   o.stop_after = absl::GetFlag(FLAGS_stop_after);
+  o.profile_dir = absl::GetFlag(FLAGS_profile_dir);
+  o.memory_snapshot_dir = absl::GetFlag(FLAGS_memory_snapshot_dir);
   char self[PATH_MAX] = {0};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   o.self_path = n > 0 ? std::string(self, static_cast<size_t>(n)) : argv[0];

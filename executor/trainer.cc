@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "executor/counting_allocator.h"
 #include "executor/device_memory.h"
+#include "executor/profiling.h"
 #include "executor/token_file.h"
 #include "executor/transformer.h"
 #include "executor/zero_engine.h"
@@ -210,19 +211,35 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   }
   Sample(&report, device, PHASE_INIT, -1);
   const int64_t last_step = options.stop_after > 0 ? std::min(steps, options.stop_after) : steps;
+  const int64_t traced_step = std::min(first_step + 2, last_step - 1);
+  const std::string rank_file = absl::StrCat("/rank-", comm->rank());
+  StepTrace trace;
   for (int64_t step = first_step; step < last_step; ++step) {
-    const auto started = std::chrono::steady_clock::now();
     // The first step warms up (optimizer state appears in it); peaks are
     // measured over the steps after it.
-    if (step == first_step + 1) ResetDevicePeak(device);
+    if (step == first_step + 1) {
+      ResetDevicePeak(device);
+      if (!options.memory_snapshot_dir.empty()) StartMemoryHistory(device);
+    }
+    if (step == traced_step && !options.profile_dir.empty()) trace.Start(device);
+    const auto started = std::chrono::steady_clock::now();
     double loss_sum = 0;
+    // CUDA: the losses are summed on the device and read once the step is
+    // done, so the host never waits for a forward before it launches the
+    // backward (the Trainer's tr_loss does the same). CPU: read at once.
+    at::Tensor device_loss_sum;
     for (int64_t micro = 0; micro < accum; ++micro) {
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       BeginForwardPart();  // token ids and RoPE tables live until backward is done
       auto [ids, targets] = data.Batch(b, s, seed, device);
       at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing(), hooks);
       if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
-      loss_sum += loss.item<double>();
+      if (device.is_cuda()) {
+        const at::Tensor value = loss.detach().to(at::kFloat);
+        device_loss_sum = device_loss_sum.defined() ? device_loss_sum + value : value;
+      } else {
+        loss_sum += loss.item<double>();
+      }
       (loss * engine->loss_scale()).backward();
       SetMemoryTag(COMPONENT_TEMPORARIES);
       loss.reset();
@@ -231,6 +248,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     }
     const double learning_rate = LearningRate(config.optimizer(), step, steps);
     ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(learning_rate));
+    if (device_loss_sum.defined()) loss_sum = device_loss_sum.item<double>();
     if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::TensorOptions().dtype(at::kDouble).device(device));
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
@@ -238,6 +256,10 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     (void)result;
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (step > first_step) report.add_step_seconds(step_seconds);
+    if (step == traced_step && !options.profile_dir.empty()) {
+      ZPLAN_ASSIGN_OR_RETURN(std::string summary, trace.Finish(options.profile_dir + rank_file + ".trace.json"));
+      if (options.progress != nullptr) *options.progress << summary;
+    }
     if (options.progress != nullptr) {
       const DeviceMemorySample m = SampleDeviceMemory(device);
       *options.progress << absl::StrFormat("step %d/%d  loss %.4f  lr %.3g  tokens/s %.0f  memory %s (peak %s)\n",
@@ -252,6 +274,9 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
         (done == last_step || (options.save_every > 0 && done % options.save_every == 0))) {
       ZPLAN_RETURN_IF_ERROR(SaveCheckpoint(options.save_dir, done, report, *engine, comm));
     }
+  }
+  if (!options.memory_snapshot_dir.empty() && device.is_cuda()) {
+    ZPLAN_RETURN_IF_ERROR(WriteMemorySnapshot(device, options.memory_snapshot_dir + rank_file + ".memory.pickle"));
   }
   // Measured: peak tensor bytes over the steady-state steps; on CUDA also the
   // allocator's reserved-but-unallocated band and memory outside it

@@ -40,6 +40,11 @@ struct TrainOptions {
   int64_t stop_after = 0;      // stop (and checkpoint) after this step, as a preempted job would
   int local_rank = 0;          // the launcher's LOCAL_RANK / SLURM_LOCALID: which GPU of the node
   std::ostream* progress = nullptr;  // one line per step (step, loss, lr, tokens/s, memory); null: quiet
+  // Diagnostics (profiling.h), one file per rank: a Kineto trace of the
+  // second steady-state step (or the last) and, on CUDA, the caching
+  // allocator's history over the steady-state steps.
+  std::string profile_dir;          // rank-R.trace.json; empty = off
+  std::string memory_snapshot_dir;  // rank-R.memory.pickle; empty = off
 };
 
 // kFailedPrecondition when the model does not match the plan's inventory or

@@ -25,13 +25,17 @@ constexpr double kNormEps = 1e-6;
 constexpr double kInitStd = 0.02;        // GPT-2 / Llama initialiser
 constexpr double kRopeTheta = 10000.0;
 
-// A parameter's initial value, fp32 on the host: norm weights 1, biases 0,
-// the rest N(0, kInitStd) from its own generator.
-at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64_t seed) {
-  if (absl::EndsWith(name, ".bias")) return at::zeros(shape, at::kFloat);
-  if (name.find("norm") != std::string::npos) return at::ones(shape, at::kFloat);
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::empty(shape, at::kFloat).normal_(0.0, kInitStd, generator);
+// A parameter's initial value, fp32 on `where`: norm weights 1, biases 0,
+// the rest N(0, kInitStd) from its own generator (on a CUDA device a fresh
+// copy of the device's generator, reseeded).
+at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64_t seed, at::Device where) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(where);
+  if (absl::EndsWith(name, ".bias")) return at::zeros(shape, options);
+  if (name.find("norm") != std::string::npos) return at::ones(shape, options);
+  at::Generator generator = where.is_cpu() ? at::make_generator<at::CPUGeneratorImpl>(seed)
+                                           : at::globalContext().defaultGenerator(where).clone();
+  if (!where.is_cpu()) generator.set_current_seed(seed);
+  return at::empty(shape, options).normal_(0.0, kInitStd, generator);
 }
 
 // transformers' LlamaRMSNorm (Qwen2/3 and Mistral use the same code), op for
@@ -203,7 +207,7 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::Sc
   for (const TensorSpec& t : ParameterInventory(spec)) {
     const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
     const uint64_t param_seed = seed + model.parameters_.size();
-    at::Tensor value = materialize ? InitialValueOf(t.name(), shape, param_seed).to(device, dtype)
+    at::Tensor value = materialize ? InitialValueOf(t.name(), shape, param_seed, at::kCPU).to(device, dtype)
                                    : at::empty_strided(shape, std::vector<int64_t>(shape.size(), 0), options);
     model.index_[t.name()] = model.parameters_.size();
     model.parameters_.emplace_back(t.name(), value.requires_grad_(true));
@@ -211,9 +215,9 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::Sc
   return model;
 }
 
-at::Tensor Transformer::InitialValue(size_t index) const {
+at::Tensor Transformer::InitialValue(size_t index, at::Device where) const {
   const auto& [name, param] = parameters_[index];
-  return InitialValueOf(name, param.sizes(), seed_ + index);
+  return InitialValueOf(name, param.sizes(), seed_ + index, where);
 }
 
 const at::Tensor& Transformer::Param(const std::string& name) const {

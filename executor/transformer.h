@@ -64,9 +64,13 @@ class Transformer {
   static absl::StatusOr<Transformer> Create(const ModelSpec& spec, at::ScalarType dtype, uint64_t seed,
                                             at::Device device, bool materialize = true);
 
-  // Parameter `index`'s initial value, whole, fp32 on the host: the same for
-  // every world size and stage. Valid until an engine partitions the parameter.
-  at::Tensor InitialValue(size_t index) const;
+  // Parameter `index`'s initial value, whole, fp32 on `where`: the same for
+  // every world size and stage on one kind of device. The host draws from a
+  // CPU generator; a CUDA device from its own Philox generator (zero.Init
+  // creates each parameter on the accelerator, and drawing tens of billions
+  // of values on the host takes minutes), so CUDA and CPU runs start from
+  // different values. Valid until an engine partitions the parameter.
+  at::Tensor InitialValue(size_t index, at::Device where = at::kCPU) const;
 
   // (name, tensor) in inventory order; tensors are leaves with requires_grad.
   const std::vector<std::pair<std::string, at::Tensor>>& parameters() const { return parameters_; }

@@ -212,9 +212,11 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
       if (model->materialized()) {
         chunk.copy_(slot.param.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
       } else {
-        // zero.Init: the parameter exists whole only now, on the host in
-        // fp32; its chunk is kept (and a persistent one whole), the rest freed.
-        const at::Tensor whole = model->InitialValue(i);
+        // zero.Init: the parameter exists whole only now, in fp32 on the
+        // rank's device (partition_parameters.py, Init: tensors are created
+        // on the accelerator); its chunk is kept (and a persistent one
+        // whole), the rest freed.
+        const at::Tensor whole = model->InitialValue(i, e->device_);
         chunk.copy_(whole.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
         if (slot.persistent && !e->unpartitioned_) slot.param.set_data(whole.to(e->device_, e->dtype_));
       }

@@ -71,9 +71,18 @@ int FinishAsRankZero(const Plan& plan, const ZrunOptions& options, const std::st
 int RunRank(const Plan& plan, const RankInfo& info, CollectiveBackend backend, const ZrunOptions& options,
             std::ostream& out, std::ostream& err) {
   // The GPU first: ProcessGroupNCCL binds its communicators to the current device.
-  if (auto device = SelectDevice(plan.gpu().key() != "cpu", info.local_rank); !device.ok()) {
+  const absl::StatusOr<at::Device> device = SelectDevice(plan.gpu().key() != "cpu", info.local_rank);
+  if (!device.ok()) {
     err << "zrun rank " << info.rank << ": " << device.status().message() << "\n";
     return ExitCodeFor(device.status());
+  }
+  // Local ranks beyond the device count share GPUs round robin (SelectDevice).
+  if (const int count = CudaDeviceCount(); device->is_cuda() && count > 0 && backend != CollectiveBackend::kEmulated) {
+    const int sharing = (info.local_world_size - info.local_rank % count + count - 1) / count;
+    if (absl::Status s = CheckSharedDevice(*device, sharing, plan.device_per_rank().peak_bytes()); !s.ok()) {
+      if (info.local_rank < count) err << "zrun: " << s.message() << "\n";  // once per device
+      return ExitCodeFor(s);
+    }
   }
   auto comm = CreateCollectives(info, backend, absl::Seconds(options.timeout_seconds));
   if (!comm.ok()) {
@@ -83,7 +92,8 @@ int RunRank(const Plan& plan, const RankInfo& info, CollectiveBackend backend, c
   const bool reports_progress = info.rank == 0 || backend == CollectiveBackend::kEmulated;
   auto report = TrainRank(plan, comm->get(),
                           {options.steps, options.data_path, options.save_dir, options.save_every, options.resume_dir,
-                           options.stop_after, info.local_rank, reports_progress ? &err : nullptr});
+                           options.stop_after, info.local_rank, reports_progress ? &err : nullptr,
+                           options.profile_dir, options.memory_snapshot_dir});
   if (!report.ok()) {
     err << "zrun rank " << info.rank << ": " << report.status().message() << "\n";
     return ExitCodeFor(report.status());
@@ -221,6 +231,14 @@ absl::Status ValidateZrunOptions(const ZrunOptions& o) {
     std::filesystem::create_directories(o.save_dir, error);
     if (error) return FlagError("save-dir", absl::StrCat("cannot create ", o.save_dir, ": ", error.message()));
     if (absl::Status s = CheckWritable(o.save_dir + "/latest"); !s.ok()) return FlagError("save-dir", s.message());
+  }
+  for (const auto& [flag, dir] : {std::pair<const char*, const std::string&>{"profile-dir", o.profile_dir},
+                                  {"memory-snapshot-dir", o.memory_snapshot_dir}}) {
+    if (dir.empty()) continue;
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) return FlagError(flag, absl::StrCat("cannot create ", dir, ": ", error.message()));
+    if (absl::Status s = CheckWritable(dir + "/rank-0"); !s.ok()) return FlagError(flag, s.message());
   }
   return absl::OkStatus();
 }
@@ -449,6 +467,8 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   if (options.save_every > 0) argv.push_back(absl::StrCat("--save_every=", options.save_every));
   if (!options.resume_dir.empty()) argv.push_back("--resume=" + options.resume_dir);
   if (options.stop_after > 0) argv.push_back(absl::StrCat("--stop_after=", options.stop_after));
+  if (!options.profile_dir.empty()) argv.push_back("--profile_dir=" + options.profile_dir);
+  if (!options.memory_snapshot_dir.empty()) argv.push_back("--memory_snapshot_dir=" + options.memory_snapshot_dir);
   return SpawnRanks(plan, options, argv, err);
 }
 

@@ -43,6 +43,8 @@ struct ZrunOptions {
   int64_t save_every = 0;
   std::string resume_dir;
   int64_t stop_after = 0;
+  std::string profile_dir;          // per-rank Kineto traces (trainer.h)
+  std::string memory_snapshot_dir;  // per-rank CUDA allocator histories
   std::string self_path;                  // this binary, for spawning ranks
 };
 

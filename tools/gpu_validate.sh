@@ -6,7 +6,8 @@
 #   tools/gpu_validate.sh --dry-run  the same matrix on CPU ranks (what the test suite runs)
 #
 # Matrix: NCCL world 1 (ZeRO 0, 2, 3), Gloo with 2 and 4 processes sharing the
-# GPU, emulated ranks of world 8 and 64, and seed 000's scenario (1B, seq 8192,
+# GPU, emulated ranks of world 8 and 64, a 70B model built with zero.Init as
+# rank 63 of 64 (twice the GPU's memory in bf16), and seed 000's scenario (1B, seq 8192,
 # ZeRO-3 with optimizer and parameter offload, checkpointing, accumulation 4)
 # as rank 3 of its 4 GPUs at micro-batch 2 and 4. Per row: planned tensor
 # bytes vs measured peak allocated (goal within 5%), planned tensors +
@@ -28,10 +29,13 @@ pick() {  # first existing executable
 ZPLAN=${ZPLAN:-$(pick "$root/dist/bin/zplan" "$runfiles/zplan/planner/zplan" "$root/bazel-bin/planner/zplan")}
 ZRUN=${ZRUN:-$(pick "$root/dist/bin/zrun" "$runfiles/zplan/executor/zrun" "$root/bazel-bin/executor/zrun")}
 PY=python3
+# A case that hangs or crawls must not take the whole lease with it.
+case_timeout_s=${CASE_TIMEOUT_S:-150}
+limit() { timeout --kill-after=15 "$case_timeout_s" "$@"; }
 
 if (( dry_run )); then
   gpu=cpu model=debug-tiny seq=128 batch=2 steps=3
-  big_model=debug-tiny big_seq=256 speed_batch=2
+  big_model=debug-tiny big_seq=256 speed_batch=2 huge_params=3e7
 else
   venv=${TORCH_VENV:-/opt/torch/.venv}
   site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
@@ -46,7 +50,7 @@ else
     *) gpu=h100-80gb ;;
   esac
   model=qwen3-0.6b seq=2048 batch=2 steps=4
-  big_model=1b big_seq=8192 speed_batch=4
+  big_model=1b big_seq=8192 speed_batch=4 huge_params=70e9
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 fi
 
@@ -57,18 +61,23 @@ run_case() {  # label, zrun args (after the plan), then -- zplan flags
   while [[ $1 != -- ]]; do zrun_args+=("$1"); shift; done
   shift
   local slug=${label//[^A-Za-z0-9]/_}
-  "$ZPLAN" --gpu "$gpu" --model "$model" --seq "$seq" --micro-batch "$batch" --out "$out/$slug.pb" "$@" \
+  [[ -n $snapshot ]] && zrun_args=("${zrun_args[@]/#$snapshot/--memory_snapshot_dir=$out/$slug.snapshot}")
+  local model_flags=(--model "$model")
+  [[ " $* " == *" --model "* || " $* " == *" --params "* ]] && model_flags=()
+  "$ZPLAN" --gpu "$gpu" "${model_flags[@]}" --seq "$seq" --micro-batch "$batch" --out "$out/$slug.pb" "$@" \
     > "$out/$slug.plan.txt" 2>&1 || { rows+=("$label|zplan failed"); return; }
-  "$ZRUN" "$out/$slug.pb" --steps "$steps" --report "$out/$slug.report.json" "${zrun_args[@]}" \
+  limit "$ZRUN" "$out/$slug.pb" --steps "$steps" --report "$out/$slug.report.json" "${zrun_args[@]}" \
     > "$out/$slug.zrun.txt" 2>&1
   local rc=$?
   "$ZPLAN" show "$out/$slug.pb" --format json > "$out/$slug.plan.json"
   rows+=("$label|$("$PY" - "$out/$slug.plan.json" "$out/$slug.report.json" "$rc" <<'PY'
 import json, sys
-plan = json.load(open(sys.argv[1]))["device_per_rank"]
+full_plan = json.load(open(sys.argv[1]))
+plan = full_plan["device_per_rank"]
 rc = sys.argv[3]
 try:
-    ranks = json.load(open(sys.argv[2]))["ranks"]
+    report = json.load(open(sys.argv[2]))
+    ranks = report["ranks"]
 except Exception:
     print(f"zrun exit {rc}, no report"); sys.exit()
 g = lambda d, k: int(d.get(k, 0))
@@ -77,24 +86,40 @@ m = max(ranks, key=lambda r: g(r["measured_device"], "peak_bytes"))["measured_de
 alloc = g(m, "peak_bytes")
 reserved = alloc + g(m, "allocator_bytes")
 runtime = g(m, "runtime_bytes")
+planned_runtime = g(plan, "runtime_bytes")
+if report.get("backend") != "nccl":  # emulated or Gloo: no NCCL communicator, only the context to measure
+    planned_runtime = g(full_plan["gpu"], "cuda_context_bytes")
+if len(ranks) > 1 and runtime > 0:  # processes sharing the GPU: the device's memory outside all their pools, per process
+    pools = [g(r["measured_device"], "peak_bytes") + g(r["measured_device"], "allocator_bytes") for r in ranks]
+    used = max(p + g(r["measured_device"], "runtime_bytes") for p, r in zip(pools, ranks))
+    runtime = (used - sum(pools)) // len(ranks)
 err = lambda a, b: f"{100.0 * (a - b) / b:+.1f}%" if b else "n/a"
 gib = lambda b: f"{b / 2**30:.2f}"
 print(f"{gib(tensors)}|{gib(alloc)}|{err(alloc, tensors)}|{gib(reserved)}|"
-      f"{err(reserved, tensors + g(plan, 'allocator_bytes'))}|{gib(runtime)}|{gib(g(plan, 'runtime_bytes'))}|exit {rc}")
+      f"{err(reserved, tensors + g(plan, 'allocator_bytes'))}|{gib(runtime)}|{gib(planned_runtime)}|exit {rc}")
 PY
 )")
 }
 
 if (( dry_run )); then backend=gloo; else backend=nccl; fi
-run_case "$backend world 1, ZeRO-0" -- --gpus 1 --zero-stage 0
+# Rows that also write the caching allocator's history (pytorch.org/memory_viz).
+snapshot=SNAPSHOT
+(( dry_run )) && snapshot=
+run_case "$backend world 1, ZeRO-0" $snapshot -- --gpus 1 --zero-stage 0
 run_case "$backend world 1, ZeRO-2" -- --gpus 1 --zero-stage 2
 run_case "$backend world 1, ZeRO-3 + ckpt" -- --gpus 1 --zero-stage 3 --checkpointing true
 run_case "gloo 2 ranks, ZeRO-3" -- --gpus 2 --zero-stage 3
-run_case "gloo 4 ranks, ZeRO-2 + offload, accum 2" -- --gpus 4 --zero-stage 2 --offload-optimizer cpu --grad-accum 2
+# Four processes on one GPU each hold a whole plan: half the sequence fits them.
+run_case "gloo 4 ranks, ZeRO-2 + offload, accum 2" -- --gpus 4 --zero-stage 2 --offload-optimizer cpu --grad-accum 2 \
+  --seq $((seq / 2))
 run_case "emulated rank 7 of 8, ZeRO-3" --emulate-rank 7 -- --gpus 8 --zero-stage 3
 run_case "emulated rank 63 of 64, ZeRO-3" --emulate-rank 63 -- --gpus 8 --nodes 8 --zero-stage 3
+# zero.Init: a model twice the GPU's size (140 GB in bf16) is built and
+# partitioned parameter by parameter; the construction peak is in the report.
+run_case "zero.Init ${huge_params} params, rank 63/64" --emulate-rank 63 -- --params "$huge_params" --micro-batch 1 \
+  --gpus 8 --nodes 8 --zero-stage 3 --checkpointing true
 for b in 2 4; do
-  run_case "seed 000, mb $b, rank 3 of 4" --emulate-rank 3 -- --model "$big_model" --seq "$big_seq" \
+  run_case "seed 000, mb $b, rank 3 of 4" --emulate-rank 3 $snapshot -- --model "$big_model" --seq "$big_seq" \
     --micro-batch "$b" --grad-accum 4 --gpus 4 --zero-stage 3 --offload-optimizer cpu --offload-param cpu \
     --checkpointing true
 done
@@ -107,13 +132,15 @@ speed_case() {  # label, zplan flags...
   "$ZPLAN" --gpu "$gpu" "$@" --gpus 1 --zero-stage 0 --precision bf16 --out "$out/$slug.pb" \
     > "$out/$slug.plan.txt" 2>&1 || { speed_rows+=("$label|zplan failed"); return; }
   "$ZPLAN" show "$out/$slug.pb" --format json > "$out/$slug.plan.json"
-  "$ZRUN" "$out/$slug.pb" --steps 8 --report "$out/$slug.report.json" > "$out/$slug.zrun.txt" 2>&1
+  limit "$ZRUN" "$out/$slug.pb" --steps 8 --report "$out/$slug.report.json" --profile_dir "$out/$slug.profile" \
+    > "$out/$slug.zrun.txt" 2>&1
   local peak
   peak=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['gpu'].get('peak_dense_bf16_flops', 0))" \
     "$out/$slug.plan.json")
   for weights in working fp32-master; do
-    "$PY" "$root/tools/torch_reference_loop.py" "$out/$slug.plan.json" --steps 8 --weights "$weights" \
-      --peak-flops "$peak" > "$out/$slug.torch_$weights.json" 2> "$out/$slug.torch_$weights.txt"
+    limit "$PY" "$root/tools/torch_reference_loop.py" "$out/$slug.plan.json" --steps 8 --weights "$weights" \
+      --peak-flops "$peak" --profile "$out/$slug.profile/torch_$weights.trace.json" \
+      > "$out/$slug.torch_$weights.json" 2> "$out/$slug.torch_$weights.txt"
   done
   speed_rows+=("$label|$("$PY" - "$out/$slug" <<'PY'
 import json, statistics, sys

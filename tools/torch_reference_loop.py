@@ -7,7 +7,7 @@ model FLOPs utilisation (PaLM's formula, as zrun's report).
 
   python3 tools/torch_reference_loop.py plan.json --steps 10 [--peak-flops 989.4e12]
 """
-import argparse, json, math, time
+import argparse, json, math, sys, time
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +21,27 @@ def flops_per_token(m, seq):
     return 6 * weights + 12 * m["num_layers"] * a * d * seq
 
 
+class RMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm, eager as the Trainer runs it (and zrun): upcast, mean of squares, scale."""
+
+    def __init__(self, h, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.ones(h)), eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
 class Block(torch.nn.Module):
     def __init__(self, m):
         super().__init__()
         h, self.a, self.kv, self.d, f = m["hidden_size"], m["num_attention_heads"], m["num_kv_heads"], m["head_dim"], m["ffn_hidden_size"]
         self.swiglu = m.get("ffn_type", "FFN_SWIGLU") == "FFN_SWIGLU"
         self.eager = m.get("attention_impl") == "ATTENTION_EAGER"
-        self.n1, self.n2 = torch.nn.RMSNorm(h, eps=1e-6), torch.nn.RMSNorm(h, eps=1e-6)
+        self.n1, self.n2 = RMSNorm(h), RMSNorm(h)
         self.q = torch.nn.Linear(h, self.a * self.d, bias=False)
         self.k = torch.nn.Linear(h, self.kv * self.d, bias=False)
         self.v = torch.nn.Linear(h, self.kv * self.d, bias=False)
@@ -56,7 +70,7 @@ class Model(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(m["vocab_size"], m["hidden_size"])
         self.blocks = torch.nn.ModuleList(Block(m) for _ in range(m["num_layers"]))
-        self.norm = torch.nn.RMSNorm(m["hidden_size"], eps=1e-6)
+        self.norm = RMSNorm(m["hidden_size"])
         self.head = torch.nn.Linear(m["hidden_size"], m["vocab_size"], bias=False)
         if m.get("tie_word_embeddings"):
             self.head.weight = self.embed.weight
@@ -84,6 +98,8 @@ def main():
                    help="working: parameters and AdamW in the plan's dtype; fp32-master: fp32 parameters and "
                         "AdamW with the forward and backward under torch.autocast in bf16 (PyTorch's mixed "
                         "precision, the numerics of DeepSpeed's bf16 mode)")
+    p.add_argument("--profile", default="",
+                   help="write a Kineto trace of step 2 here (as zrun --profile-dir does) and print its top kernels")
     args = p.parse_args()
     plan = json.load(open(args.plan_json))
     m, cfg = plan["model"], plan["config"]
@@ -100,6 +116,11 @@ def main():
     times = []
     for step in range(args.steps):
         ids = torch.randint(m["vocab_size"], (b, s + 1), generator=g).to(dev)
+        profiler = None
+        if args.profile and step == min(2, args.steps - 1):
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev == "cuda" else [])
+            profiler = torch.profiler.profile(activities=acts)
+            profiler.__enter__()
         start = time.perf_counter()
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
             loss = model(ids[:, :-1], ids[:, 1:])
@@ -109,6 +130,11 @@ def main():
         if dev == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            profiler.export_chrome_trace(args.profile)
+            sort = "cuda_time_total" if dev == "cuda" else "self_cpu_time_total"
+            print(profiler.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60), file=sys.stderr)
     step_s = sum(times[1:]) / max(1, len(times) - 1)  # the first step warms up
     tps = b * s / step_s
     fpt = flops_per_token(m, s)
