@@ -611,7 +611,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // getCurrentCUDABlasHandle -> setWorkspace), so it counts in peak
     // allocated, with the buffers; the rest is outside the allocator.
     s.cublas_workspace = gpu.cublas_workspace_bytes();
-    s.runtime = gpu.cuda_context_bytes() + (s.world_size > 1 ? gpu.nccl_bytes_per_communicator() : 0);
+    // A one-rank job creates its NCCL communicator too: DeepSpeed's engine
+    // broadcasts the model (engine.py, _broadcast_model) and reduces
+    // gradients whatever the world size, as zrun does (measured on an H100:
+    // configs/gpus/catalog.textproto).
+    s.runtime = gpu.cuda_context_bytes() + gpu.nccl_bytes_per_communicator();
   }
   s.allocator_band_fraction = gpu.allocator_band_fraction();
 
