@@ -277,6 +277,9 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   }
   if (!options.memory_snapshot_dir.empty() && device.is_cuda()) {
     ZPLAN_RETURN_IF_ERROR(WriteMemorySnapshot(device, options.memory_snapshot_dir + rank_file + ".memory.pickle"));
+  } else if (!options.memory_snapshot_dir.empty() && options.progress != nullptr) {
+    *options.progress << "memory snapshot: CPU ranks have no caching allocator; nothing written to "
+                      << options.memory_snapshot_dir << "\n";
   }
   // Measured: peak tensor bytes over the steady-state steps; on CUDA also the
   // allocator's reserved-but-unallocated band and memory outside it

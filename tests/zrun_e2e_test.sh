@@ -34,6 +34,17 @@ grep -q "verdict: pass" w2.out || fail "no pass verdict in the table"
 n=$(grep -cE '^step [0-9]+/3  loss [0-9.]+  lr [0-9.e+-]+  tokens/s [0-9]+  memory ' w2.out)
 [[ $n == 3 ]] && pass "3 progress lines" || { cat w2.out; fail "$n progress lines, want 3 (rank 0 only)"; }
 
+# 1b. --profile-dir: a Kineto trace of one steady-state step per rank, summed
+# up by rank 0; --memory-snapshot-dir says it has nothing to write on CPU.
+"$ZRUN" w2.pb --steps 3 --report w2p.json --profile_dir prof --memory_snapshot_dir snap > w2p.out 2>&1; rc=$?
+if [[ $rc == 0 && -s prof/rank-0.trace.json && -s prof/rank-1.trace.json ]] &&
+   grep -q '"traceEvents"' prof/rank-1.trace.json && grep -q "^traced step: " w2p.out &&
+   grep -q "CPU ranks have no caching allocator" w2p.out; then
+  pass "per-rank step traces"
+else
+  cat w2p.out; ls -l prof; fail "profile dir: exit $rc"
+fi
+
 # 2. Launched by a harness with torchrun's variables.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 for r in 0 1; do
