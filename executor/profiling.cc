@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <set>
 #include <utility>
@@ -15,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/proto_io.h"
 
 namespace zplan {
 namespace {
@@ -117,14 +117,7 @@ absl::Status WriteMemorySnapshot(const at::Device& device, const std::string& pa
   if (!device.is_cuda()) {
     return absl::FailedPreconditionError("a memory snapshot needs a CUDA rank (the caching allocator's history)");
   }
-  const std::string pickled = torch::cuda::_memory_snapshot_pickled();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f.write(pickled.data(), static_cast<std::streamsize>(pickled.size()));
-    if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  return RenameInto(tmp, path);
+  return WriteFileAtomically(path, torch::cuda::_memory_snapshot_pickled());
 }
 
 }  // namespace zplan

@@ -11,7 +11,8 @@
 //     allocations, frees and segments, saved as the pickled snapshot that
 //     pytorch.org/memory_viz reads (torch.cuda.memory._dump_snapshot).
 //
-// Both write to a temp file and rename it, so a crash leaves no half file.
+// Both write to a temp file and rename it, so a crash leaves no half file
+// (the trace through its own rename: Kineto writes the file itself).
 //
 // Example:
 //   StepTrace trace;

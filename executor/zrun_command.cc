@@ -226,19 +226,19 @@ absl::Status ValidateZrunOptions(const ZrunOptions& o) {
                                             "directory that --save-dir wrote"));
   }
   if (absl::Status s = CheckWritable(o.report_path); !s.ok()) return FlagError("report", s.message());
-  if (!o.save_dir.empty()) {
+  // Output directories: created now, and a file of each probed.
+  struct OutputDir {
+    const char* flag;
+    const std::string& dir;
+    const char* probe;
+  };
+  for (const OutputDir& d : {OutputDir{"save-dir", o.save_dir, "/latest"}, OutputDir{"profile-dir", o.profile_dir, "/rank-0"},
+                             OutputDir{"memory-snapshot-dir", o.memory_snapshot_dir, "/rank-0"}}) {
+    if (d.dir.empty()) continue;
     std::error_code error;
-    std::filesystem::create_directories(o.save_dir, error);
-    if (error) return FlagError("save-dir", absl::StrCat("cannot create ", o.save_dir, ": ", error.message()));
-    if (absl::Status s = CheckWritable(o.save_dir + "/latest"); !s.ok()) return FlagError("save-dir", s.message());
-  }
-  for (const auto& [flag, dir] : {std::pair<const char*, const std::string&>{"profile-dir", o.profile_dir},
-                                  {"memory-snapshot-dir", o.memory_snapshot_dir}}) {
-    if (dir.empty()) continue;
-    std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    if (error) return FlagError(flag, absl::StrCat("cannot create ", dir, ": ", error.message()));
-    if (absl::Status s = CheckWritable(dir + "/rank-0"); !s.ok()) return FlagError(flag, s.message());
+    std::filesystem::create_directories(d.dir, error);
+    if (error) return FlagError(d.flag, absl::StrCat("cannot create ", d.dir, ": ", error.message()));
+    if (absl::Status s = CheckWritable(d.dir + d.probe); !s.ok()) return FlagError(d.flag, s.message());
   }
   return absl::OkStatus();
 }
