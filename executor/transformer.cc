@@ -28,9 +28,18 @@ constexpr double kRopeTheta = 10000.0;
 // A parameter's initial value, fp32 on `where`: norm weights 1, biases 0,
 // the rest N(0, kInitStd) from its own generator (on a CUDA device a fresh
 // copy of the device's generator, reseeded).
+at::ScalarType ScalarTypeOf(DType dtype) {
+  switch (dtype) {
+    case DTYPE_BF16: return at::kBFloat16;
+    case DTYPE_FP16: return at::kHalf;
+    default: return at::kFloat;
+  }
+}
+
 at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64_t seed, at::Device where) {
   const auto options = at::TensorOptions().dtype(at::kFloat).device(where);
-  if (absl::EndsWith(name, ".bias")) return at::zeros(shape, options);
+  // PEFT initialises lora_B to zeros: the adapted model starts as the base.
+  if (absl::EndsWith(name, ".bias") || absl::StrContains(name, kLoraBName)) return at::zeros(shape, options);
   if (name.find("norm") != std::string::npos) return at::ones(shape, options);
   at::Generator generator = where.is_cpu() ? at::make_generator<at::CPUGeneratorImpl>(seed)
                                            : at::globalContext().defaultGenerator(where).clone();
@@ -70,11 +79,25 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const at::Tensor& weight = saved[1];
     const at::Tensor& g = grads[0];
     const int64_t out_features = weight.size(0), in_features = weight.size(1);
-    at::Tensor grad_x = at::matmul(g, weight);
-    at::Tensor grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
-    at::Tensor grad_b;
-    if (ctx->saved_data["bias"].toBool()) grad_b = g.reshape({-1, out_features}).sum(0);
+    at::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) grad_x = at::matmul(g, weight);
+    if (ctx->needs_input_grad(1)) grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_b = g.reshape({-1, out_features}).sum(0);
     return {grad_x, grad_w, grad_b};
+  }
+};
+
+// y = x W^T + b for a frozen W (LoRA's base model): keeps only the weight
+// parameter, for x's gradient, as autograd's own linear does for a weight
+// that needs no gradient (planner/inventory.h, LinearSaves).
+struct FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({weight});
+    return bias.has_value() ? at::linear(x, weight, *bias) : at::linear(x, weight);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::matmul(grads[0], ctx->get_saved_variables()[0]), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -194,7 +217,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
 }  // namespace
 
 absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::ScalarType dtype, uint64_t seed,
-                                                at::Device device, bool materialize) {
+                                                at::Device device, bool materialize, const SavePolicy& saves) {
   const ModelSpec spec = ResolveModelSpec(spec_in);
   ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(spec));
   Transformer model;
@@ -203,14 +226,17 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::Sc
   model.materialized_ = materialize;
   model.dtype_ = dtype;
   model.device_ = device;
-  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  model.saves_ = saves;
   for (const TensorSpec& t : ParameterInventory(spec)) {
     const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
     const uint64_t param_seed = seed + model.parameters_.size();
-    at::Tensor value = materialize ? InitialValueOf(t.name(), shape, param_seed, at::kCPU).to(device, dtype)
+    const at::ScalarType param_dtype =
+        IsLoraAdapter(t) && saves.adapter_dtype != DTYPE_UNSPECIFIED ? ScalarTypeOf(saves.adapter_dtype) : dtype;
+    const auto options = at::TensorOptions().dtype(param_dtype).device(device);
+    at::Tensor value = materialize ? InitialValueOf(t.name(), shape, param_seed, at::kCPU).to(device, param_dtype)
                                    : at::empty_strided(shape, std::vector<int64_t>(shape.size(), 0), options);
     model.index_[t.name()] = model.parameters_.size();
-    model.parameters_.emplace_back(t.name(), value.requires_grad_(true));
+    model.parameters_.emplace_back(t.name(), value.requires_grad_(!t.frozen()));
   }
   return model;
 }
@@ -270,6 +296,26 @@ absl::Status Transformer::CheckAttentionKernel(int64_t seq_length) const {
       "; re-plan with --attention eager, or a head_dim / dtype the fused kernels support"));
 }
 
+at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, bool bias) const {
+  const at::Tensor& weight = Param(name + ".weight");
+  const std::optional<at::Tensor> b = bias ? std::optional<at::Tensor>(Param(name + ".bias")) : std::nullopt;
+  at::Tensor out = weight.requires_grad() || saves_.linear == LinearSaves::kAlways
+                       ? LinearFunction::apply(x, weight, b)
+                       : FrozenLinearFunction::apply(x, weight, b);
+  auto a = index_.find(name + kLoraAName + ".weight");
+  if (a == index_.end()) return out;
+  // peft's lora.Linear.forward: x cast to the adapters' dtype (a copy only
+  // when it differs), dropout, lora_A, lora_B, scaled and added; the sum
+  // (promoted to the adapters' dtype) cast back to the result's.
+  const LoraSpec& lora = spec_.lora();
+  const at::Tensor& lora_a = parameters_[a->second].second;
+  at::Tensor in = x.to(lora_a.scalar_type());
+  if (lora.dropout() > 0) in = at::dropout(in, lora.dropout(), /*train=*/true);
+  const at::Tensor low = LinearFunction::apply(in, lora_a, std::nullopt);
+  const at::Tensor update = LinearFunction::apply(low, Param(name + kLoraBName + ".weight"), std::nullopt);
+  return (out + update * (lora.alpha() / static_cast<double>(lora.rank()))).to(out.scalar_type());
+}
+
 at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& mask) const {
   const std::string p = absl::StrCat("layers.", layer, ".");
@@ -282,10 +328,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     }
     return HfRmsNorm(in, Param(name + ".weight"));
   };
-  auto linear = [&](const at::Tensor& in, const std::string& name, bool bias) {
-    return LinearFunction::apply(in, Param(name + ".weight"),
-                                 bias ? std::optional<at::Tensor>(Param(name + ".bias")) : std::nullopt);
-  };
+  auto linear = [&](const at::Tensor& in, const std::string& name, bool bias) { return Linear(in, name, bias); };
 
   const at::Tensor n1 = norm(x, p + "attn_norm");
   const bool qkv_bias = spec_.attention_qkv_bias();
@@ -426,7 +469,9 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   {
     // The working-dtype logits die here, before log-softmax allocates.
     if (hooks.before_logits) hooks.before_logits();
-    at::Tensor logits = LinearFunction::apply(final_norm, head, std::nullopt);
+    at::Tensor logits = head.requires_grad() || saves_.linear == LinearSaves::kAlways
+                            ? LinearFunction::apply(final_norm, head, std::nullopt)
+                            : FrozenLinearFunction::apply(final_norm, head, std::nullopt);
     if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
     logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
   }

@@ -13,7 +13,10 @@
 // its input and fp32 rstd; RoPE multiplies by constant tables; SDPA or eager
 // attention; the LM head's working-dtype logits are released before the fp32
 // log-softmax. With checkpointing each block keeps only its input and is
-// recomputed in backward.
+// recomputed in backward. With LoRA (ModelSpec.lora) the base parameters
+// are frozen (no requires_grad) and each targeted linear adds
+// lora_B(lora_A(dropout(x))) * alpha / r as peft does, in the adapters'
+// dtype; what frozen linears keep follows the plan's SavePolicy.
 //
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(spec, at::kBFloat16, 1234, at::kCPU));
@@ -32,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "planner/inventory.h"
 #include "proto/inventory.pb.h"
 #include "proto/model.pb.h"
 
@@ -61,8 +65,11 @@ class Transformer {
   // its full shape, dtype and device backed by one element (so autograd
   // records the right metadata), for a ZeRO-3 engine to fill from
   // InitialValue() one parameter at a time (zero.Init semantics).
+  // `saves`: what the training stack makes frozen linears keep and the
+  // LoRA adapters' dtype (planner/memory_model.h, SavePolicyFor).
   static absl::StatusOr<Transformer> Create(const ModelSpec& spec, at::ScalarType dtype, uint64_t seed,
-                                            at::Device device, bool materialize = true);
+                                            at::Device device, bool materialize = true,
+                                            const SavePolicy& saves = {});
 
   // Parameter `index`'s initial value, whole, fp32 on `where`: the same for
   // every world size and stage on one kind of device. The host draws from a
@@ -102,6 +109,8 @@ class Transformer {
  private:
   Transformer() = default;
   const at::Tensor& Param(const std::string& name) const;
+  // x W^T (+ b) of the linear `name`, plus its LoRA adapters' update.
+  at::Tensor Linear(const at::Tensor& x, const std::string& name, bool bias) const;
   // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
   at::Tensor Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& mask) const;
@@ -111,6 +120,7 @@ class Transformer {
   bool materialized_ = true;
   at::ScalarType dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;
+  SavePolicy saves_;
   std::vector<std::pair<std::string, at::Tensor>> parameters_;
   std::unordered_map<std::string, size_t> index_;  // name -> position in parameters_
 };

@@ -9,7 +9,9 @@
 #include "executor/counting_allocator.h"
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
+#include "planner/memory_model.h"
 #include "planner/model_spec.h"
+#include "planner/run_config.h"
 
 namespace zplan {
 namespace {
@@ -89,6 +91,9 @@ TEST(TransformerTest, AttentionKernelMustBeThePlannedOne) {
 
 // What forward keeps alive until backward, measured exactly, beside the
 // planner's inventory: blocks' saved tensors + final norm + fp32 log-probs.
+// LoRA cases (planner/inventory.h): frozen base layers, block 0 keeping
+// less, and at ZeRO-3 under zero.Init (SavePolicy) every linear keeping its
+// input and fp32 adapters.
 TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
   ASSERT_TRUE(InstallCountingCpuAllocator());
   struct Case {
@@ -97,7 +102,12 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     at::ScalarType dtype;
     FfnType ffn = FFN_TYPE_UNSPECIFIED;  // the preset's
     double dropout = 0;                  // at every site
+    const char* lora = nullptr;          // a PEFT adapter_config.json
+    bool zero3_init = false;             // SavePolicyFor a ZeRO-3 zero.Init run
   };
+  constexpr char kQv[] = R"({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]})";
+  constexpr char kAll[] = R"({"r": 4, "lora_dropout": 0.1, "target_modules": "all-linear"})";
+  constexpr char kMlp[] = R"({"r": 4, "target_modules": ["up_proj", "down_proj"]})";
   for (const Case& c : std::vector<Case>{{"debug-tiny", ATTENTION_SDPA, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16},
@@ -110,7 +120,15 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0.1},
                                          {"gpt2", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1},
                                          // GPT-2's eager softmax in the working dtype.
-                                         {"gpt2", ATTENTION_EAGER, at::kBFloat16}}) {
+                                         {"gpt2", ATTENTION_EAGER, at::kBFloat16},
+                                         // LoRA.
+                                         {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kQv},
+                                         {"debug-tiny", ATTENTION_EAGER, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kQv},
+                                         {"qwen3-0.6b", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kAll},
+                                         {"gpt2", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0, kMlp},
+                                         {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kQv, true},
+                                         {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kAll,
+                                          true}}) {
     auto spec = LoadPreset(c.preset);
     if (c.ffn != FFN_TYPE_UNSPECIFIED) spec->set_ffn_type(c.ffn);
     spec->set_attention_impl(c.attention);
@@ -118,7 +136,11 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     spec->set_attention_dropout(c.dropout);
     spec->set_residual_dropout(c.dropout);
     spec->set_embedding_dropout(c.dropout);
-    auto model = Transformer::Create(*spec, c.dtype, 1, at::kCPU);
+    if (c.lora != nullptr) ASSERT_TRUE(ApplyLoraConfig(c.lora, "adapter_config.json", &*spec).ok());
+    RunConfig config;
+    if (c.zero3_init) config.mutable_zero()->set_stage(3);
+    const SavePolicy saves = SavePolicyFor(ResolveRunConfig(config));
+    auto model = Transformer::Create(*spec, c.dtype, 1, at::kCPU, /*materialize=*/true, saves);
     const int64_t b = 2, s = 64, w = c.dtype == at::kFloat ? 4 : 2;
     const DType dtype = c.dtype == at::kFloat ? DTYPE_FP32 : DTYPE_BF16;
     const Batch batch = MakeBatch(*spec, b, s);
@@ -126,18 +148,20 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     at::Tensor loss = model->Loss(batch.ids, batch.targets, false);
     const int64_t kept = GetCpuMemoryStats().current_bytes - before;
     int64_t planned = 0;
-    for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, dtype, 0, KernelDevice::kCpu)) {
-      planned += TensorBytes(t);
+    for (int layer = 0; layer < spec->num_layers(); ++layer) {
+      for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, dtype, layer, KernelDevice::kCpu, saves)) {
+        planned += TensorBytes(t);
+      }
     }
-    planned *= spec->num_layers();
-    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, dtype)) planned += TensorBytes(t);
+    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, dtype, saves)) planned += TensorBytes(t);
     for (const TensorSpec& t : EmbeddingSavedActivations(*spec, b, s, dtype, KernelDevice::kCpu)) {
       planned += TensorBytes(t);
     }
     planned += b * s * spec->vocab_size() * 4;                               // log-softmax output
     if (spec->position_embedding() == POSITION_ROPE) planned += 2 * s * spec->head_dim() * w;  // cos, sin
-    std::printf("%s attention %d dtype %s dropout %.1f: kept %lld bytes, planner %lld (%.2f%%)\n", c.preset.c_str(),
-                c.attention, c10::toString(c.dtype), c.dropout, static_cast<long long>(kept), static_cast<long long>(planned),
+    std::printf("%s attention %d dtype %s dropout %.1f lora %s%s: kept %lld bytes, planner %lld (%.2f%%)\n",
+                c.preset.c_str(), c.attention, c10::toString(c.dtype), c.dropout, c.lora ? c.lora : "-",
+                c.zero3_init ? " zero3-init" : "", static_cast<long long>(kept), static_cast<long long>(planned),
                 100.0 * (kept - planned) / planned);
     // The rest is the loss scalar and nll's total weight.
     EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);

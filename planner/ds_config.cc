@@ -198,6 +198,8 @@ absl::Status ApplyDeepSpeedConfig(absl::string_view text, absl::string_view sour
   if (overlap) zero->set_overlap_comm(*overlap);
   ZPLAN_ASSIGN_OR_RETURN(auto contiguous, z.Bool("contiguous_gradients"));
   if (contiguous) zero->set_contiguous_gradients(*contiguous);
+  ZPLAN_ASSIGN_OR_RETURN(auto linear, z.Bool("memory_efficient_linear"));
+  if (linear) zero->set_memory_efficient_linear(*linear);
   return absl::OkStatus();
 }
 

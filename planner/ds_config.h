@@ -9,7 +9,8 @@
 // pin_memory), reduce_bucket_size, allgather_bucket_size, overlap_comm,
 // contiguous_gradients, stage3_prefetch_bucket_size,
 // stage3_param_persistence_threshold, stage3_max_live_parameters,
-// stage3_max_reuse_distance, sub_group_size, and the deprecated cpu_offload
+// stage3_max_reuse_distance, sub_group_size, memory_efficient_linear, and the
+// deprecated cpu_offload
 // alias. Other keys are ignored (they do not change memory).
 //
 // "auto" is resolved the way the Hugging Face integration does

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace zplan {
@@ -35,6 +36,24 @@ void AddLinear(const std::string& prefix, int64_t in, int64_t out_features, bool
   if (bias) out->push_back(Param(prefix + ".bias", {out_features}, layer));
 }
 
+// A block linear, with its LoRA adapters when the spec targets it (PEFT's
+// LoraLayer: base_layer's weight and bias, then lora_A, then lora_B).
+void AddBlockLinear(const ModelSpec& spec, const std::string& prefix, const std::string& module, int64_t in,
+                    int64_t out_features, bool bias, int layer, std::vector<TensorSpec>* out) {
+  const std::string name = prefix + "." + module;
+  AddLinear(name, in, out_features, bias, layer, out);
+  if (IsLoraTarget(spec, module.substr(module.find('.') + 1))) {
+    out->push_back(Param(name + kLoraAName + ".weight", {spec.lora().rank(), in}, layer));
+    out->push_back(Param(name + kLoraBName + ".weight", {out_features, spec.lora().rank()}, layer));
+  }
+}
+
+// With LoRA only the adapters train.
+void MarkFrozen(const ModelSpec& spec, std::vector<TensorSpec>* params) {
+  if (!spec.has_lora()) return;
+  for (TensorSpec& t : *params) t.set_frozen(!IsLoraAdapter(t));
+}
+
 }  // namespace
 
 int64_t NumElements(const TensorSpec& tensor) {
@@ -61,24 +80,21 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
   const int64_t q_width = spec.num_attention_heads() * spec.head_dim();
   const int64_t kv_width = spec.num_kv_heads() * spec.head_dim();
   AddNorm(spec, p + ".attn_norm", h, layer, &out);
-  AddLinear(p + ".attn.q_proj", h, q_width, spec.attention_qkv_bias(), layer, &out);
-  AddLinear(p + ".attn.k_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
-  AddLinear(p + ".attn.v_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
+  AddBlockLinear(spec, p, "attn.q_proj", h, q_width, spec.attention_qkv_bias(), layer, &out);
+  AddBlockLinear(spec, p, "attn.k_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
+  AddBlockLinear(spec, p, "attn.v_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
   if (spec.qk_norm()) {
     // Qwen3: RMSNorm over head_dim, shared by all heads.
     out.push_back(Param(p + ".attn.q_norm.weight", {spec.head_dim()}, layer));
     out.push_back(Param(p + ".attn.k_norm.weight", {spec.head_dim()}, layer));
   }
-  AddLinear(p + ".attn.o_proj", q_width, h, spec.attention_out_bias(), layer, &out);
+  AddBlockLinear(spec, p, "attn.o_proj", q_width, h, spec.attention_out_bias(), layer, &out);
   AddNorm(spec, p + ".mlp_norm", h, layer, &out);
   const int64_t f = spec.ffn_hidden_size();
-  if (spec.ffn_type() == FFN_SWIGLU) {
-    AddLinear(p + ".mlp.gate_proj", h, f, spec.mlp_bias(), layer, &out);
-    AddLinear(p + ".mlp.up_proj", h, f, spec.mlp_bias(), layer, &out);
-  } else {
-    AddLinear(p + ".mlp.up_proj", h, f, spec.mlp_bias(), layer, &out);
-  }
-  AddLinear(p + ".mlp.down_proj", f, h, spec.mlp_bias(), layer, &out);
+  if (spec.ffn_type() == FFN_SWIGLU) AddBlockLinear(spec, p, "mlp.gate_proj", h, f, spec.mlp_bias(), layer, &out);
+  AddBlockLinear(spec, p, "mlp.up_proj", h, f, spec.mlp_bias(), layer, &out);
+  AddBlockLinear(spec, p, "mlp.down_proj", f, h, spec.mlp_bias(), layer, &out);
+  MarkFrozen(spec, &out);
   return out;
 }
 
@@ -96,7 +112,44 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) {
     out.push_back(Param("lm_head.weight", {spec.vocab_size(), h}, -1));
   }
+  MarkFrozen(spec, &out);
   return out;
+}
+
+std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& parameters) {
+  std::vector<TensorSpec> out;
+  for (const TensorSpec& t : parameters) {
+    if (!t.frozen()) out.push_back(t);
+  }
+  return out;
+}
+
+bool RunsBackward(const ModelSpec& spec, const TensorSpec& param) {
+  if (!spec.has_lora() || !param.frozen()) return true;
+  const std::string& name = param.name();
+  if (absl::StartsWith(name, "embed_")) return false;
+  if (param.layer() != 0) return true;
+  for (const char* norm : {"q_norm", "k_norm"}) {
+    if (absl::StrContains(name, absl::StrCat("attn.", norm))) {
+      return IsLoraTarget(spec, norm[0] == 'q' ? "q_proj" : "k_proj");
+    }
+  }
+  for (const char* module : {"attn_norm.", "attn.q_proj.", "attn.k_proj.", "attn.v_proj."}) {
+    if (absl::StrContains(name, module)) return false;
+  }
+  return true;
+}
+
+bool IsLoraTarget(const ModelSpec& spec, absl::string_view module) {
+  if (!spec.has_lora()) return false;
+  for (const std::string& target : spec.lora().target_modules()) {
+    if (target == module) return true;
+  }
+  return false;
+}
+
+bool IsLoraAdapter(const TensorSpec& tensor) {
+  return absl::StrContains(tensor.name(), kLoraAName) || absl::StrContains(tensor.name(), kLoraBName);
 }
 
 int64_t CountParameters(const ModelSpec& spec) {
@@ -107,7 +160,12 @@ int64_t CountParameters(const ModelSpec& spec) {
 
 namespace {
 
-// What one norm over the last dimension of `shape` saves (see below).
+// Whether a base weight trains: all of them in full fine-tuning, none with LoRA.
+bool BaseWeightsTrain(const ModelSpec& spec) { return !spec.has_lora(); }
+
+// What one norm over the last dimension of `shape` saves (see below) when
+// its input requires grad; RMSNorm's `weight * normalized` keeps the
+// normalized input only for a weight that trains.
 void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, DType dtype,
                      int layer, std::vector<TensorSpec>* out) {
   const std::vector<int64_t> rows(shape.begin(), shape.end() - 1);
@@ -119,7 +177,7 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
     act(".mean", rows, DTYPE_FP32);
   } else {
     act(".input_fp32", shape, DTYPE_FP32);
-    act(".normalized", shape, dtype);
+    if (BaseWeightsTrain(spec)) act(".normalized", shape, dtype);
   }
   act(".rstd", rows, DTYPE_FP32);
 }
@@ -164,8 +222,14 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
 //   dropout      the mask (DropoutSavedDType) on the attention and MLP
 //                outputs before their residual adds; the dropped output
 //                itself is saved by nobody
-std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, int64_t s,
-                                              DType dtype, int layer, KernelDevice device) {
+// With frozen weights (LoRA) autograd keeps less (docs/deepspeed_model.md
+// row 29): a frozen linear or norm weight keeps none of its input, and a
+// tensor that does not require grad is kept by nobody -- block 0's input
+// with a frozen embedding, and what derives from it alone. A LoRA target
+// keeps x for lora_A (with dropout: the mask and its own dropped x) and
+// lora_A's output [b,s,r] for lora_B.
+std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype, int layer,
+                                              KernelDevice device, const SavePolicy& saves) {
   std::vector<TensorSpec> out;
   const std::string p = absl::StrCat("layers.", layer);
   const int64_t h = spec.hidden_size();
@@ -179,28 +243,76 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   auto norm = [&](const std::string& name, const std::vector<int64_t>& shape) {
     AppendNormSaved(spec, p + "." + name, shape, dtype, layer, &out);
   };
-  norm("attn_norm", {b, s, h});
-  act("attn_norm.output", {b, s, h}, dtype);
-  if (spec.qk_norm()) {
-    norm("attn.q_norm", {b, s, a, d});
-    norm("attn.k_norm", {b, s, kv, d});
+  const bool lora = spec.has_lora();
+  const DType adapter = saves.adapter_dtype == DTYPE_UNSPECIFIED ? dtype : saves.adapter_dtype;
+  // x itself is lora_A's input: same dtype, no dropout.
+  const bool adapters_share_input = adapter == dtype && lora && spec.lora().dropout() == 0;
+  // A linear's adapters: lora_A's input when it is not x (a dropped copy,
+  // and the mask when x requires grad; or x cast to the adapters' dtype)
+  // and lora_A's output.
+  auto adapters = [&](const std::string& module, int64_t in, bool input_grad) {
+    if (!IsLoraTarget(spec, module.substr(module.find('.') + 1))) return;
+    if (spec.lora().dropout() > 0) {
+      if (input_grad) act(module + ".lora_dropout_mask", {b, s, in}, DropoutSavedDType(adapter, device));
+      act(module + ".lora_dropped_input", {b, s, in}, adapter);
+    } else if (!adapters_share_input) {
+      act(module + ".lora_input", {b, s, in}, adapter);
+    }
+    act(module + kLoraAName + ".output", {b, s, spec.lora().rank()}, adapter);
+  };
+  auto targeted = [&](std::initializer_list<const char*> modules) {
+    for (const char* m : modules) {
+      if (IsLoraTarget(spec, m)) return true;
+    }
+    return false;
+  };
+  // Whether the block input requires grad: not block 0's when the embedding is frozen.
+  const bool input_grad = !lora || layer > 0;
+  const bool q_grad = input_grad || targeted({"q_proj"});
+  const bool k_grad = input_grad || targeted({"k_proj"});
+  const bool v_grad = input_grad || targeted({"v_proj"});
+  if (input_grad) norm("attn_norm", {b, s, h});
+  // Whether a block linear keeps its input x for backward: a trainable
+  // weight's gradient needs it, LinearSaves::kAlways keeps it whenever x
+  // requires grad (a frozen layer is not recorded otherwise), and lora_A
+  // keeps it when it is its own input.
+  auto saves_input = [&](const char* module, bool input_grad) {
+    return BaseWeightsTrain(spec) || (saves.linear == LinearSaves::kAlways && input_grad) ||
+           (adapters_share_input && IsLoraTarget(spec, module));
+  };
+  if (saves_input("q_proj", input_grad) || saves_input("k_proj", input_grad) || saves_input("v_proj", input_grad)) {
+    act("attn_norm.output", {b, s, h}, dtype);
   }
+  for (const char* m : {"attn.q_proj", "attn.k_proj", "attn.v_proj"}) adapters(m, h, input_grad);
+  if (spec.qk_norm()) {
+    if (q_grad) norm("attn.q_norm", {b, s, a, d});
+    if (k_grad) norm("attn.k_norm", {b, s, kv, d});
+  }
+  const bool attention_grad = q_grad || k_grad || v_grad;
   const bool attention_dropout = spec.attention_dropout() > 0;
-  if (spec.attention_impl() == ATTENTION_EAGER) {
+  if (!attention_grad) {
+    // Nothing of the attention is recorded.
+  } else if (spec.attention_impl() == ATTENTION_EAGER) {
     // The matmuls keep k and v expanded to every query head (repeat_kv for
     // GQA); softmax keeps its output, the second matmul that (GPT-2: softmax
     // in the working dtype) or its cast (an fp32 softmax) or, with dropout,
-    // the dropped probabilities (dropout keeps its mask).
-    act("attn.q", {b, a, s, d}, dtype);
-    act("attn.k", {b, a, s, d}, dtype);
-    act("attn.v", {b, a, s, d}, dtype);
+    // the dropped probabilities (dropout keeps its mask). A matmul keeps
+    // each operand only for the other's gradient.
+    const bool scores_grad = q_grad || k_grad;
+    if (k_grad) act("attn.q", {b, a, s, d}, dtype);
+    if (q_grad) act("attn.k", {b, a, s, d}, dtype);
+    if (scores_grad) act("attn.v", {b, a, s, d}, dtype);
     const DType softmax_dtype = spec.eager_softmax_in_working_dtype() ? dtype : DTYPE_FP32;
-    act(softmax_dtype == DTYPE_FP32 ? "attn.probs_fp32" : "attn.probs_softmax", {b, a, s, s}, softmax_dtype);
-    if (attention_dropout) {
+    if (scores_grad) {
+      act(softmax_dtype == DTYPE_FP32 ? "attn.probs_fp32" : "attn.probs_softmax", {b, a, s, s}, softmax_dtype);
+    }
+    if (attention_dropout && scores_grad) {
       act("attn.probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(dtype, device));
+    }
+    if (v_grad && attention_dropout) {
       act("attn.probs_dropped", {b, a, s, s}, dtype);
-    } else if (dtype != softmax_dtype) {
-      act("attn.probs", {b, a, s, s}, dtype);
+    } else if (v_grad && (dtype != softmax_dtype || !scores_grad)) {
+      act(scores_grad ? "attn.probs" : "attn.probs_softmax", {b, a, s, s}, dtype);
     }
   } else if (SdpaRunsMath(spec, device)) {
     for (const char* name : {"attn.q_fp32", "attn.k_fp32", "attn.v_fp32"}) act(name, {b, a, s, d}, DTYPE_FP32);
@@ -213,42 +325,67 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     act("attn.v", {b, kv, s, d}, dtype);
     act("attn.logsumexp", {b, a, s}, DTYPE_FP32);
   }
-  act("attn.output", {b, s, a * d}, dtype);
-  if (spec.residual_dropout() > 0) act("attn.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
-  norm("mlp_norm", {b, s, h});
-  act("mlp_norm.output", {b, s, h}, dtype);
-  if (spec.ffn_type() == FFN_SWIGLU) {
-    act("mlp.gate", {b, s, f}, dtype);
-    act("mlp.up", {b, s, f}, dtype);
-    act("mlp.act", {b, s, f}, dtype);
-    act("mlp.product", {b, s, f}, dtype);
-  } else {
-    act("mlp.up", {b, s, f}, dtype);
-    if (spec.ffn_type() == FFN_GELU_NEW) {
-      // 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3))): pow saves x, tanh
-      // its output t, the product both factors 0.5x and 1 + t.
-      act("mlp.gelu_half_input", {b, s, f}, dtype);
-      act("mlp.gelu_tanh", {b, s, f}, dtype);
-      act("mlp.gelu_one_plus_tanh", {b, s, f}, dtype);
-    }
-    act("mlp.act", {b, s, f}, dtype);
+  // The attention output: kept by SDPA's flash kernel itself, else by o_proj.
+  const bool sdpa_keeps_output = attention_grad && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device);
+  if (sdpa_keeps_output || saves_input("o_proj", attention_grad)) act("attn.output", {b, s, a * d}, dtype);
+  adapters("attn.o_proj", a * d, attention_grad);
+  const bool attention_out_grad = attention_grad || targeted({"o_proj"});
+  if (spec.residual_dropout() > 0 && attention_out_grad) {
+    act("attn.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
   }
-  if (spec.residual_dropout() > 0) act("mlp.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
+  // The MLP half's input (the residual stream) requires grad from here on.
+  const bool mlp_input_grad = input_grad || attention_out_grad;
+  if (mlp_input_grad) norm("mlp_norm", {b, s, h});
+  if (saves_input("gate_proj", mlp_input_grad) || saves_input("up_proj", mlp_input_grad)) {
+    act("mlp_norm.output", {b, s, h}, dtype);
+  }
+  const bool up_grad = mlp_input_grad || targeted({"up_proj"});
+  const bool gate_grad = spec.ffn_type() == FFN_SWIGLU && (mlp_input_grad || targeted({"gate_proj"}));
+  if (spec.ffn_type() == FFN_SWIGLU) {
+    adapters("mlp.gate_proj", h, mlp_input_grad);
+    adapters("mlp.up_proj", h, mlp_input_grad);
+    if (gate_grad) act("mlp.gate", {b, s, f}, dtype);       // silu's input
+    if (gate_grad) act("mlp.up", {b, s, f}, dtype);         // the product's, for silu(gate)'s gradient
+    if (up_grad) act("mlp.act", {b, s, f}, dtype);          // the product's, for up's gradient
+    if (saves_input("down_proj", gate_grad || up_grad)) act("mlp.product", {b, s, f}, dtype);
+  } else {
+    adapters("mlp.up_proj", h, mlp_input_grad);
+    if (up_grad) {
+      act("mlp.up", {b, s, f}, dtype);
+      if (spec.ffn_type() == FFN_GELU_NEW) {
+        // 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3))): pow saves x, tanh
+        // its output t, the product both factors 0.5x and 1 + t.
+        act("mlp.gelu_half_input", {b, s, f}, dtype);
+        act("mlp.gelu_tanh", {b, s, f}, dtype);
+        act("mlp.gelu_one_plus_tanh", {b, s, f}, dtype);
+      }
+    }
+    if (saves_input("down_proj", up_grad)) act("mlp.act", {b, s, f}, dtype);
+  }
+  adapters("mlp.down_proj", f, gate_grad || up_grad);
+  if (spec.residual_dropout() > 0 && (gate_grad || up_grad || targeted({"down_proj"}))) {
+    act("mlp.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
+  }
   return out;
 }
 
-std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
+                                                  const SavePolicy& saves) {
   std::vector<TensorSpec> out;
   const int64_t h = spec.hidden_size();
   AppendNormSaved(spec, "final_norm", {b, s, h}, dtype, -1, &out);
-  out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));
+  // The LM head keeps its input for its own gradient, or always (LinearSaves).
+  if (BaseWeightsTrain(spec) || saves.linear == LinearSaves::kAlways) {
+    out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));
+  }
   return out;
 }
 
 std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
                                                   KernelDevice device) {
   std::vector<TensorSpec> out;
-  if (spec.embedding_dropout() > 0) {
+  // A frozen embedding's output does not require grad: dropout keeps no mask.
+  if (spec.embedding_dropout() > 0 && BaseWeightsTrain(spec)) {
     out.push_back(Make("embed.dropout_mask", {b, s, spec.hidden_size()}, DropoutSavedDType(dtype, device),
                        ROLE_ACTIVATION, -1));
   }

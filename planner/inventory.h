@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "proto/inventory.pb.h"
 #include "proto/model.pb.h"
 
@@ -40,6 +41,28 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec);
 // Parameters of one block (all blocks are alike).
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer);
 
+// LoRA (ModelSpec.lora): a targeted block linear "<prefix>.q_proj" gains
+// "<prefix>.q_proj.lora_A.weight" [r, in] and "...lora_B.weight" [out, r]
+// right after its own weight and bias (PEFT's module order), and every
+// parameter but those is frozen.
+inline constexpr char kLoraAName[] = ".lora_A";
+inline constexpr char kLoraBName[] = ".lora_B";
+// Whether the spec puts adapters on the block linear named `module`
+// ("q_proj", "down_proj", ...).
+bool IsLoraTarget(const ModelSpec& spec, absl::string_view module);
+bool IsLoraAdapter(const TensorSpec& tensor);
+
+// The parameters that train (not frozen), in inventory order: what the
+// optimizer, the gradients and ZeRO-1/2's flat partition hold.
+std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& parameters);
+
+// Whether the module holding `param` runs a backward pass (its output
+// requires grad), which is when ZeRO-3 gathers it again: every module in
+// full fine-tuning; with LoRA not the frozen embeddings, nor block 0's
+// modules that see only the embedding's output (its attention norm, the
+// q/k/v base layers and the q/k norms of untargeted projections).
+bool RunsBackward(const ModelSpec& spec, const TensorSpec& param);
+
 int64_t CountParameters(const ModelSpec& spec);
 
 // Where the step's kernels run, where that changes what autograd saves.
@@ -57,15 +80,36 @@ DType DropoutSavedDType(DType input, KernelDevice device);
 // dropout the fp32 math path materializes the [b,a,s,s] probabilities.
 bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device);
 
+// What a linear layer keeps for backward: autograd's own rule (its input
+// only for a trainable weight), or, under ZeRO-3's zero.Init with
+// memory_efficient_linear, LinearFunctionForZeroStage3's (its input always,
+// whenever the layer is recorded at all: runtime/zero/linear.py,
+// setup_context).
+enum class LinearSaves { kForWeightGradient, kAlways };
+
+// What the training stack makes autograd keep beyond the model's own ops
+// (memory_model.h, SavePolicyFor, reads it off a RunConfig; zrun's model
+// follows the same policy).
+struct SavePolicy {
+  LinearSaves linear = LinearSaves::kForWeightGradient;
+  // LoRA adapters compute in this dtype (unspecified: the working dtype);
+  // in another dtype each adapted linear casts x to it first (peft's
+  // _cast_input_dtype), and lora_A keeps that copy.
+  DType adapter_dtype = DTYPE_UNSPECIFIED;
+};
+
 // Tensors one block saves for backward in `dtype` (plus fp32 norm
 // statistics), with activation checkpointing off. Layer is set to `layer`.
-std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t micro_batch,
-                                              int64_t seq_length, DType dtype, int layer, KernelDevice device);
+// With LoRA the frozen weights keep less, and block 0 (whose input does not
+// require grad: the embedding is frozen) less than the others.
+std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
+                                              DType dtype, int layer, KernelDevice device,
+                                              const SavePolicy& saves = {});
 
 // The final norm's saved tensors (as a block's norms save) and its output,
-// which the LM head saves; layer -1.
-std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch,
-                                                  int64_t seq_length, DType dtype);
+// which the LM head keeps (LinearSaves); layer -1.
+std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
+                                                  DType dtype, const SavePolicy& saves = {});
 
 // What the embedding output saves until the embedding's backward: the
 // embedding dropout's mask (GPT-2's embd_pdrop); layer -1.

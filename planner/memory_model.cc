@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "planner/gpu_catalog.h"
@@ -89,7 +90,16 @@ Moment BestMoment(const StepSizes& s) {
   // Gradients produced in backward are kept (stage 0/1 without accumulation)
   // or are temporaries moved into a bucket / added into resident gradients.
   const Slot produced = s.grads_kept_on_production ? kGrads : kTemps;
-  auto saved_through = [&](int i) { return (s.checkpointing ? s.block_input : s.block_saved) * (i + 1); };
+  auto saved_through = [&](int i) {
+    return s.checkpointing ? s.block_input * (i + 1) : s.block_saved * (i + 1) - s.block0_saved_less;
+  };
+  // What block i saves, and of that its MLP half (block 0 may keep less).
+  auto saved_of = [&](int i) { return s.block_saved - (i == 0 ? s.block0_saved_less : 0); };
+  auto saved_mlp_of = [&](int i) { return s.block_saved_mlp - (i == 0 ? s.block0_saved_mlp_less : 0); };
+  // The IPG buckets, from the first gradient of backward (part as ipg_from).
+  auto ipg_in = [&](int part, bool attention) {
+    return s.ipg_from > part || (s.ipg_from == part && (attention || !s.ipg_at_attention)) ? s.ipg_buckets : 0;
+  };
   // The stage-1/2 gradient partition from backward part `part` on (a carried
   // over one is in base), and the IPG buckets once the first gradient exists.
   const bool carried = s.grad_partition_from == s.kBeforeForward();
@@ -115,11 +125,11 @@ Moment BestMoment(const StepSizes& s) {
       l[kTemps] += s.block_nograd_peak;
       consider(l, "forward, layer %d", last);
     } else {
-      l[kActivations] += saved_through(last) - s.block_saved_mlp;
+      l[kActivations] += saved_through(last) - saved_mlp_of(last);
       Live attention = l;
       attention[kTemps] += s.block_fwd_transient;
       consider(attention, "forward, layer %d", last);
-      l[kActivations] += s.block_saved_mlp;
+      l[kActivations] += saved_mlp_of(last);
       consider(l, "forward, layer %d", last);
     }
   }
@@ -160,7 +170,7 @@ Moment BestMoment(const StepSizes& s) {
     l[kParams] += s.embed_gather - head_in_loss;
     l[kTemps] += s.act_grad;
     l[produced] += s.head_grad;
-    if (!s.tied) l[kBuffers] += s.ipg_buckets;  // its hook is the backward's first
+    l[kBuffers] += ipg_in(s.kHeadPart(), false);
     consider(l, "backward, LM head weight gradient");
   }
 
@@ -172,7 +182,7 @@ Moment BestMoment(const StepSizes& s) {
     l[kParams] += embed_kept + KeptThrough(s, last);
     l[produced] += s.final_norm_grads;
     if (s.grads_kept_on_production || s.tied) l[produced] += s.head_grad;
-    l[kBuffers] += s.ipg_buckets;
+    l[kBuffers] += ipg_in(s.num_layers, false);
     l[kGrads] += partition_at(s.num_layers);
     consider(l, "backward, final norm");
   }
@@ -184,7 +194,7 @@ Moment BestMoment(const StepSizes& s) {
   const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
   std::vector<int> blocks;
   for (int i : {last, s.grad_partition_from + 1, s.grad_partition_from, s.grad_partition_from - 1, s.gather_kept_from,
-                s.gather_kept_from - 1, 0}) {
+                s.gather_kept_from - 1, s.ipg_from + 1, s.ipg_from, s.ipg_from - 1, 1, 0}) {
     if (i >= 0 && i <= last) blocks.push_back(i);
   }
   std::sort(blocks.rbegin(), blocks.rend());
@@ -196,7 +206,6 @@ Moment BestMoment(const StepSizes& s) {
     Live l = base;
     l[kTemps] += s.act_grad;
     l[kParams] += embed_kept + BackwardGather(s, i);
-    l[kBuffers] += s.ipg_buckets;
     l[kGrads] += partition_mlp;
     if (s.grads_kept_on_production) {
       l[kGrads] += grads_before_blocks + s.block_grads * (last - i);
@@ -206,16 +215,17 @@ Moment BestMoment(const StepSizes& s) {
     if (s.checkpointing) {
       l[kActivations] += s.block_input * (i + 1);
       Live recompute = l;
-      recompute[kActivations] += s.block_saved - s.block_saved_mlp;
+      recompute[kActivations] += saved_of(i) - saved_mlp_of(i);
       recompute[kTemps] += s.block_fwd_transient;
       consider(recompute, "backward, layer %d, recompute", i);
-      l[kActivations] += s.block_saved;
+      l[kActivations] += saved_of(i);
     } else {
       l[kActivations] += saved_through(i);
     }
     // The MLP half's backward, then attention's once the MLP's saved
     // tensors are gone.
     Live mlp = l;
+    mlp[kBuffers] += ipg_in(i, false);
     mlp[kTemps] += s.block_bwd_mlp_transient;
     if (s.grads_kept_on_production) {
       mlp[kGrads] += s.block_grads_mlp;
@@ -225,7 +235,8 @@ Moment BestMoment(const StepSizes& s) {
     consider(mlp, "backward, layer %d, MLP gradients", i);
     Live attention = l;
     attention[kGrads] += partition_at(i) - partition_mlp;
-    attention[kActivations] -= s.block_saved_mlp;
+    attention[kBuffers] += ipg_in(i, true);
+    attention[kActivations] -= saved_mlp_of(i);
     attention[kTemps] += s.block_bwd_attn_transient;
     if (s.grads_kept_on_production) {
       attention[kGrads] += s.block_grads;
@@ -236,12 +247,12 @@ Moment BestMoment(const StepSizes& s) {
   }
 
   // 4. Embedding backward: the embedding's and learned positions' gradients.
-  if (s.has_vocab || s.pos_grad > 0) {
+  if (s.embed_backward) {
     Live l = base;
     l[kActivations] -= s.embed_saved + (s.checkpointing ? s.attention_mask : 0);
     l[kTemps] += s.act_grad;
     l[kParams] += s.embed_gather;
-    l[kBuffers] += s.ipg_buckets;
+    l[kBuffers] += ipg_in(-1, false);
     l[kGrads] += partition_at(-1);
     if (s.grads_kept_on_production) {
       l[kGrads] += grads_before_blocks + s.block_grads * s.num_layers;
@@ -255,13 +266,13 @@ Moment BestMoment(const StepSizes& s) {
 
   // 5. After backward: every gradient, the reduce bucket, then the step.
   Live after = Resident(s);
-  if (s.grads_kept_on_production) after[kGrads] += s.shards.total_elements * (s.mixed ? 2 : 4);
+  if (s.grads_kept_on_production) after[kGrads] += s.shards.trainable_elements * (s.mixed ? 2 : 4);
   if (s.stage == 1 || s.stage == 2) {
     // The epilogue reduces what is left (stage 1: everything) into the
     // partition while the gradients and buckets still exist; the step then
     // works on the partition alone.
     Live epilogue = after;
-    epilogue[kBuffers] += s.ipg_buckets;
+    epilogue[kBuffers] += ipg_in(-1, false);
     epilogue[kGrads] += s.grad_partition;
     consider(epilogue, "backward epilogue, gradient partition");
     Live step = Resident(s);
@@ -381,7 +392,7 @@ int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const Shard
     // On one rank without parameter offload the chunks are the parameters.
     const bool unpartitioned = sh.world_size == 1 && zero.offload_param() != OFFLOAD_CPU;
     // The chunks, and every parameter's placeholder (one element, Transformer::Create).
-    const int64_t chunks = sh.stage3_grad_shard_elements * w + static_cast<int64_t>(params.size()) * w;
+    const int64_t chunks = sh.stage3_chunk_elements * w + static_cast<int64_t>(params.size()) * w;
     for (const TensorSpec& t : params) {
       const int64_t n = NumElements(t);
       const bool kept_whole = !unpartitioned && n <= zero.stage3_param_persistence_threshold();
@@ -395,9 +406,19 @@ int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const Shard
     peak = std::max(peak, built + n * 4 + n * w);
     built += n * w;
   }
-  const int64_t copy = stage == 3 ? sh.stage3_grad_shard_elements : stage == 0 ? sh.total_elements
+  const int64_t copy = stage == 3 ? sh.stage3_chunk_elements : stage == 0 ? sh.total_elements
                                                                                : sh.flat_padded_elements;
   return std::max(peak, built + copy * w);
+}
+
+SavePolicy SavePolicyFor(const RunConfig& config) {
+  const ZeroConfig& zero = config.zero();
+  SavePolicy saves;
+  if (zero.stage() == 3 && zero.zero_init()) {
+    if (zero.memory_efficient_linear()) saves.linear = LinearSaves::kAlways;
+    saves.adapter_dtype = DTYPE_FP32;
+  }
+  return saves;
 }
 
 absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
@@ -434,11 +455,15 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
 
   sizer.params_ = ParameterInventory(model);
   const std::vector<TensorSpec>& params = sizer.params_;
+  // What the optimizer holds: frozen parameters have no gradient, master
+  // copy or state (sharding.h).
+  const std::vector<TensorSpec> trainable = TrainableParameters(params);
   s.shards = ComputeShardLayout(params, s.world_size, zero.stage3_param_persistence_threshold());
   const ShardLayout& sh = s.shards;
   const int64_t total = sh.total_elements;
+  const int64_t trained = sh.trainable_elements;
   // Elements of the optimizer partition this rank owns.
-  const int64_t owned = s.stage == 0 ? total
+  const int64_t owned = s.stage == 0 ? trained
                         : s.stage == 3 ? sh.stage3_grad_shard_elements
                                        : sh.flat_shard_elements;
 
@@ -450,14 +475,14 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // working copy), and small persistent ones also whole. On one rank the
     // chunk is the parameter: nothing is ever gathered.
     s.params_resident = s.world_size > 1 ? sh.stage3_persistent_elements * w : 0;
-    if (!s.offload_param) s.params_resident += sh.stage3_grad_shard_elements * w;
+    if (!s.offload_param) s.params_resident += sh.stage3_chunk_elements * w;
   }
   // Gradients: the stage-3 partition; per-parameter accumulation at stages
   // 0/1 (stage 2's partition is grad_partition, below).
   if (s.stage == 3) {
     s.grads_resident = s.offload_optimizer ? 0 : owned * w;
   } else if (s.stage <= 1 && s.grad_accum > 1) {
-    s.grads_resident = total * w;  // accumulated across micro-steps
+    s.grads_resident = trained * w;  // accumulated across micro-steps
   }
   // Master and Adam states.
   if (!s.offload_optimizer) {
@@ -471,23 +496,23 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (s.stage >= 1 && zero.contiguous_gradients()) {
     const int64_t buckets = zero.overlap_comm() && s.stage < 3 ? 2 : 1;
     (s.stage == 3 ? s.buckets_resident : s.ipg_buckets) = zero.reduce_bucket_elements() * w * buckets;
-    s.buckets_touched = std::min(zero.reduce_bucket_elements(), total) * w * buckets;
+    s.buckets_touched = std::min(zero.reduce_bucket_elements(), trained) * w * buckets;
   }
   const bool host_accumulation = s.stage == 2 && s.offload_optimizer && s.grad_accum > 1;
   if (((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) || host_accumulation) {
-    const std::vector<FlatPartition> partitions = FlatPartitionsByRank(params, s.world_size);
+    const std::vector<FlatPartition> partitions = FlatPartitionsByRank(trainable, s.world_size);
     std::vector<PartitionStart> from(partitions.size());
     if (s.stage == 2 && s.grad_accum > 1) {
       from.assign(partitions.size(), PartitionStart{s.kBeforeForward()});
     } else if (s.stage == 2) {
-      from = FirstReductionPartByRank(params, partitions, s.num_layers, zero.reduce_bucket_elements());
+      from = FirstReductionPartByRank(trainable, partitions, s.num_layers, zero.reduce_bucket_elements());
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
       RankVariant v;
       if (host_accumulation) {
         // One host buffer per parameter, pinned as its own block (memory_model.h).
         for (int i = partitions[r].first_param; i >= 0 && i <= partitions[r].last_param; ++i) {
-          const int64_t bytes = NumElements(params[i]) * w;
+          const int64_t bytes = NumElements(trainable[i]) * w;
           v.host_grad_accumulation += bytes;
           if (s.pin_memory && !s.cpu_ranks) v.host_grad_accumulation_pinned += RoundUpToPowerOfTwo(bytes);
         }
@@ -503,10 +528,22 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
   }
 
-  // Blocks.
+  // The first gradient of backward (hooks fire in reverse parameter order, a
+  // tied embedding's last) brings the IPG buckets.
+  if (!trainable.empty()) {
+    const TensorSpec& first = trainable.back();
+    s.ipg_from = first.layer() >= 0                          ? first.layer()
+                 : absl::StartsWith(first.name(), "lm_head")    ? s.kHeadPart()
+                 : absl::StartsWith(first.name(), "final_norm") ? s.num_layers
+                                                                : -1;
+    s.ipg_at_attention = first.layer() >= 0 && !IsMlpTensor(first);
+  }
+
+  // Blocks: gradients of the trainable parameters, gathers of all.
   const std::vector<TensorSpec> block_params = BlockParameters(model, 0);
   int64_t block_param_elements = 0, mlp_elements = 0, largest_mlp = 0, largest_attn = 0;
   for (const TensorSpec& t : block_params) {
+    if (t.frozen()) continue;
     block_param_elements += NumElements(t);
     if (IsMlpTensor(t)) {
       mlp_elements += NumElements(t);
@@ -516,23 +553,27 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
   }
   const KernelDevice device = KernelDeviceOf(s);
-  int64_t mlp_saved_11 = 0;
-  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 0, device)) {
-    if (IsMlpTensor(t)) mlp_saved_11 += TensorBytes(t);
-  }
-  sizer.saved_mlp_per_token_ = mlp_saved_11;
-  sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype));
+  const SavePolicy saves = SavePolicyFor(config);
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
   // causal mask): fit the three terms from the inventory, check a fourth point.
-  auto saved = [&](int64_t b, int64_t seq) {
-    return SumBytes(BlockSavedActivations(model, b, seq, dtype, 0, device));
+  auto fit = [&](int layer) {
+    auto saved = [&](int64_t b, int64_t seq) {
+      return SumBytes(BlockSavedActivations(model, b, seq, dtype, layer, device, saves));
+    };
+    SavedFit f;
+    const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f21 = saved(2, 1);
+    f.per_seq_sq = 2 * f11 - f21;
+    f.per_token_sq = (f12 - 2 * f.per_seq_sq - 2 * f11) / 2;
+    f.per_token = f11 - f.per_seq_sq - f.per_token_sq;
+    ZPLAN_CHECK(saved(3, 5) == f.Bytes(3, 5));
+    for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
+      if (IsMlpTensor(t)) f.mlp_per_token += TensorBytes(t);
+    }
+    return f;
   };
-  const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f21 = saved(2, 1);
-  sizer.saved_per_seq_sq_ = 2 * f11 - f21;
-  sizer.saved_per_token_sq_ = (f12 - 2 * sizer.saved_per_seq_sq_ - 2 * f11) / 2;
-  sizer.saved_per_token_ = f11 - sizer.saved_per_seq_sq_ - sizer.saved_per_token_sq_;
-  ZPLAN_CHECK(saved(3, 5) == sizer.saved_per_token_ * 15 + sizer.saved_per_token_sq_ * 75 +
-                                 sizer.saved_per_seq_sq_ * 25);
+  sizer.saved_ = fit(1);
+  sizer.saved_block0_ = fit(0);
+  sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype, saves));
   s.block_grads = block_param_elements * w;
   s.block_grads_mlp = mlp_elements * w;
   s.block_max_mlp_grad = largest_mlp * w;
@@ -558,7 +599,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // Kept parameters (sharding.h): the later the block, the nearer its
     // backward, so blocks from some index on are kept whole (the closed form
     // relies on it; the simulator test checks it).
-    const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero);
+    std::vector<bool> runs_backward;
+    for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t));
+    const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero, runs_backward);
     std::vector<int64_t> kept(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
       const TensorSpec& t = params[j];
@@ -574,21 +617,28 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.head_kept = retention.head_kept;
   }
 
-  // Model ends.
-  s.final_norm_grads = (model.norm_type() == NORM_LAYERNORM ? 2 : 1) * h * w;
+  // Model ends: gradients of what trains (LoRA: nothing here).
+  auto trains = [&](absl::string_view prefix) {
+    for (const TensorSpec& t : trainable) {
+      if (t.layer() < 0 && absl::StartsWith(t.name(), prefix)) return true;
+    }
+    return false;
+  };
+  if (trains("final_norm")) s.final_norm_grads = (model.norm_type() == NORM_LAYERNORM ? 2 : 1) * h * w;
   if (s.has_vocab) {
-    s.head_grad = vocab * h * w;
-    s.embed_grad = vocab * h * w;
+    if (trains(s.tied ? "embed_tokens" : "lm_head")) s.head_grad = vocab * h * w;
+    if (trains("embed_tokens")) s.embed_grad = vocab * h * w;
     if (s.stage == 3 && s.world_size > 1 && vocab * h > zero.stage3_param_persistence_threshold()) {
       s.embed_gather = vocab * h * w;
     }
   }
-  if (model.position_embedding() == POSITION_LEARNED) {
-    s.pos_grad = model.max_position_embeddings() * h * w;
-  }
+  if (trains("embed_positions")) s.pos_grad = model.max_position_embeddings() * h * w;
+  // A frozen embedding (LoRA) runs no backward: nothing is gathered for it.
+  s.embed_backward = (s.has_vocab || model.position_embedding() == POSITION_LEARNED) && !params.empty() &&
+                     RunsBackward(model, params.front());
 
   // Stage 0 reduces gradients after backward through one flat bucket.
-  if (s.stage == 0) s.reduce_temp = std::min(zero.reduce_bucket_elements(), total) * w;
+  if (s.stage == 0) s.reduce_temp = std::min(zero.reduce_bucket_elements(), trained) * w;
   const int64_t adam_temps = AdamTemporariesPerElement(config.optimizer().implementation(), s.cpu_ranks);
   if (s.offload_optimizer) {
     // Nothing on the device: CPU Adam steps the host partition.
@@ -630,9 +680,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // into the fp32 gradients at the accumulation boundary.
     if (s.stage == 3) s.host_grads += owned * w;
   }
-  if (s.offload_param) s.host_params = sh.stage3_grad_shard_elements * w;
-  int64_t largest = 0;
-  for (const TensorSpec& t : params) largest = std::max(largest, NumElements(t));
+  if (s.offload_param) s.host_params = sh.stage3_chunk_elements * w;
+  int64_t largest = 0;  // trainable: the offload staging buffers hold gradients
+  for (const TensorSpec& t : trainable) largest = std::max(largest, NumElements(t));
   if (s.offload_optimizer && s.stage <= 2) {
     s.offload_staging_resident = largest * w;
     s.host_offload_staging = largest * w + sh.flat_shard_elements * w;
@@ -714,8 +764,10 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   const int64_t w = dtype_bytes_;
   const int64_t h = model.hidden_size();
   const int64_t tokens = b * seq;
-  s.block_saved = saved_per_token_ * tokens + saved_per_token_sq_ * tokens * seq + saved_per_seq_sq_ * seq * seq;
-  s.block_saved_mlp = saved_mlp_per_token_ * tokens;
+  s.block_saved = saved_.Bytes(b, seq);
+  s.block_saved_mlp = saved_.mlp_per_token * tokens;
+  s.block0_saved_less = s.block_saved - saved_block0_.Bytes(b, seq);
+  s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
   s.block_input = tokens * h * w;
   const KernelDevice device = KernelDeviceOf(s);
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
@@ -839,12 +891,12 @@ void AddBreakdown(const MemoryBreakdown& from, MemoryBreakdown* to) {
 int64_t ModelStatesBytes(const StepSizes& s) {
   const int64_t w = s.mixed ? 2 : 4;
   const ShardLayout& sh = s.shards;
-  const int64_t owned = s.stage == 0 ? sh.total_elements
+  const int64_t owned = s.stage == 0 ? sh.trainable_elements
                         : s.stage == 3 ? sh.stage3_grad_shard_elements
                                        : sh.flat_shard_elements;
   const int64_t params = s.stage < 3 ? sh.total_elements * w
                                      : (sh.stage3_shard_elements + sh.stage3_persistent_elements) * w;
-  const int64_t grads = (s.stage < 2 ? sh.total_elements : owned) * w;
+  const int64_t grads = (s.stage < 2 ? sh.trainable_elements : owned) * w;
   const int64_t master = s.mixed ? owned * kMasterBytesPerParam : 0;
   return params + grads + master + owned * kAdamStateBytesPerParam;
 }

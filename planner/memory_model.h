@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/inventory.h"
 #include "planner/sharding.h"
 #include "proto/gpu.pb.h"
 #include "proto/memory.pb.h"
@@ -105,9 +106,23 @@ struct StepSizes {
   bool grad_partition_at_attention = false;  // in that block's attention half, not its MLP's
   int kBeforeForward() const { return num_layers + 1; }
 
+  // The backward part whose gradient hook fires first, where the IPG
+  // buckets appear: kHeadPart the LM head (untied, trainable), num_layers the
+  // final norm, a block index (its attention half when ipg_at_attention),
+  // -1 the embedding; kNoGradients when nothing trains.
+  static constexpr int kNoGradients = -3;
+  int ipg_from = kNoGradients;
+  bool ipg_at_attention = false;
+  int kHeadPart() const { return num_layers + 1; }
+
   // Per block.
   int64_t block_saved = 0;           // tensors saved for backward, no checkpointing
   int64_t block_saved_mlp = 0;       // of which the MLP half's (freed first in backward)
+  // With LoRA block 0's input does not require grad (the embedding is
+  // frozen), so it keeps this much less than the others (inventory.h), of
+  // which block0_saved_mlp_less in its MLP half.
+  int64_t block0_saved_less = 0;
+  int64_t block0_saved_mlp_less = 0;
   int64_t block_input = 0;           // b·s·h in the working dtype
   int64_t block_fwd_transient = 0;   // extra inside forward with grad
   int64_t block_nograd_peak = 0;     // checkpointed forward: live intermediates
@@ -132,6 +147,7 @@ struct StepSizes {
   // Model ends.
   int64_t step_inputs = 0;           // ids + targets + RoPE cos/sin tables
   int64_t embed_saved = 0;           // the embedding dropout's mask: to the embedding's backward
+  bool embed_backward = true;        // the embeddings run a backward (not when frozen)
   // Eager attention's additive causal mask [b,1,s,s] (transformers'
   // eager_mask): from the embedding to the final norm, or with checkpointing
   // (a checkpointed block's input) to block 0's backward.
@@ -234,13 +250,27 @@ class StepSizer {
   int64_t dtype_bytes_ = 2;
   int working_dtype_ = 0;            // DType of activations
   // Saved block activations = per_token * b*s + per_token_sq * b*s*s (eager
-  // probabilities) + per_seq_sq * s*s (causal mask), fitted from the inventory.
-  int64_t saved_per_token_ = 0;
-  int64_t saved_per_token_sq_ = 0;
-  int64_t saved_per_seq_sq_ = 0;
-  int64_t saved_mlp_per_token_ = 0;  // the MLP half: linear in b*s
+  // probabilities) + per_seq_sq * s*s (causal mask), fitted from the
+  // inventory; the MLP half is linear in b*s. Blocks 1.. and block 0.
+  struct SavedFit {
+    int64_t per_token = 0;
+    int64_t per_token_sq = 0;
+    int64_t per_seq_sq = 0;
+    int64_t mlp_per_token = 0;
+    int64_t Bytes(int64_t b, int64_t seq) const {
+      return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq;
+    }
+  };
+  SavedFit saved_, saved_block0_;
   int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations: linear in b*s
 };
+
+// What DeepSpeed makes autograd keep for this run: under zero.Init (stage 3)
+// with memory_efficient_linear every linear keeps its input
+// (LinearFunctionForZeroStage3), and LoRA adapters stay fp32 (peft makes
+// them fp32; the engine casts only a model zero.Init did not build:
+// engine.py, _cast_module_mixed_precision). `config` must be resolved.
+SavePolicy SavePolicyFor(const RunConfig& config);
 
 // Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).
 absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,

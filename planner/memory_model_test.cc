@@ -254,5 +254,59 @@ TEST(MemoryModelTest, LogitsDominateLongSequencesWithLargeVocabularies) {
   EXPECT_EQ(peak.peak_event(), "loss backward, log-softmax gradient");
 }
 
+// LoRA r 8 on q and v of debug-tiny (4 blocks, h 256, f 768): 28,672
+// trainable elements; every base weight frozen.
+ModelSpec TinyLora() {
+  auto model = LoadPreset("debug-tiny");
+  EXPECT_TRUE(ApplyLoraConfig(R"({"r": 8, "target_modules": ["q_proj", "v_proj"]})", "lora", &*model).ok());
+  return *model;
+}
+
+TEST(MemoryModelTest, LoraModelStatesCoverOnlyTheAdapters) {
+  const ModelSpec model = TinyLora();
+  const int64_t total = CountParameters(model), trainable = 28'672;
+  const StepSizes z2 = Sizes(model, Config(2, 2));
+  EXPECT_EQ(z2.shards.trainable_elements, trainable);
+  EXPECT_EQ(z2.params_resident, total * 2);  // the engine casts the frozen model too
+  EXPECT_EQ(z2.master_resident, trainable / 2 * kMasterBytesPerParam);
+  EXPECT_EQ(z2.optimizer_resident, trainable / 2 * kAdamStateBytesPerParam);
+  EXPECT_EQ(z2.block_grads, trainable / 4 * 2);
+  EXPECT_EQ(z2.block_grads_mlp, 0);
+  EXPECT_EQ(z2.head_grad + z2.embed_grad + z2.final_norm_grads, 0);
+  // The first gradient hook is the last block's v_proj adapter's.
+  EXPECT_EQ(z2.ipg_from, 3);
+  EXPECT_TRUE(z2.ipg_at_attention);
+  // Stage 3 partitions every parameter, frozen ones too; gradients only trainable ones.
+  const StepSizes z3 = Sizes(model, Config(3, 2));
+  EXPECT_EQ(z3.shards.stage3_grad_shard_elements, trainable / 2);
+  EXPECT_GE(z3.params_resident, total);
+  EXPECT_EQ(z3.grads_resident, trainable / 2 * 2);
+}
+
+// Frozen weights keep less for backward (inventory.h), and block 0 least:
+// its input does not require grad. Under zero.Init every linear keeps its
+// input (LinearFunctionForZeroStage3): the MLP's n2 and product, here; and
+// the adapters stay fp32, so each keeps an fp32 copy of x and an fp32
+// [b,s,r] output instead of sharing x and a bf16 output.
+TEST(MemoryModelTest, LoraActivationsFollowWhatAutogradKeeps) {
+  const ModelSpec model = TinyLora();
+  RunConfig config = Config(3, 2);
+  config.set_micro_batch_size(2);
+  config.set_seq_length(64);
+  const int64_t tokens = 2 * 64, w = 2;
+  const StepSizes zero_init = Sizes(model, config);
+  config.mutable_zero()->set_zero_init(false);
+  const StepSizes plain = Sizes(model, config);
+  EXPECT_EQ(zero_init.block_saved - plain.block_saved, tokens * ((256 + 768) * w + 2 * (256 * 4 + 8 * (4 - w))));
+  // Block 0 skips its attention norm (fp32 input and rstd).
+  EXPECT_EQ(plain.block0_saved_less, tokens * 256 * 4 + tokens * 4);
+  EXPECT_EQ(plain.block0_saved_mlp_less, 0);
+  // Full fine-tuning keeps all of it, in every block alike.
+  auto full = LoadPreset("debug-tiny");
+  const StepSizes full_sizes = Sizes(*full, config);
+  EXPECT_GT(full_sizes.block_saved, plain.block_saved);
+  EXPECT_EQ(full_sizes.block0_saved_less, 0);
+}
+
 }  // namespace
 }  // namespace zplan

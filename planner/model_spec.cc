@@ -53,6 +53,35 @@ absl::Status ReadString(const JsonObject& config, absl::string_view key, std::st
   return ReadInto(config, &JsonObject::String, key, out);
 }
 
+absl::Status ValidateLora(const ModelSpec& spec) {
+  const LoraSpec& lora = spec.lora();
+  ZPLAN_RETURN_IF_ERROR(CheckRange("model.lora.rank", lora.rank(), 1, spec.hidden_size(),
+                                   "LoRA r; at most the model width"));
+  ZPLAN_RETURN_IF_ERROR(CheckFinite("model.lora.alpha", lora.alpha(), -1e9, 1e9, "lora_alpha"));
+  if (!(lora.dropout() >= 0 && lora.dropout() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("model.lora.dropout: a probability in [0, 1), got ", lora.dropout()));
+  }
+  const std::vector<std::string> known = LoraTargetNames(spec);
+  if (lora.target_modules().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.lora.target_modules: empty; name some of ",
+                                                   absl::StrJoin(known, ", ")));
+  }
+  std::set<std::string> seen;
+  for (const std::string& target : lora.target_modules()) {
+    if (std::find(known.begin(), known.end(), target) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.lora.target_modules: ", QuoteInput(target), " is not a block linear of this model; use ",
+          absl::StrJoin(known, ", "), " (adapters on embeddings, the LM head or GPT-2's fused c_attn are not "
+          "modelled)"));
+    }
+    if (!seen.insert(target).second) {
+      return absl::InvalidArgumentError(absl::StrCat("model.lora.target_modules: ", QuoteInput(target),
+                                                     " is listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> PresetNames() {
@@ -243,6 +272,84 @@ absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params) {
   return best;
 }
 
+std::vector<std::string> LoraTargetNames(const ModelSpec& spec) {
+  std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  if (spec.ffn_type() == FFN_SWIGLU) names.push_back("gate_proj");
+  names.push_back("up_proj");
+  names.push_back("down_proj");
+  return names;
+}
+
+absl::Status ApplyLoraConfig(absl::string_view text, absl::string_view source, ModelSpec* spec) {
+  ZPLAN_ASSIGN_OR_RETURN(const JsonObject config, ParseJsonObject(text, source));
+  std::string peft_type = "LORA", bias = "none";
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "peft_type", &peft_type));
+  if (peft_type != "LORA") {
+    return config.Error("peft_type", absl::StrCat(QuoteInput(peft_type), " is not modelled; zplan plans LoRA"));
+  }
+  LoraSpec& lora = *spec->mutable_lora();
+  int64_t rank = kPeftDefaultLoraRank;
+  double alpha = kPeftDefaultLoraAlpha, dropout = 0;
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "r", &rank));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "lora_alpha", &alpha));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "lora_dropout", &dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "bias", &bias));
+  lora.set_rank(rank);
+  lora.set_alpha(alpha);
+  lora.set_dropout(dropout);
+  // Keys that change what trains or what is stored, and are not modelled.
+  bool dora = false;
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "use_dora", &dora));
+  if (dora) return config.Error("use_dora", "DoRA's magnitude vectors are not modelled; plan plain LoRA");
+  if (bias != "none") {
+    return config.Error("bias", absl::StrCat(QuoteInput(bias), ": trainable biases are not modelled; use \"none\""));
+  }
+  // Absent, null, {} and [] leave PEFT's defaults.
+  for (absl::string_view key :
+       {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform", "target_parameters"}) {
+    const google::protobuf::Value* value = config.Find(key);
+    const bool unset = value == nullptr || value->has_null_value() ||
+                       (value->has_list_value() && value->list_value().values().empty()) ||
+                       (value->has_struct_value() && value->struct_value().fields().empty());
+    if (!unset) {
+      return config.Error(key, "not modelled: zplan plans one r on every targeted block linear, with every "
+                               "other parameter frozen; remove it");
+    }
+  }
+  const std::vector<std::string> known = LoraTargetNames(*spec);
+  const google::protobuf::Value* targets = config.Find("target_modules");
+  lora.clear_target_modules();
+  if (targets == nullptr || targets->has_null_value()) {
+    for (const char* name : kPeftDefaultLoraTargets) lora.add_target_modules(name);
+  } else if (targets->has_string_value()) {
+    if (targets->string_value() != "all-linear") {
+      return config.Error("target_modules", absl::StrCat(QuoteInput(targets->string_value()),
+                                                         ": a regular expression is not modelled; list the "
+                                                         "modules, e.g. [\"q_proj\", \"v_proj\"], or use "
+                                                         "\"all-linear\""));
+    }
+    for (const std::string& name : known) lora.add_target_modules(name);
+  } else if (targets->has_list_value()) {
+    for (const google::protobuf::Value& v : targets->list_value().values()) {
+      if (!v.has_string_value()) {
+        return config.Error("target_modules", absl::StrCat("expected module names, got a ", JsonTypeName(v)));
+      }
+      lora.add_target_modules(v.string_value());
+    }
+  } else {
+    return config.Error("target_modules", absl::StrCat("expected a list of module names or \"all-linear\", got a ",
+                                                       JsonTypeName(*targets)));
+  }
+  absl::Status valid = ValidateModelSpec(*spec);
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
+  return absl::OkStatus();
+}
+
+absl::Status LoadLoraConfig(const std::string& path, ModelSpec* spec) {
+  ZPLAN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ApplyLoraConfig(text, path, spec);
+}
+
 ModelSpec ResolveModelSpec(ModelSpec spec) {
   if (spec.num_kv_heads() == 0) spec.set_num_kv_heads(spec.num_attention_heads());
   // Left unset when heads do not divide hidden, so validation can say so.
@@ -294,6 +401,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
       return absl::InvalidArgumentError(absl::StrCat("model.", field, ": a probability in [0, 1), got ", p));
     }
   }
+  if (spec.has_lora()) ZPLAN_RETURN_IF_ERROR(ValidateLora(spec));
   return absl::OkStatus();
 }
 

@@ -49,6 +49,26 @@ absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path);
 absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params);
 inline constexpr int64_t kMinVocabForParams = 32000;
 
+// LoRA (ModelSpec.lora). The block linears an adapter can target, by the
+// names transformers gives them in Llama, Mistral and Qwen: q_proj, k_proj,
+// v_proj, o_proj, gate_proj (SwiGLU only), up_proj, down_proj.
+std::vector<std::string> LoraTargetNames(const ModelSpec& spec);
+// PEFT's default r, lora_alpha and (for Llama, Mistral, Qwen2/3) target
+// modules (peft/tuners/lora/config.py, LoraConfig; peft/utils/constants.py,
+// TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+inline constexpr int64_t kPeftDefaultLoraRank = 8;
+inline constexpr double kPeftDefaultLoraAlpha = 8;
+inline constexpr const char* kPeftDefaultLoraTargets[] = {"q_proj", "v_proj"};
+
+// Reads a PEFT adapter_config.json (peft_type "LORA": r, lora_alpha,
+// lora_dropout, target_modules as a list or "all-linear") into spec->lora.
+// What would change the memory and is not modelled -- DoRA, rank or alpha
+// patterns, layers_to_transform, trainable biases, modules_to_save, regex
+// targets, adapters on embeddings or the LM head -- is refused by name.
+// The spec must be resolved; the result is validated.
+absl::Status ApplyLoraConfig(absl::string_view text, absl::string_view source, ModelSpec* spec);
+absl::Status LoadLoraConfig(const std::string& path, ModelSpec* spec);
+
 // Fills num_kv_heads (= heads) and head_dim (= hidden / heads) when unset.
 ModelSpec ResolveModelSpec(ModelSpec spec);
 

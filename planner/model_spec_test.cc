@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
 
@@ -185,6 +186,78 @@ TEST(ModelSpecTest, TrainingFlopsPerTokenIsPalmsFormula) {
   const double attention = 12.0 * 32 * 32 * 128 * 8192;
   EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(*spec, 8192), 6 * weights + attention);
   EXPECT_NEAR(TrainingFlopsPerToken(*spec, 8192) / 1e9, 57.9, 0.1);
+}
+
+// LoRA: PEFT's adapter_config.json. debug-tiny (4 blocks, h 256, q 8 x 32,
+// kv 4 x 32) with r 8 on q and v adds per block q: A 8x256 + B 256x8 and v:
+// A 8x256 + B 128x8 = 7,168 elements, right after each adapted weight.
+TEST(ModelSpecTest, LoraConfigAddsAdaptersAndFreezesTheRest) {
+  auto spec = LoadPreset("debug-tiny");
+  ASSERT_TRUE(spec.ok());
+  const int64_t base = CountParameters(*spec);
+  ASSERT_TRUE(ApplyLoraConfig(R"({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16,
+                                  "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "bias": "none",
+                                  "modules_to_save": null, "rank_pattern": {}, "fan_in_fan_out": false})",
+                              "adapter_config.json", &*spec)
+                  .ok());
+  EXPECT_EQ(spec->lora().rank(), 8);
+  EXPECT_EQ(spec->lora().alpha(), 16);
+  const std::vector<TensorSpec> params = ParameterInventory(*spec);
+  EXPECT_EQ(CountParameters(*spec), base + 4 * 7168);
+  int64_t trainable = 0;
+  for (const TensorSpec& t : TrainableParameters(params)) {
+    EXPECT_TRUE(IsLoraAdapter(t)) << t.name();
+    trainable += NumElements(t);
+  }
+  EXPECT_EQ(trainable, 4 * 7168);
+  // PEFT's module order: the base weight, then lora_A [r, in], then lora_B [out, r].
+  int q = 0;
+  while (params[q].name() != "layers.0.attn.q_proj.weight") ++q;
+  EXPECT_TRUE(params[q].frozen());
+  EXPECT_EQ(params[q + 1].name(), "layers.0.attn.q_proj.lora_A.weight");
+  EXPECT_EQ(params[q + 1].shape(1), 256);
+  EXPECT_EQ(params[q + 2].name(), "layers.0.attn.q_proj.lora_B.weight");
+  EXPECT_EQ(params[q + 2].shape(0), 256);
+  EXPECT_EQ(params[q + 3].name(), "layers.0.attn.k_proj.weight");
+}
+
+TEST(ModelSpecTest, LoraDefaultsAndAllLinear) {
+  auto spec = LoadPreset("debug-tiny");
+  ASSERT_TRUE(ApplyLoraConfig("{}", "adapter_config.json", &*spec).ok());
+  EXPECT_EQ(spec->lora().rank(), kPeftDefaultLoraRank);
+  EXPECT_EQ(absl::StrJoin(spec->lora().target_modules(), ","), "q_proj,v_proj");
+  ASSERT_TRUE(ApplyLoraConfig(R"({"target_modules": "all-linear"})", "adapter_config.json", &*spec).ok());
+  EXPECT_EQ(absl::StrJoin(spec->lora().target_modules(), ","), "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+}
+
+TEST(ModelSpecTest, LoraRejectsWhatIsNotModelledByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"peft_type": "IA3"})", "peft_type"},
+      {R"({"use_dora": true})", "use_dora"},
+      {R"({"bias": "all"})", "bias"},
+      {R"({"modules_to_save": ["lm_head"]})", "modules_to_save"},
+      {R"({"rank_pattern": {"q_proj": 16}})", "rank_pattern"},
+      {R"({"layers_to_transform": [0, 1]})", "layers_to_transform"},
+      {R"({"target_modules": ".*q_proj"})", "target_modules"},
+      {R"({"target_modules": ["c_attn"]})", "target_modules"},
+      {R"({"target_modules": ["q_proj", "q_proj"]})", "target_modules"},
+      {R"({"target_modules": []})", "target_modules"},
+      {R"({"target_modules": [3]})", "target_modules"},
+      {R"({"r": 0})", "rank"},
+      {R"({"r": 100000})", "rank"},
+      {R"({"lora_dropout": 1.5})", "dropout"},
+      {R"({"r": "8"})", "r"},
+  };
+  for (const auto& [json, field] : cases) {
+    auto spec = LoadPreset("debug-tiny");
+    const absl::Status status = ApplyLoraConfig(json, "adapter_config.json", &*spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_NE(status.message().find(field), std::string::npos) << json << ": " << status.message();
+    EXPECT_NE(status.message().find("adapter_config.json"), std::string::npos) << status.message();
+  }
+  // gate_proj exists only in SwiGLU blocks.
+  auto gpt2 = LoadPreset("gpt2");
+  EXPECT_FALSE(ApplyLoraConfig(R"({"target_modules": ["gate_proj"]})", "a.json", &*gpt2).ok());
 }
 
 }  // namespace

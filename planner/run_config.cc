@@ -36,6 +36,7 @@ RunConfig ResolveRunConfig(RunConfig config) {
   }
   if (!zero->has_sub_group_elements()) zero->set_sub_group_elements(kDefaultSubGroupElements);
   if (!zero->has_zero_init()) zero->set_zero_init(zero->stage() == 3);
+  if (!zero->has_memory_efficient_linear()) zero->set_memory_efficient_linear(true);
   if (config.precision() == PRECISION_UNSPECIFIED) config.set_precision(PRECISION_BF16);
   if (config.micro_batch_size() == 0) config.set_micro_batch_size(1);
   if (config.gradient_accumulation_steps() == 0) config.set_gradient_accumulation_steps(1);

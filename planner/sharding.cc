@@ -18,15 +18,20 @@ ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_
   layout.world_size = world;
   for (const TensorSpec& tensor : parameters) {
     const int64_t numel = NumElements(tensor);
+    const int64_t chunk = Stage3ShardElements(numel, world);
     layout.total_elements += numel;
-    layout.stage3_grad_shard_elements += Stage3ShardElements(numel, world);
+    layout.stage3_chunk_elements += chunk;
+    if (!tensor.frozen()) {
+      layout.trainable_elements += numel;
+      layout.stage3_grad_shard_elements += chunk;
+    }
     if (numel <= persistence_threshold_elements) {
       layout.stage3_persistent_elements += numel;
     } else {
-      layout.stage3_shard_elements += Stage3ShardElements(numel, world);
+      layout.stage3_shard_elements += chunk;
     }
   }
-  layout.flat_shard_elements = FlatShardElements(layout.total_elements, world);
+  layout.flat_shard_elements = FlatShardElements(layout.trainable_elements, world);
   layout.flat_padded_elements = layout.flat_shard_elements * world;
   return layout;
 }
@@ -53,7 +58,7 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 }
 
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const ZeroConfig& zero) {
+                                  const ZeroConfig& zero, const std::vector<bool>& runs_backward) {
   const int n = static_cast<int>(parameters.size());
   std::vector<int64_t> numel(n);
   for (int p = 0; p < n; ++p) numel[p] = NumElements(parameters[p]);
@@ -82,8 +87,15 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
   trace.push_back(-1);
   if (head >= 0) trace.push_back(head);
   trace.push_back(-1);
+  auto backward = [&](int m) {
+    if (runs_backward.empty()) return true;
+    for (int p : modules[m]) {
+      if (runs_backward[p]) return true;
+    }
+    return false;
+  };
   for (int m = num_modules; m-- > 0;) {
-    if (m != head) trace.push_back(m);
+    if (m != head && backward(m)) trace.push_back(m);
   }
   struct Entry {
     int param;

@@ -30,14 +30,20 @@ namespace zplan {
 
 inline constexpr int64_t kFlatAlignmentElements = 2;
 
+// Frozen parameters (TensorSpec.frozen) have no gradient and no optimizer
+// state: the flat buffer and the gradient partitions hold the trainable ones
+// only (DeepSpeed's optimizers see only the param groups they are given),
+// while stage 3 partitions and gathers every parameter.
 struct ShardLayout {
   int64_t world_size = 1;
   int64_t total_elements = 0;             // all parameters
-  int64_t flat_padded_elements = 0;       // stage 1/2 flat buffer incl. padding
+  int64_t trainable_elements = 0;         // those not frozen
+  int64_t flat_padded_elements = 0;       // stage 1/2 flat buffer of the trainable ones, incl. padding
   int64_t flat_shard_elements = 0;        // stage 1/2 elements per rank
   int64_t stage3_shard_elements = 0;      // stage 3 partitioned params, per rank
   int64_t stage3_persistent_elements = 0; // stage 3 params kept whole on every rank
-  int64_t stage3_grad_shard_elements = 0; // stage 3 gradient partition, per rank
+  int64_t stage3_chunk_elements = 0;      // stage 3: every parameter's chunk, per rank
+  int64_t stage3_grad_shard_elements = 0; // stage 3 gradient partition (trainable chunks), per rank
 };
 
 // Elements per rank of a flat buffer of `elements` split over `world` ranks.
@@ -64,6 +70,7 @@ inline bool KeepsFp32Master(int stage, bool mixed_precision, bool offload_optimi
 // every parameter that touches the rank's shard whole (stage_1_and_2.py,
 // copy_grads_in_partition: sum of param.numel() over params_in_partition),
 // and get_grad_norm_direct copies each parameter's piece of it to fp64.
+// `parameters` are the trainable ones (TrainableParameters).
 struct FlatPartition {
   int64_t params_elements = 0;     // the parameters touching the shard, whole
   int64_t max_piece_elements = 0;  // the largest piece of one parameter inside it
@@ -85,15 +92,17 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 // the backward's entries and marks what is still gathered. Replayed here
 // module by module over the inventory (forward order; a tied LM head is one
 // more module after the last), with parameters of at most
-// stage3_param_persistence_threshold elements always present. `zero` must
-// be resolved (ResolveRunConfig).
+// stage3_param_persistence_threshold elements always present. A module
+// whose parameters all have runs_backward false (RunsBackward in
+// inventory.h; empty: every module) is not in the backward's part of the
+// trace. `zero` must be resolved (ResolveRunConfig).
 struct Stage3Retention {
   std::vector<bool> kept_after_forward;  // per parameter of the inventory
   bool embedding_kept = false;  // the embedding (tied: also as the head), from its forward through its backward
   bool head_kept = false;       // the LM head, from its forward to its backward
 };
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const ZeroConfig& zero);
+                                  const ZeroConfig& zero, const std::vector<bool>& runs_backward = {});
 
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
                                int64_t persistence_threshold_elements);

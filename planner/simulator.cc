@@ -119,6 +119,12 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     }
   };
   partition_from(s.kBeforeForward(), PHASE_FORWARD);
+  // The IPG buckets at the backward's first gradient (StepSizes::ipg_from).
+  auto buckets_at = [&](int part, bool attention, int layer, const std::string& what) {
+    if (ipg < 0 && s.ipg_from == part && attention == (part >= 0 && s.ipg_at_attention)) {
+      ipg = r.Alloc(COMPONENT_BUFFERS, s.ipg_buckets, PHASE_BACKWARD, layer, what);
+    }
+  };
 
   // Forward.
   const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.step_inputs, PHASE_FORWARD, -1, "token ids, targets, RoPE tables");
@@ -138,6 +144,9 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   auto kept_of_block = [&](int i) {
     return i >= s.gather_kept_from ? s.gather_kept_block : i == s.gather_kept_from - 1 ? s.gather_kept_partial : 0;
   };
+  // What block i saves, and of that its MLP half (block 0 may keep less).
+  auto saved_of = [&](int i) { return s.block_saved - (i == 0 ? s.block0_saved_less : 0); };
+  auto saved_mlp_of = [&](int i) { return s.block_saved_mlp - (i == 0 ? s.block0_saved_mlp_less : 0); };
   // Per block: the attention half's saved tensors, then the MLP half's
   // (with checkpointing only the block input, in the first).
   std::vector<int> saved_attn(s.num_layers), saved_mlp(s.num_layers), kept_gather(s.num_layers);
@@ -152,10 +161,10 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, layer);
       r.Free(t, PHASE_FORWARD, i, layer + ", intermediates freed");
     } else {
-      saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved - s.block_saved_mlp, PHASE_FORWARD, i, layer);
+      saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_FORWARD, i, layer);
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, layer);
       r.Free(t, PHASE_FORWARD, i, layer + ", attention scores freed");
-      saved_mlp[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved_mlp, PHASE_FORWARD, i, layer);
+      saved_mlp[i] = r.Alloc(COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_FORWARD, i, layer);
     }
     r.Free(gather, PHASE_FORWARD, i, layer + ", parameters released");
   }
@@ -197,7 +206,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     }
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
     head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
-    if (!s.tied) ipg = r.Alloc(COMPONENT_BUFFERS, s.ipg_buckets, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
     if (kept) kept_grads.push_back(head_grad);
     if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
     r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient freed");
@@ -210,7 +219,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   partition_from(s.num_layers, PHASE_BACKWARD);
   const int act_grad_in = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm input");
   const int norm_grads = r.Alloc(produced, s.final_norm_grads, PHASE_BACKWARD, -1, "backward, final norm");
-  if (ipg < 0) ipg = r.Alloc(COMPONENT_BUFFERS, s.ipg_buckets, PHASE_BACKWARD, -1, "backward, final norm");
+  buckets_at(s.num_layers, false, -1, "backward, final norm");
   if (kept) kept_grads.push_back(norm_grads);
   if (!kept) r.Free(norm_grads, PHASE_BACKWARD, -1, "final norm gradients into reduce bucket");
   r.Free(act_grad, PHASE_BACKWARD, -1, "gradient of final norm output freed");
@@ -228,15 +237,16 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     const int gather = r.Alloc(COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i, layer + ", parameters gathered");
     int recomputed_attn = -1, recomputed_mlp = -1;
     if (s.checkpointing) {
-      recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved - s.block_saved_mlp, PHASE_BACKWARD, i,
+      recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_BACKWARD, i,
                                 layer + ", recompute");
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i, layer + ", recompute");
       r.Free(t, PHASE_BACKWARD, i, layer + ", recompute scores freed");
-      recomputed_mlp = r.Alloc(COMPONENT_ACTIVATIONS, s.block_saved_mlp, PHASE_BACKWARD, i, layer + ", recomputed");
+      recomputed_mlp = r.Alloc(COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_BACKWARD, i, layer + ", recomputed");
     }
     // MLP half: its gradients, then what it saved is freed.
     const std::string mlp = layer + ", MLP gradients";
     const int mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    buckets_at(i, false, i, mlp);
     if (kept) {
       kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_mlp, PHASE_BACKWARD, i, mlp));
     } else {
@@ -251,6 +261,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     const std::string attention = layer + ", attention gradients";
     const int attn_transient =
         r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
+    buckets_at(i, true, i, attention);
     if (kept) {
       kept_grads.push_back(
           r.Alloc(COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention));
@@ -270,7 +281,8 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Embedding backward: the token embedding's and the learned positions'
   // gradients (a model without a vocabulary may still have positions).
   partition_from(-1, PHASE_BACKWARD);
-  if (s.has_vocab || s.pos_grad > 0) {
+  buckets_at(-1, false, -1, "backward, embedding gradient");
+  if (s.embed_backward) {
     const int gather = !s.has_vocab ? -1
                        : embed_kept >= 0
                            ? embed_kept
@@ -299,7 +311,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     partition_from(StepSizes::kAtEpilogue, PHASE_BACKWARD);
     for (int g : kept_grads) r.Free(g, PHASE_BACKWARD, -1, "gradients released into the partition");
     r.Free(grads_resident, PHASE_BACKWARD, -1, "accumulated gradients released into the partition");
-    r.Free(ipg, PHASE_BACKWARD, -1, "IPG reduce buckets released");
+    if (ipg >= 0) r.Free(ipg, PHASE_BACKWARD, -1, "IPG reduce buckets released");
     const int norm = r.Alloc(COMPONENT_TEMPORARIES, s.step_norm_copy, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp64 gradient copies for the norm");
     r.Free(norm, PHASE_OPTIMIZER_STEP, -1, "fp64 copy freed");

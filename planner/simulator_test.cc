@@ -34,7 +34,10 @@ std::vector<Case> AllCases() {
   std::vector<Case> cases;
   // "gpt2-novocab": learned positions without a vocabulary, whose position
   // gradient the simulator once skipped (zplan aborted on --vocab 0).
-  for (const char* model : {"debug-tiny", "gpt2", "gpt2-novocab", "1b", "qwen3-0.6b", "vit-b-encoder", "llama3-8b"}) {
+  // "+lora-...": LoRA adapters (WithLora), where block 0 keeps less and the
+  // IPG buckets appear inside the last block.
+  for (const char* model : {"debug-tiny", "gpt2", "gpt2-novocab", "1b", "qwen3-0.6b", "vit-b-encoder", "llama3-8b",
+                            "debug-tiny+lora-qv", "qwen3-0.6b+lora-all-dropout", "1b+lora-mlp"}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int offload = 0; offload <= (stage == 3 ? 2 : stage >= 1 ? 1 : 0); ++offload) {
         for (bool ckpt : {false, true}) {
@@ -55,12 +58,27 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
+// "preset+lora-qv" (r 8 on q and v), "+lora-all-dropout" (r 16 on every
+// block linear, dropout 0.05), "+lora-mlp" (r 4 on the MLP only: block 0's
+// attention keeps nothing).
+absl::StatusOr<ModelSpec> LoadCaseModel(const std::string& name) {
+  const size_t plus = name.find("+lora-");
+  auto model = LoadPreset(plus == std::string::npos ? name : name.substr(0, plus));
+  if (!model.ok() || plus == std::string::npos) return model;
+  const std::string kind = name.substr(plus + 6);
+  const char* json = kind == "qv"  ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"]})"
+                     : kind == "mlp" ? R"({"r": 4, "target_modules": ["gate_proj", "up_proj", "down_proj"]})"
+                                     : R"({"r": 16, "lora_dropout": 0.05, "target_modules": "all-linear"})";
+  if (absl::Status s = ApplyLoraConfig(json, name, &*model); !s.ok()) return s;
+  return model;
+}
+
 TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
   int checked = 0;
   for (const Case& c : AllCases()) {
     const bool novocab = c.model == "gpt2-novocab";
-    auto model = LoadPreset(novocab ? "gpt2" : c.model);
-    ASSERT_TRUE(model.ok());
+    auto model = LoadCaseModel(novocab ? "gpt2" : c.model);
+    ASSERT_TRUE(model.ok()) << model.status();
     if (novocab) model->set_vocab_size(0);
     model->set_attention_impl(c.attention);
     RunConfig config;

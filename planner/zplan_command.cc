@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "planner/ds_config.h"
 #include "planner/gpu_catalog.h"
+#include "planner/inventory.h"
 #include "planner/limits.h"
 #include "planner/model_spec.h"
 #include "planner/plan_builder.h"
@@ -97,6 +98,39 @@ absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
   return LoadPreset(o.model.empty() ? "1b" : o.model);
 }
 
+absl::Status ApplyLora(const ZplanOptions& o, ModelSpec* spec) {
+  if (o.lora_config.empty() && o.lora_r.empty() && o.lora_targets.empty()) return absl::OkStatus();
+  *spec = ResolveModelSpec(std::move(*spec));
+  if (!o.lora_config.empty()) {
+    ZPLAN_RETURN_IF_ERROR(LoadLoraConfig(o.lora_config, spec));
+  } else {
+    ZPLAN_RETURN_IF_ERROR(ApplyLoraConfig("{}", "--lora-r/--lora-targets", spec));
+  }
+  LoraSpec& lora = *spec->mutable_lora();
+  if (!o.lora_r.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t r, ParseInt("lora-r", o.lora_r, 1, spec->hidden_size()));
+    lora.set_rank(r);
+  }
+  if (!o.lora_targets.empty()) {
+    lora.clear_target_modules();
+    if (o.lora_targets == "all-linear") {
+      for (const std::string& name : LoraTargetNames(*spec)) lora.add_target_modules(name);
+    } else {
+      for (absl::string_view name : absl::StrSplit(o.lora_targets, ',')) {
+        lora.add_target_modules(std::string(absl::StripAsciiWhitespace(name)));
+      }
+    }
+  }
+  spec->set_name(absl::StrCat(spec->name(), "+lora-r", lora.rank()));
+  spec->set_source(absl::StrCat(spec->source(), " LoRA r ", lora.rank(), " on ",
+                                absl::StrJoin(lora.target_modules(), ", "), ", the rest frozen."));
+  const absl::Status valid = ValidateModelSpec(*spec);
+  if (!valid.ok() && !o.lora_targets.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--lora-targets: ", valid.message()));
+  }
+  return valid;
+}
+
 absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
   ZPLAN_ASSIGN_OR_RETURN(ModelSpec spec, BaseModel(o));
   struct Dimension {
@@ -129,6 +163,7 @@ absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
     spec.set_source(absl::StrCat(spec.source(), " Dimensions overridden on the command line."));
     spec = ResolveModelSpec(std::move(spec));
   }
+  ZPLAN_RETURN_IF_ERROR(ApplyLora(o, &spec));
   ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(ResolveModelSpec(spec)));
   return spec;
 }
@@ -217,15 +252,21 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
 
 std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f", ToGiB(bytes)); }
 
-
 std::string Header(const Plan& plan) {
   const RunConfig& c = plan.config();
   const char* precision = c.precision() == PRECISION_FP32 ? "fp32"
                           : c.precision() == PRECISION_FP16 ? "fp16" : "bf16";
+  // LoRA: how many of them train (the plan's inventory marks the frozen ones).
+  std::string params = absl::StrCat(FormatCount(plan.total_params()), " parameters");
+  if (plan.model().has_lora()) {
+    int64_t trainable = 0;
+    for (const TensorSpec& t : plan.parameters()) trainable += t.frozen() ? 0 : NumElements(t);
+    absl::StrAppend(&params, ", ", FormatCount(trainable), " trainable");
+  }
   return absl::StrFormat(
-      "zplan: %s (%s parameters), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
+      "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
       "       %d node(s) x %d x %s (%s)\n",
-      plan.model().name(), FormatCount(plan.total_params()), c.seq_length(), c.micro_batch_size(),
+      plan.model().name(), params, c.seq_length(), c.micro_batch_size(),
       c.gradient_accumulation_steps(), precision,
       plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "SDPA",
       c.activation_checkpointing() ? ", activation checkpointing" : "", c.cluster().num_nodes(),

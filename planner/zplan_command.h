@@ -45,6 +45,10 @@ struct ZplanOptions {
   // Explicit dimensions, applied on top of the model above (so
   // "--layers 48 --hidden 6144 ..." describes a new shape from the 1b preset).
   std::string layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
+  // LoRA on the frozen model (ModelSpec.lora): a PEFT adapter_config.json,
+  // then the rank and the target modules (comma-separated, or "all-linear")
+  // on top; either flag alone means LoRA with PEFT's defaults for the rest.
+  std::string lora_config, lora_r, lora_targets;
   // Run configuration; empty = not given.
   std::string ds_config;        // DeepSpeed JSON, applied before the flags below
   std::string seq;              // tokens per sequence (list in sweep mode)

@@ -281,8 +281,32 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"ds_bucket_1e300", Nothing, "too large to be a count", nullptr,
                  R"({"zero_optimization": {"reduce_bucket_size": 1e300}})"},
         BadInput{"ds_lr_negative", Nothing, "optimizer.learning_rate (optimizer.params.lr): -1 is outside", nullptr,
-                 R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})"}),
+                 R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})"},
+        // LoRA (issue 11).
+        BadInput{"lora_r_zero", [](ZplanOptions* o) { o->lora_r = "0"; }, "--lora-r: 0 is outside 1 .. 2048"},
+        BadInput{"lora_r_wider_than_model", [](ZplanOptions* o) { o->lora_r = "4096"; }, "--lora-r: 4096 is outside"},
+        BadInput{"lora_unknown_target", [](ZplanOptions* o) { o->lora_targets = "q_proj,c_attn"; },
+                 "--lora-targets: model.lora.target_modules: \"c_attn\" is not a block linear"},
+        BadInput{"lora_missing_config", [](ZplanOptions* o) { o->lora_config = "/no/such/adapter_config.json"; },
+                 "/no/such/adapter_config.json"}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return std::string(info.param.name); });
+
+// LoRA from flags: the adapters train, the rest is frozen; the header says how many train.
+TEST(ZplanCommandTest, LoraFlagsPlanTheAdaptersOnly) {
+  ZplanOptions o = Base();
+  o.zero_stage = "2";
+  o.format = "json";
+  std::string full, lora;
+  ASSERT_TRUE(RunCapture(o, &full).ok());
+  o.lora_r = "16";
+  o.lora_targets = "all-linear";
+  ASSERT_TRUE(RunCapture(o, &lora).ok());
+  EXPECT_NE(lora.find("\"rank\": \"16\""), std::string::npos) << lora.substr(0, 2000);
+  EXPECT_NE(lora.find("\"frozen\": true"), std::string::npos);
+  o.format = "table";
+  ASSERT_TRUE(RunCapture(o, &lora).ok());
+  EXPECT_NE(lora.find(" trainable), seq 8192"), std::string::npos) << lora;
+}
 
 TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {
   ZplanOptions o = Base();

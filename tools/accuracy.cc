@@ -156,6 +156,11 @@ std::string Describe(const AccuracyRow& row) {
   const RunConfig& c = row.plan.config();
   const ZeroConfig& z = c.zero();
   std::vector<std::string> parts = {row.plan.model().name(), absl::StrCat("ZeRO-", z.stage())};
+  if (row.plan.model().has_lora()) {
+    const LoraSpec& lora = row.plan.model().lora();
+    parts.push_back(absl::StrCat("LoRA r", lora.rank(), " on ", absl::StrJoin(lora.target_modules(), "+"),
+                                 lora.dropout() > 0 ? absl::StrCat(" dropout ", lora.dropout()) : ""));
+  }
   if (z.offload_optimizer() == OFFLOAD_CPU) parts.push_back("offload opt");
   if (z.offload_param() == OFFLOAD_CPU) parts.push_back("offload param");
   if (c.activation_checkpointing()) parts.push_back("ckpt");
@@ -239,6 +244,13 @@ AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::
   return c;
 }
 
+AccuracyCase WithLora(AccuracyCase c, const std::string& adapter_config) {
+  for (std::vector<std::string>* args : {&c.zplan_args, &c.oracle_args}) {
+    args->insert(args->end(), {"--lora-config", adapter_config});
+  }
+  return c;
+}
+
 namespace {
 
 // A ds_config: micro-batch, accumulation, precision ("bf16", "fp32"), the
@@ -279,6 +291,10 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     qwen3 = "configs/hf/tiny/qwen3.json", mistral = "configs/hf/tiny/mistral.json",
                     gpt2 = "configs/hf/tiny/gpt2.json", gpt2_dropout = "configs/hf/tiny/gpt2-dropout.json",
                     llama_dropout = "configs/hf/tiny/llama-dropout.json";
+  // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
+  // every block linear with dropout 0.05.
+  const std::string lora_qv = "configs/peft/lora-qv-r8.json",
+                    lora_all = "configs/peft/lora-all-linear-r16-dropout.json";
   return {
       // ZeRO-0.
       DeepSpeedCase("z0-bf16-fused-adam", llama, DsConfig(0, "bf16", 2, 1), 1, 128),
@@ -337,6 +353,21 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z3-bf16-attention-dropout-ckpt", llama_dropout, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128,
                     "sdpa", true),
       DeepSpeedCase("z3-bf16-b4-s256-w4", mistral, DsConfig(3, "bf16", 4, 1, "", kSmall3), 4, 256),
+      // LoRA on a frozen model (peft).
+      WithLora(DeepSpeedCase("lora-z0-bf16-qv", llama, DsConfig(0, "bf16", 2, 1), 1, 256), lora_qv),
+      WithLora(DeepSpeedCase("lora-z1-bf16-offload-qv", llama, DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})),
+                             2, 256),
+               lora_qv),
+      WithLora(DeepSpeedCase("lora-z1-bf16-eager-qv", llama, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 256, "eager"),
+               lora_qv),
+      WithLora(DeepSpeedCase("lora-z2-bf16-all-linear-dropout", llama, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
+               lora_all),
+      WithLora(DeepSpeedCase("lora-z2-bf16-qwen3-all-linear", qwen3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
+               lora_all),
+      WithLora(DeepSpeedCase("lora-z3-bf16-qv", llama, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256), lora_qv),
+      WithLora(DeepSpeedCase("lora-z3-bf16-qwen3-offload-both-all-linear", qwen3,
+                             DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 256),
+               lora_all),
   };
 }
 

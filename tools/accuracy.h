@@ -57,9 +57,14 @@ std::vector<AccuracyCase> AccuracyMatrix();
 AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::string ds_config_json, int world,
                            int seq, const std::string& attention = "sdpa", bool checkpointing = false);
 
+// `c` with LoRA adapters from a PEFT adapter_config.json (a path under the
+// workspace), given to zplan and to the oracle alike.
+AccuracyCase WithLora(AccuracyCase c, const std::string& adapter_config);
+
 // The DeepSpeed agreement matrix: stages 0-3, offloads, checkpointing,
 // fp32/bf16, SDPA/eager, world 1, 2 and 4, default and small buckets, the
-// stage-3 knobs, the optimizer implementations, five model types.
+// stage-3 knobs, the optimizer implementations, five model types, LoRA
+// (peft) on frozen models.
 std::vector<AccuracyCase> DeepSpeedMatrix();
 
 struct RankMeasurement {

@@ -52,10 +52,16 @@ RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c) {
   return config;
 }
 
-absl::StatusOr<ModelSpec> ScenarioModel(const SeedScenario& s, const SeedClaim& c) {
+// The scenario's model with its LoRA adapters (at `rank` when > 0).
+absl::StatusOr<ModelSpec> ScenarioModel(const SeedScenario& s, const SeedClaim& c, int64_t rank = 0) {
   if (!c.model().empty()) return LoadPreset(c.model());
-  if (s.params() > 0) return ModelSpecForParams(s.params());
-  return LoadPreset(s.model());
+  ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, s.params() > 0 ? ModelSpecForParams(s.params()) : LoadPreset(s.model()));
+  if (s.has_lora()) {
+    *model.mutable_lora() = s.lora();
+    if (rank > 0) model.mutable_lora()->set_rank(rank);
+    ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(model));
+  }
+  return model;
 }
 
 double Value(const Plan& p, SeedQuantity q) {
@@ -80,6 +86,86 @@ double Value(const Plan& p, SeedQuantity q) {
 
 bool IsModelState(SeedQuantity q) {
   return q == QUANTITY_DEVICE_PARAMS || q == QUANTITY_DEVICE_GRADS || q == QUANTITY_DEVICE_OPTIMIZER;
+}
+
+// LoRA scenarios, gradient and optimizer rows: the ranks whose value lands
+// in the claim's range (a point: +-kPointTolerance). The trainable elements
+// are r x (in + out) summed over the targets, so the value is linear in r
+// (up to shard padding): fit from r = 1 and 2, then check the ends.
+struct RankRange {
+  int64_t lo = 0, hi = -1;  // empty when lo > hi
+  double needed = 0;        // the rank the claim's centre needs (may be outside [1, hidden])
+  bool flat = false;        // the value does not depend on r (nothing of it is on the GPU)
+};
+
+absl::StatusOr<RankRange> RanksFor(const SeedScenario& s, const SeedClaim& c) {
+  auto value = [&](int64_t rank) -> absl::StatusOr<double> {
+    ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, ScenarioModel(s, c, rank));
+    ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(model, RowConfig(s, c), {.record_timeline = false}));
+    return Value(plan, c.quantity());
+  };
+  ZPLAN_ASSIGN_OR_RETURN(double v1, value(1));
+  ZPLAN_ASSIGN_OR_RETURN(double v2, value(2));
+  RankRange range;
+  const double slope = v2 - v1;
+  if (slope <= 0) {
+    range.flat = true;
+    return range;
+  }
+  const bool point = c.low_gb() == c.high_gb();
+  const double low = point ? c.low_gb() * (1 - kPointTolerance) : c.low_gb();
+  const double high = point ? c.high_gb() * (1 + kPointTolerance) : c.high_gb();
+  const double base = v1 - slope;
+  range.needed = ((c.low_gb() + c.high_gb()) / 2 - base) / slope;
+  ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, ScenarioModel(s, c));
+  range.lo = std::max<int64_t>(1, static_cast<int64_t>(std::ceil((low - base) / slope)));
+  range.hi = std::min<int64_t>(model.hidden_size(), static_cast<int64_t>(std::floor((high - base) / slope)));
+  // The linear fit's ends, checked exactly (padding can move them by one).
+  while (range.lo <= range.hi) {
+    ZPLAN_ASSIGN_OR_RETURN(double v, value(range.lo));
+    if (v >= low) break;
+    ++range.lo;
+  }
+  while (range.hi >= range.lo) {
+    ZPLAN_ASSIGN_OR_RETURN(double v, value(range.hi));
+    if (v <= high) break;
+    --range.hi;
+  }
+  return range;
+}
+
+// The verdict of a LoRA scenario's gradient or optimizer row.
+absl::StatusOr<std::string> LoraVerdict(const SeedScenario& s, const SeedClaim& c, double v, bool agrees,
+                                        const std::string& note) {
+  ZPLAN_ASSIGN_OR_RETURN(RankRange r, RanksFor(s, c));
+  const std::string targets = absl::StrJoin(s.lora().target_modules(), ", ");
+  const std::string at = absl::StrFormat("zplan's %.2f GiB is at the assumed r %d", v, s.lora().rank());
+  if (r.flat) {
+    return absl::StrCat(agrees ? "agrees" : "**impossible for any LoRA rank**", ": the rank does not change it (",
+                        at, ").", note);
+  }
+  const std::string ranks = r.lo == r.hi ? absl::StrCat("r ", r.lo) : absl::StrCat("r ", r.lo, "-", r.hi);
+  if (r.lo > r.hi) {
+    return absl::StrFormat("**impossible for any LoRA rank**: adapters on %s would need r %.0f, outside 1..%d "
+                           "(%s).%s", targets, r.needed, ScenarioModel(s, c)->hidden_size(), at, note);
+  }
+  // How many parameters would train at those ranks.
+  auto trainable = [&](int64_t rank) -> absl::StatusOr<std::string> {
+    ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, ScenarioModel(s, c, rank));
+    const std::vector<TensorSpec> params = ParameterInventory(model);
+    int64_t n = 0, total = 0;
+    for (const TensorSpec& t : params) (t.frozen() ? total : n) += NumElements(t);
+    return absl::StrFormat("%s (%.1f%% of the model)", FormatCount(n), 100.0 * n / (n + total));
+  };
+  ZPLAN_ASSIGN_OR_RETURN(std::string fewest, trainable(r.lo));
+  ZPLAN_ASSIGN_OR_RETURN(std::string most, trainable(r.hi));
+  const std::string size = r.lo == r.hi ? fewest : absl::StrCat(fewest, " to ", most);
+  if (agrees) {
+    return absl::StrCat("agrees with LoRA (", ranks, " on ", targets, ", ", size, " trainable, give the guide's figure; ",
+                        at, ")");
+  }
+  return absl::StrCat("**possible only with LoRA ", ranks, "** on ", targets, ": ", size,
+                      " trainable (the guide gives no rank; ", at, ").", note);
 }
 
 struct Row {
@@ -125,7 +211,10 @@ absl::StatusOr<Row> Judge(const SeedScenario& s, const SeedClaim& c) {
   const bool point = c.low_gb() == c.high_gb();
   const bool agrees = point ? std::fabs(v - c.low_gb()) <= kPointTolerance * c.low_gb()
                             : v >= c.low_gb() && v <= c.high_gb();
-  if (agrees) {
+  if (s.has_lora() && c.model().empty() &&
+      (c.quantity() == QUANTITY_DEVICE_GRADS || c.quantity() == QUANTITY_DEVICE_OPTIMIZER)) {
+    ZPLAN_ASSIGN_OR_RETURN(row.verdict, LoraVerdict(s, c, v, agrees, note));
+  } else if (agrees) {
     row.verdict = point ? "agrees (within ±25%)" : "agrees (within the guide's range)";
   } else if (IsModelState(c.quantity()) &&
              std::max(v, c.high_gb()) > kImpossibleRatio * std::min(v, c.low_gb())) {
@@ -159,11 +248,18 @@ absl::StatusOr<std::string> GenerateSeedTables() {
   for (const auto& [path, text] : EmbeddedSeedScenarios()) {
     SeedScenario s;
     ZPLAN_RETURN_IF_ERROR(ParseProto(text, ProtoFormat::kText, path, &s));
-    ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, s.params() > 0 ? ModelSpecForParams(s.params()) : LoadPreset(s.model()));
+    ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, ScenarioModel(s, SeedClaim()));
     const RunConfig& c = s.config();
     absl::StrAppend(&out, "\n## ", s.seed_file().substr(0, 3), " — ", s.title(), "\n\n");
     absl::StrAppend(&out, "Source: `shared/seeds/", s.seed_file(), "`; scenario: `", path, "`.\n\n");
-    absl::StrAppend(&out, "Model: `", model.name(), "`, ", FormatCount(CountParameters(model)), " parameters. ", s.assumptions(), "\n\n");
+    absl::StrAppend(&out, "Model: `", model.name(), "`, ", FormatCount(CountParameters(model)), " parameters");
+    if (model.has_lora()) {
+      int64_t trainable = 0;
+      for (const TensorSpec& t : TrainableParameters(ParameterInventory(model))) trainable += NumElements(t);
+      absl::StrAppend(&out, absl::StrFormat(" (LoRA r %d on %s: %s trainable, the rest frozen)", model.lora().rank(),
+                                            absl::StrJoin(model.lora().target_modules(), ", "), FormatCount(trainable)));
+    }
+    absl::StrAppend(&out, ". ", s.assumptions(), "\n\n");
     absl::StrAppend(&out, absl::StrFormat(
         "Base configuration: ZeRO-%d, offload %s, %s, micro-batch %d, seq %d, %d x %d x %s.\n\n",
         c.zero().stage(), OffloadName(c.zero()),

@@ -87,7 +87,8 @@ bool RunFlags(absl::string_view payload) {
       {"precision", &ZplanOptions::precision}, {"checkpointing", &ZplanOptions::checkpointing},
       {"attention", &ZplanOptions::attention}, {"gpu", &ZplanOptions::gpu},
       {"host_ram_gib", &ZplanOptions::host_ram_gib}, {"budget_gib", &ZplanOptions::budget_gib},
-      {"format", &ZplanOptions::format}};
+      {"format", &ZplanOptions::format},       {"lora_r", &ZplanOptions::lora_r},
+      {"lora_targets", &ZplanOptions::lora_targets}};
   ZplanOptions o;
   for (absl::string_view line : absl::StrSplit(payload, '\n')) {
     const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
@@ -147,6 +148,12 @@ bool FuzzOneInput(absl::string_view input) {
       const int64_t vocab = static_cast<unsigned char>(payload[0]) | static_cast<unsigned char>(payload[1]) << 8;
       const int64_t seq = static_cast<unsigned char>(payload[2]) | static_cast<unsigned char>(payload[3]) << 8;
       return ParseTokens(payload.substr(4), vocab, seq, "tokens.bin").ok();
+    }
+    case kLoraConfig: {
+      absl::StatusOr<ModelSpec> model = LoadPreset(stage % 2 == 0 ? "debug-tiny" : "gpt2");
+      if (!model.ok()) Die("no preset");
+      return OneLineError(ApplyLoraConfig(payload, "adapter_config.json", &*model)) &&
+             PlanAndCheck(*model, DefaultRun(stage));
     }
     case kKinds:
       break;
@@ -272,6 +279,9 @@ std::vector<std::string> GeneratedSeeds() {
       seeds.push_back(std::string(1, static_cast<char>(kPlanFile)) + std::string(1, format) + *bytes);
     }
   }
+  // LoRA from flags, on top of a preset.
+  seeds.push_back(std::string(1, static_cast<char>(kFlags)) +
+                  "model=debug-tiny\nzero_stage=3\nlora_r=16\nlora_targets=q_proj,v_proj,down_proj\nseq=256");
   std::string tokens = {static_cast<char>(kTokenFile), '\x00', '\x01', '\x10', '\x00'};  // vocab 256, seq 16
   for (int i = 0; i < 40; ++i) tokens += std::string{static_cast<char>(i * 7 % 256), '\0'};
   seeds.push_back(tokens);

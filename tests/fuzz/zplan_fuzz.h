@@ -1,7 +1,8 @@
 // File: zplan_fuzz.h
 // An in-process mutation fuzzer over every input zplan and zrun read:
 // a Hugging Face config.json, a ds_config.json, a ModelSpec textproto,
-// zplan's flags, a plan file (zplan show, zrun) and a zrun token file.
+// zplan's flags, a plan file (zplan show, zrun), a zrun token file and a
+// PEFT adapter_config.json.
 //
 // An input is one byte naming its kind (InputKind, modulo kKinds) and the
 // payload. FuzzOneInput runs it through the real readers and, when they
@@ -33,7 +34,7 @@
 
 namespace zplan {
 
-enum InputKind : uint8_t { kHfConfig, kDsConfig, kModelSpecText, kFlags, kPlanFile, kTokenFile, kKinds };
+enum InputKind : uint8_t { kHfConfig, kDsConfig, kModelSpecText, kFlags, kPlanFile, kTokenFile, kLoraConfig, kKinds };
 
 // Runs one input; returns whether the readers accepted it. Aborts (a
 // finding) when an accepted input breaks an invariant.

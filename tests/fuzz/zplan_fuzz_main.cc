@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   o.out_dir = absl::GetFlag(FLAGS_out_dir);
   o.corpus_dirs = {{zplan::kHfConfig, "configs/hf"},        {zplan::kHfConfig, "configs/hf/tiny"},
                    {zplan::kDsConfig, "configs/ds"},        {zplan::kModelSpecText, "configs/models"},
-                   {zplan::kFlags, "tests/fuzz/corpus/flags"}};
+                   {zplan::kFlags, "tests/fuzz/corpus/flags"},   {zplan::kLoraConfig, "configs/peft"}};
   const absl::StatusOr<zplan::FuzzStats> stats = zplan::RunFuzzer(o);
   if (!stats.ok()) {
     std::cerr << "zplan_fuzz: " << stats.status().message() << "\n";

@@ -21,7 +21,7 @@ TEST(ZplanFuzzTest, ShortRunFindsNoCrashOrHang) {
                                                                      : std::getenv("TEST_TMPDIR");
   o.corpus_dirs = {{kHfConfig, Runfile("configs/hf")},     {kHfConfig, Runfile("configs/hf/tiny")},
                    {kDsConfig, Runfile("configs/ds")},     {kModelSpecText, Runfile("configs/models")},
-                   {kFlags, Runfile("tests/fuzz/corpus/flags")}};
+                   {kFlags, Runfile("tests/fuzz/corpus/flags")},  {kLoraConfig, Runfile("configs/peft")}};
   absl::StatusOr<FuzzStats> stats = RunFuzzer(o);
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->executions, o.runs);
@@ -36,6 +36,8 @@ TEST(ZplanFuzzTest, RejectedInputsAreNotFindings) {
   EXPECT_FALSE(FuzzOneInput(std::string(1, kPlanFile) + std::string(1, '\0')));
   EXPECT_FALSE(FuzzOneInput(std::string(1, kTokenFile) + std::string("\x00\x01\x10\x00", 4) + "x"));
   EXPECT_TRUE(FuzzOneInput(std::string(1, kFlags) + "model=debug-tiny\nzero_stage=3\nseq=128"));
+  EXPECT_TRUE(FuzzOneInput(std::string(1, kLoraConfig) + R"({"r": 4, "target_modules": "all-linear"})"));
+  EXPECT_FALSE(FuzzOneInput(std::string(1, kLoraConfig) + R"({"r": 4, "target_modules": ".*"})"));
 }
 
 }  // namespace
