@@ -21,6 +21,7 @@
 #include "executor/transformer.h"
 #include "executor/zero_engine.h"
 #include "planner/inventory.h"
+#include "planner/memory_model.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
@@ -183,7 +184,8 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   const bool zero_init = config.zero().stage() == 3 && config.zero().zero_init();
   ZPLAN_ASSIGN_OR_RETURN(Transformer model,
                          Transformer::Create(plan.model(), Dtype(config.precision()),
-                                             static_cast<uint64_t>(config.seed()), device, !zero_init));
+                                             static_cast<uint64_t>(config.seed()), device, !zero_init,
+                                             SavePolicyFor(config)));
   SetMemoryTag(COMPONENT_TEMPORARIES);
   const std::vector<TensorSpec> inventory(plan.parameters().begin(), plan.parameters().end());
   ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));

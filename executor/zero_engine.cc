@@ -121,8 +121,17 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   const int rank = comm->rank();
   const int num_layers = static_cast<int>(model->spec().num_layers());
 
+  // Frozen parameters (LoRA's base model) stay the model's own tensors in
+  // the working dtype: no flat buffer, gradient or optimizer state, as
+  // DeepSpeed's ZeRO-1/2 optimizers flatten only the parameters they are given.
+  if (e->stage_ == 3 && model->spec().has_lora()) {
+    return absl::FailedPreconditionError(
+        "model.lora: zrun trains LoRA at ZeRO stages 0-2; stage 3 (frozen chunks beside fp32 adapters) is not built "
+        "yet");
+  }
   int64_t total = 0;
   for (auto& [name, param] : model->mutable_parameters()) {
+    if (!param.requires_grad()) continue;
     Slot slot;
     slot.name = name;
     slot.param = param;

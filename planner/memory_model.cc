@@ -406,8 +406,9 @@ int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const Shard
     peak = std::max(peak, built + n * 4 + n * w);
     built += n * w;
   }
-  const int64_t copy = stage == 3 ? sh.stage3_chunk_elements : stage == 0 ? sh.total_elements
-                                                                               : sh.flat_padded_elements;
+  // The flat buffer holds the trainable parameters; frozen ones stay where they were built.
+  const int64_t copy = stage == 3 ? sh.stage3_chunk_elements : stage == 0 ? sh.trainable_elements
+                                                                          : sh.flat_padded_elements;
   return std::max(peak, built + copy * w);
 }
 
