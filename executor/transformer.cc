@@ -435,6 +435,10 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
     hooks.after_forward(-1);
     x = BeforeBackward::apply(x, &hooks, -1);
   }
+  // transformers' activation_checkpointing_enable: a frozen embedding's
+  // output is made to require grad (enable_input_require_grads), or
+  // checkpointed blocks would give their LoRA adapters no gradient.
+  if (checkpointing && !x.requires_grad()) x.requires_grad_(true);
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     if (hooks.active()) hooks.before_forward(layer);
     if (checkpointing) {

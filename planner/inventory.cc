@@ -124,11 +124,11 @@ std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& param
   return out;
 }
 
-bool RunsBackward(const ModelSpec& spec, const TensorSpec& param) {
+bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves) {
   if (!spec.has_lora() || !param.frozen()) return true;
   const std::string& name = param.name();
   if (absl::StartsWith(name, "embed_")) return false;
-  if (param.layer() != 0) return true;
+  if (param.layer() != 0 || saves.embedding_output_requires_grad) return true;
   for (const char* norm : {"q_norm", "k_norm"}) {
     if (absl::StrContains(name, absl::StrCat("attn.", norm))) {
       return IsLoraTarget(spec, norm[0] == 'q' ? "q_proj" : "k_proj");
@@ -266,8 +266,9 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     }
     return false;
   };
-  // Whether the block input requires grad: not block 0's when the embedding is frozen.
-  const bool input_grad = !lora || layer > 0;
+  // Whether the block input requires grad: not block 0's when the embedding
+  // is frozen, unless its output is made to (SavePolicy).
+  const bool input_grad = !lora || layer > 0 || saves.embedding_output_requires_grad;
   const bool q_grad = input_grad || targeted({"q_proj"});
   const bool k_grad = input_grad || targeted({"k_proj"});
   const bool v_grad = input_grad || targeted({"v_proj"});
@@ -382,10 +383,10 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
 }
 
 std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
-                                                  KernelDevice device) {
+                                                  KernelDevice device, const SavePolicy& saves) {
   std::vector<TensorSpec> out;
-  // A frozen embedding's output does not require grad: dropout keeps no mask.
-  if (spec.embedding_dropout() > 0 && BaseWeightsTrain(spec)) {
+  // Dropout keeps its mask only when its input requires grad.
+  if (spec.embedding_dropout() > 0 && (BaseWeightsTrain(spec) || saves.embedding_output_requires_grad)) {
     out.push_back(Make("embed.dropout_mask", {b, s, spec.hidden_size()}, DropoutSavedDType(dtype, device),
                        ROLE_ACTIVATION, -1));
   }

@@ -41,6 +41,29 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec);
 // Parameters of one block (all blocks are alike).
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer);
 
+// What a linear layer keeps for backward: autograd's own rule (its input
+// only for a trainable weight), or, under ZeRO-3's zero.Init with
+// memory_efficient_linear, LinearFunctionForZeroStage3's (its input always,
+// whenever the layer is recorded at all: runtime/zero/linear.py,
+// setup_context).
+enum class LinearSaves { kForWeightGradient, kAlways };
+
+// What the training stack makes autograd keep beyond the model's own ops
+// (memory_model.h, SavePolicyFor, reads it off a RunConfig; zrun's model
+// follows the same policy).
+struct SavePolicy {
+  LinearSaves linear = LinearSaves::kForWeightGradient;
+  // LoRA adapters compute in this dtype (unspecified: the working dtype);
+  // in another dtype each adapted linear casts x to it first (peft's
+  // _cast_input_dtype), and lora_A keeps that copy.
+  DType adapter_dtype = DTYPE_UNSPECIFIED;
+  // A frozen embedding's output requires grad anyway: transformers'
+  // activation_checkpointing_enable calls enable_input_require_grads (so
+  // that checkpointed blocks see a gradient), and block 0 then keeps what
+  // the others keep.
+  bool embedding_output_requires_grad = false;
+};
+
 // LoRA (ModelSpec.lora): a targeted block linear "<prefix>.q_proj" gains
 // "<prefix>.q_proj.lora_A.weight" [r, in] and "...lora_B.weight" [out, r]
 // right after its own weight and bias (PEFT's module order), and every
@@ -60,8 +83,9 @@ std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& param
 // requires grad), which is when ZeRO-3 gathers it again: every module in
 // full fine-tuning; with LoRA not the frozen embeddings, nor block 0's
 // modules that see only the embedding's output (its attention norm, the
-// q/k/v base layers and the q/k norms of untargeted projections).
-bool RunsBackward(const ModelSpec& spec, const TensorSpec& param);
+// q/k/v base layers and the q/k norms of untargeted projections) unless
+// that output requires grad (SavePolicy).
+bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves);
 
 int64_t CountParameters(const ModelSpec& spec);
 
@@ -80,23 +104,6 @@ DType DropoutSavedDType(DType input, KernelDevice device);
 // dropout the fp32 math path materializes the [b,a,s,s] probabilities.
 bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device);
 
-// What a linear layer keeps for backward: autograd's own rule (its input
-// only for a trainable weight), or, under ZeRO-3's zero.Init with
-// memory_efficient_linear, LinearFunctionForZeroStage3's (its input always,
-// whenever the layer is recorded at all: runtime/zero/linear.py,
-// setup_context).
-enum class LinearSaves { kForWeightGradient, kAlways };
-
-// What the training stack makes autograd keep beyond the model's own ops
-// (memory_model.h, SavePolicyFor, reads it off a RunConfig; zrun's model
-// follows the same policy).
-struct SavePolicy {
-  LinearSaves linear = LinearSaves::kForWeightGradient;
-  // LoRA adapters compute in this dtype (unspecified: the working dtype);
-  // in another dtype each adapted linear casts x to it first (peft's
-  // _cast_input_dtype), and lora_A keeps that copy.
-  DType adapter_dtype = DTYPE_UNSPECIFIED;
-};
 
 // Tensors one block saves for backward in `dtype` (plus fp32 norm
 // statistics), with activation checkpointing off. Layer is set to `layer`.
@@ -114,7 +121,7 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
 // What the embedding output saves until the embedding's backward: the
 // embedding dropout's mask (GPT-2's embd_pdrop); layer -1.
 std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
-                                                  DType dtype, KernelDevice device);
+                                                  DType dtype, KernelDevice device, const SavePolicy& saves = {});
 
 // Peak bytes of tensors that exist only inside one block's forward (the
 // pre-softmax scores next to the probabilities when those are materialized).

@@ -415,6 +415,7 @@ int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const Shard
 SavePolicy SavePolicyFor(const RunConfig& config) {
   const ZeroConfig& zero = config.zero();
   SavePolicy saves;
+  saves.embedding_output_requires_grad = config.activation_checkpointing();
   if (zero.stage() == 3 && zero.zero_init()) {
     if (zero.memory_efficient_linear()) saves.linear = LinearSaves::kAlways;
     saves.adapter_dtype = DTYPE_FP32;
@@ -554,7 +555,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
   }
   const KernelDevice device = KernelDeviceOf(s);
-  const SavePolicy saves = SavePolicyFor(config);
+  sizer.saves_ = SavePolicyFor(config);
+  const SavePolicy& saves = sizer.saves_;
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
   // causal mask): fit the three terms from the inventory, check a fourth point.
   auto fit = [&](int layer) {
@@ -601,7 +603,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // backward, so blocks from some index on are kept whole (the closed form
     // relies on it; the simulator test checks it).
     std::vector<bool> runs_backward;
-    for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t));
+    for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t, saves));
     const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero, runs_backward);
     std::vector<int64_t> kept(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
@@ -636,7 +638,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (trains("embed_positions")) s.pos_grad = model.max_position_embeddings() * h * w;
   // A frozen embedding (LoRA) runs no backward: nothing is gathered for it.
   s.embed_backward = (s.has_vocab || model.position_embedding() == POSITION_LEARNED) && !params.empty() &&
-                     RunsBackward(model, params.front());
+                     RunsBackward(model, params.front(), saves);
 
   // Stage 0 reduces gradients after backward through one flat bucket.
   if (s.stage == 0) s.reduce_temp = std::min(zero.reduce_bucket_elements(), trained) * w;
@@ -805,7 +807,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.act_grad = tokens * h * w;
   if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;
-  s.embed_saved = SumBytes(EmbeddingSavedActivations(model, b, seq, dtype, device));
+  s.embed_saved = SumBytes(EmbeddingSavedActivations(model, b, seq, dtype, device, saves_));
   if (s.has_vocab) {
     s.logits_working = tokens * model.vocab_size() * w;
     s.logits_fp32 = tokens * model.vocab_size() * 4;

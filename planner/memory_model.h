@@ -262,14 +262,18 @@ class StepSizer {
     }
   };
   SavedFit saved_, saved_block0_;
+  SavePolicy saves_;
   int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations: linear in b*s
 };
 
-// What DeepSpeed makes autograd keep for this run: under zero.Init (stage 3)
-// with memory_efficient_linear every linear keeps its input
-// (LinearFunctionForZeroStage3), and LoRA adapters stay fp32 (peft makes
-// them fp32; the engine casts only a model zero.Init did not build:
-// engine.py, _cast_module_mixed_precision). `config` must be resolved.
+// What DeepSpeed and transformers make autograd keep for this run: under
+// zero.Init (stage 3) with memory_efficient_linear every linear keeps its
+// input (LinearFunctionForZeroStage3), and LoRA adapters stay fp32 (peft
+// makes them fp32; the engine casts only a model zero.Init did not build:
+// engine.py, _cast_module_mixed_precision); with activation checkpointing
+// the embedding's output requires grad (modeling_utils.py,
+// _activation_checkpointing_enable: enable_input_require_grads). `config`
+// must be resolved.
 SavePolicy SavePolicyFor(const RunConfig& config);
 
 // Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).

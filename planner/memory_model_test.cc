@@ -301,6 +301,11 @@ TEST(MemoryModelTest, LoraActivationsFollowWhatAutogradKeeps) {
   // Block 0 skips its attention norm (fp32 input and rstd).
   EXPECT_EQ(plain.block0_saved_less, tokens * 256 * 4 + tokens * 4);
   EXPECT_EQ(plain.block0_saved_mlp_less, 0);
+  // With activation checkpointing transformers makes the embedding's output
+  // require grad (enable_input_require_grads): block 0 keeps what the others keep.
+  config.set_activation_checkpointing(true);
+  EXPECT_EQ(Sizes(model, config).block0_saved_less, 0);
+  config.set_activation_checkpointing(false);
   // Full fine-tuning keeps all of it, in every block alike.
   auto full = LoadPreset("debug-tiny");
   const StepSizes full_sizes = Sizes(*full, config);
