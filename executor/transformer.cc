@@ -25,9 +25,6 @@ constexpr double kNormEps = 1e-6;
 constexpr double kInitStd = 0.02;        // GPT-2 / Llama initialiser
 constexpr double kRopeTheta = 10000.0;
 
-// A parameter's initial value, fp32 on `where`: norm weights 1, biases 0,
-// the rest N(0, kInitStd) from its own generator (on a CUDA device a fresh
-// copy of the device's generator, reseeded).
 at::ScalarType ScalarTypeOf(DType dtype) {
   switch (dtype) {
     case DTYPE_BF16: return at::kBFloat16;
@@ -36,6 +33,9 @@ at::ScalarType ScalarTypeOf(DType dtype) {
   }
 }
 
+// A parameter's initial value, fp32 on `where`: norm weights 1, biases 0,
+// the rest N(0, kInitStd) from its own generator (on a CUDA device a fresh
+// copy of the device's generator, reseeded).
 at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64_t seed, at::Device where) {
   const auto options = at::TensorOptions().dtype(at::kFloat).device(where);
   // PEFT initialises lora_B to zeros: the adapted model starts as the base.
@@ -100,6 +100,13 @@ struct FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFunct
     return {at::matmul(grads[0], ctx->get_saved_variables()[0]), at::Tensor(), at::Tensor()};
   }
 };
+
+// A linear layer as the plan's SavePolicy has it keep its input.
+at::Tensor ApplyLinear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       LinearSaves saves) {
+  if (weight.requires_grad() || saves == LinearSaves::kAlways) return LinearFunction::apply(x, weight, bias);
+  return FrozenLinearFunction::apply(x, weight, bias);
+}
 
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -299,9 +306,7 @@ absl::Status Transformer::CheckAttentionKernel(int64_t seq_length) const {
 at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, bool bias) const {
   const at::Tensor& weight = Param(name + ".weight");
   const std::optional<at::Tensor> b = bias ? std::optional<at::Tensor>(Param(name + ".bias")) : std::nullopt;
-  at::Tensor out = weight.requires_grad() || saves_.linear == LinearSaves::kAlways
-                       ? LinearFunction::apply(x, weight, b)
-                       : FrozenLinearFunction::apply(x, weight, b);
+  at::Tensor out = ApplyLinear(x, weight, b, saves_.linear);
   auto a = index_.find(name + kLoraAName + ".weight");
   if (a == index_.end()) return out;
   // peft's lora.Linear.forward: x cast to the adapters' dtype (a copy only
@@ -473,9 +478,7 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   {
     // The working-dtype logits die here, before log-softmax allocates.
     if (hooks.before_logits) hooks.before_logits();
-    at::Tensor logits = head.requires_grad() || saves_.linear == LinearSaves::kAlways
-                            ? LinearFunction::apply(final_norm, head, std::nullopt)
-                            : FrozenLinearFunction::apply(final_norm, head, std::nullopt);
+    at::Tensor logits = ApplyLinear(final_norm, head, std::nullopt, saves_.linear);
     if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
     logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
   }
