@@ -42,7 +42,7 @@ void AddBlockLinear(const ModelSpec& spec, const std::string& prefix, const std:
                     int64_t out_features, bool bias, int layer, std::vector<TensorSpec>* out) {
   const std::string name = prefix + "." + module;
   AddLinear(name, in, out_features, bias, layer, out);
-  if (IsLoraTarget(spec, module.substr(module.find('.') + 1))) {
+  if (IsLoraTarget(spec, module)) {
     out->push_back(Param(name + kLoraAName + ".weight", {spec.lora().rank(), in}, layer));
     out->push_back(Param(name + kLoraBName + ".weight", {out_features, spec.lora().rank()}, layer));
   }
@@ -142,6 +142,7 @@ bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePoli
 
 bool IsLoraTarget(const ModelSpec& spec, absl::string_view module) {
   if (!spec.has_lora()) return false;
+  module.remove_prefix(module.rfind('.') == absl::string_view::npos ? 0 : module.rfind('.') + 1);
   for (const std::string& target : spec.lora().target_modules()) {
     if (target == module) return true;
   }
@@ -251,7 +252,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   // and the mask when x requires grad; or x cast to the adapters' dtype)
   // and lora_A's output.
   auto adapters = [&](const std::string& module, int64_t in, bool input_grad) {
-    if (!IsLoraTarget(spec, module.substr(module.find('.') + 1))) return;
+    if (!IsLoraTarget(spec, module)) return;
     if (spec.lora().dropout() > 0) {
       if (input_grad) act(module + ".lora_dropout_mask", {b, s, in}, DropoutSavedDType(adapter, device));
       act(module + ".lora_dropped_input", {b, s, in}, adapter);

@@ -71,7 +71,7 @@ struct SavePolicy {
 inline constexpr char kLoraAName[] = ".lora_A";
 inline constexpr char kLoraBName[] = ".lora_B";
 // Whether the spec puts adapters on the block linear named `module`
-// ("q_proj", "down_proj", ...).
+// ("q_proj", or with its path, "attn.q_proj").
 bool IsLoraTarget(const ModelSpec& spec, absl::string_view module);
 bool IsLoraAdapter(const TensorSpec& tensor);
 

@@ -94,7 +94,8 @@ bool IsModelState(SeedQuantity q) {
 // (up to shard padding): fit from r = 1 and 2, then check the ends.
 struct RankRange {
   int64_t lo = 0, hi = -1;  // empty when lo > hi
-  double needed = 0;        // the rank the claim's centre needs (may be outside [1, hidden])
+  double needed = 0;        // the rank the claim's centre needs (may be outside [1, max_rank])
+  int64_t max_rank = 0;     // the model width
   bool flat = false;        // the value does not depend on r (nothing of it is on the GPU)
 };
 
@@ -118,8 +119,9 @@ absl::StatusOr<RankRange> RanksFor(const SeedScenario& s, const SeedClaim& c) {
   const double base = v1 - slope;
   range.needed = ((c.low_gb() + c.high_gb()) / 2 - base) / slope;
   ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, ScenarioModel(s, c));
+  range.max_rank = model.hidden_size();
   range.lo = std::max<int64_t>(1, static_cast<int64_t>(std::ceil((low - base) / slope)));
-  range.hi = std::min<int64_t>(model.hidden_size(), static_cast<int64_t>(std::floor((high - base) / slope)));
+  range.hi = std::min<int64_t>(range.max_rank, static_cast<int64_t>(std::floor((high - base) / slope)));
   // The linear fit's ends, checked exactly (padding can move them by one).
   while (range.lo <= range.hi) {
     ZPLAN_ASSIGN_OR_RETURN(double v, value(range.lo));
@@ -147,7 +149,7 @@ absl::StatusOr<std::string> LoraVerdict(const SeedScenario& s, const SeedClaim& 
   const std::string ranks = r.lo == r.hi ? absl::StrCat("r ", r.lo) : absl::StrCat("r ", r.lo, "-", r.hi);
   if (r.lo > r.hi) {
     return absl::StrFormat("**impossible for any LoRA rank**: adapters on %s would need r %.0f, outside 1..%d "
-                           "(%s).%s", targets, r.needed, ScenarioModel(s, c)->hidden_size(), at, note);
+                           "(%s).%s", targets, r.needed, r.max_rank, at, note);
   }
   // How many parameters would train at those ranks.
   auto trainable = [&](int64_t rank) -> absl::StatusOr<std::string> {
