@@ -283,7 +283,7 @@ void JudgeReport(const Plan& plan, Report* report) {
   bool passed = true;
   for (const RankReport& rank : report->ranks()) {
     const MemoryBreakdown& planned = PlannedDevice(plan, rank.rank());
-    // Tensor bytes: the planned peak without runtime and allocator band, vs
+    // Tensor bytes: the planned peak without runtime and allocator cache, vs
     // the measured peak allocated (exact on CPU ranks).
     const int64_t predicted = LiveTensorBytes(planned);
     const int64_t measured = rank.measured_device().peak_bytes();

@@ -118,4 +118,19 @@ bool CachingAllocatorModel::Free(int64_t address) {
   return true;
 }
 
+void CachingAllocatorModel::ReleaseCached() {
+  // A segment with nothing allocated is one free block (frees merge).
+  for (auto it = blocks_.begin(); it != blocks_.end();) {
+    const auto next = std::next(it);
+    const Block& b = it->second;
+    const bool whole = it->first == b.segment && (next == blocks_.end() || next->second.segment != b.segment);
+    if (whole && !b.allocated) {
+      EraseFree(it->first);
+      Track(0, -b.bytes);
+      blocks_.erase(it);
+    }
+    it = next;
+  }
+}
+
 }  // namespace zplan

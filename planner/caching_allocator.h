@@ -17,8 +17,8 @@
 //     20 MiB for requests under 10 MiB, else the request rounded up to 2 MiB
 //     (get_allocation_size);
 //   * a freed block merges with free neighbours of its segment
-//     (try_merge_blocks); segments never merge and are never unmapped here
-//     (no emptyCache).
+//     (try_merge_blocks); segments never merge, and only ReleaseCached
+//     (emptyCache) unmaps them.
 // Frees that wait for another stream (record_stream) are the caller's
 // business: call Free when the block really comes back.
 //
@@ -67,6 +67,9 @@ class CachingAllocatorModel {
   // Returns the block at `address` (from Allocate or AddSegment's `live`).
   // False when no allocated block starts there.
   bool Free(int64_t address);
+  // Unmaps every segment with no allocated block (emptyCache:
+  // release_cached_blocks).
+  void ReleaseCached();
 
   int64_t allocated_bytes() const { return allocated_bytes_; }
   int64_t reserved_bytes() const { return reserved_bytes_; }

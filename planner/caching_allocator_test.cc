@@ -51,6 +51,20 @@ TEST(CachingAllocatorModelTest, SplitsReusesAndNeverMerges) {
   EXPECT_FALSE(m.Free(e.address + 1));  // no block starts there
 }
 
+TEST(CachingAllocatorModelTest, ReleaseCachedUnmapsOnlyEmptySegments) {
+  CachingAllocatorModel m;
+  const auto a = m.Allocate(8 * kMiB, 0);   // a 20 MiB segment
+  const auto b = m.Allocate(30 * kMiB, 0);  // its own 30 MiB segment
+  m.Allocate(2 * kMiB, 0);                  // in a's segment, kept
+  ASSERT_TRUE(m.Free(a.address));
+  ASSERT_TRUE(m.Free(b.address));
+  m.ReleaseCached();
+  EXPECT_EQ(m.reserved_bytes(), 20 * kMiB);
+  EXPECT_EQ(m.peak_reserved_bytes(), 50 * kMiB);
+  EXPECT_FALSE(m.Allocate(8 * kMiB, 0).new_segment);  // a's block is still cached
+  EXPECT_TRUE(m.Allocate(30 * kMiB, 0).new_segment);
+}
+
 TEST(CachingAllocatorModelTest, RemaindersUpToOneMiBStayWithTheLargeBlock) {
   CachingAllocatorModel m;
   const auto a = m.Allocate(11 * kMiB - 4096, 0);  // a 12 MiB segment, 1 MiB + 4 KiB left: split

@@ -368,10 +368,6 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
   return from;  // the rest: at the epilogue
 }
 
-int64_t AllocatorBand(const StepSizes& s, int64_t tensor_bytes) {
-  return static_cast<int64_t>(std::llround(s.allocator_band_fraction * static_cast<double>(tensor_bytes)));
-}
-
 KernelDevice KernelDeviceOf(const StepSizes& s) { return s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda; }
 
 }  // namespace
@@ -670,7 +666,6 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // configs/gpus/catalog.textproto).
     s.runtime = gpu.cuda_context_bytes() + gpu.nccl_bytes_per_communicator();
   }
-  s.allocator_band_fraction = gpu.allocator_band_fraction();
 
   // Host.
   s.host_process = gpu.host_process_bytes();
@@ -841,7 +836,7 @@ std::vector<NamedBytes> TensorComponents(const MemoryBreakdown& b) {
 void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
   const int64_t tensors = LiveTensorBytes(*b);
   b->set_runtime_bytes(s.runtime);
-  b->set_allocator_bytes(AllocatorBand(s, tensors));
+  b->set_allocator_bytes(s.allocator_cached);
   b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
 }
 
@@ -863,7 +858,7 @@ MemoryBreakdown ClosedFormDevicePeak(const StepSizes& s) {
 
 int64_t ClosedFormPeakBytes(const StepSizes& s) {
   const int64_t tensors = BestMoment(s).Total();
-  return tensors + s.runtime + AllocatorBand(s, tensors);
+  return tensors + s.runtime + s.allocator_cached;
 }
 
 MemoryBreakdown ScaledBreakdown(const MemoryBreakdown& b, int64_t factor) {

@@ -16,8 +16,9 @@
 //   * temporaries: backward gradient temporaries, post-backward reduce
 //     buckets (stages 0/1), the fp32 gradient upcast of the optimizer step;
 //   * the cuBLAS workspace (a caching-allocator block, counted with the
-//     buffers), runtime outside the allocator (CUDA context, NCCL) and the
-//     allocator band, from the GPU catalog.
+//     buffers) and runtime outside the allocator (CUDA context, NCCL), from
+//     the GPU catalog; what the caching allocator holds reserved beyond the
+//     tensors comes from replaying the step (allocator_replay.h).
 //
 // The closed form evaluates the handful of moments where a step can peak
 // (end of forward, inside the loss, first and last backward block, embedding
@@ -178,10 +179,11 @@ struct StepSizes {
   // CUDA ranks: one cuBLAS(Lt) workspace, allocated through the caching
   // allocator at the first matmul and kept (the catalog's size).
   int64_t cublas_workspace = 0;
-  // Runtime outside the allocator (CUDA context, NCCL) and the allocator
-  // band, from the catalog.
+  // Runtime outside the allocator (CUDA context, NCCL), from the catalog.
   int64_t runtime = 0;
-  double allocator_band_fraction = 0;
+  // What the caching allocator holds reserved but free at the peak: 0 here,
+  // set by WithAllocatorCache (allocator_replay.h), which replays the step.
+  int64_t allocator_cached = 0;
 
   // Host, per rank.
   int64_t host_process = 0;
@@ -281,7 +283,7 @@ absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConf
                                            const GpuSpec& gpu);
 
 // The device breakdown at the step's peak, with peak_event set. Runtime and
-// the allocator band are included in peak_bytes.
+// the allocator's cached bytes (allocator_cached) are included in peak_bytes.
 MemoryBreakdown ClosedFormDevicePeak(const StepSizes& sizes);
 
 // ClosedFormDevicePeak(sizes).peak_bytes() without building the breakdown.
@@ -294,7 +296,7 @@ int64_t ModelStatesBytes(const StepSizes& sizes);
 // Host memory of one rank's process in steady state.
 MemoryBreakdown HostPerRank(const StepSizes& sizes);
 
-// Adds the runtime and allocator band to a breakdown of tensor bytes and
+// Adds the runtime and the allocator's cached bytes to a breakdown of tensor bytes and
 // sets peak_bytes to the total.
 void FinishDeviceBreakdown(const StepSizes& sizes, MemoryBreakdown* breakdown);
 

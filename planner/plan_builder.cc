@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "planner/allocator_replay.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
 #include "planner/limits.h"
@@ -34,7 +35,7 @@ absl::StatusOr<Prepared> Prepare(const ModelSpec& model, const RunConfig& config
   ZPLAN_RETURN_IF_ERROR(ValidateSizes(p.model, p.config));
   ZPLAN_ASSIGN_OR_RETURN(p.gpu, FindGpu(p.config.cluster().gpu()));
   ZPLAN_ASSIGN_OR_RETURN(p.sizer, StepSizer::Create(p.model, p.config, p.gpu));
-  p.sizes = p.sizer->For(p.config.micro_batch_size(), p.config.seq_length());
+  p.sizes = WithAllocatorCache(p.sizer->For(p.config.micro_batch_size(), p.config.seq_length()));
   return p;
 }
 
@@ -152,15 +153,20 @@ Plan PlanFor(const Prepared& p, const PlanOptions& options) {
   const MemoryBreakdown& device = plan.device_per_rank();
   plan.set_host_init_peak_bytes_per_node((s.host_init_per_rank + s.host_process) * local);
   plan.set_construction_peak_bytes_per_rank(s.construction);
+  plan.set_device_offload_wait_risk_bytes(OffloadWaitRiskBytes(s));
 
-  // Ranks differ where DeepSpeed's gradient partitions do (stages 1/2).
+  // Ranks differ where DeepSpeed's gradient partitions do (stages 1/2). The
+  // allocator's cache is the largest rank's: replaying every rank would cost
+  // a replay per partition boundary for a few bytes of padding.
   for (int64_t rank = 0; rank < s.world_size; ++rank) {
     RankPlan* r = plan.add_ranks();
     r->set_rank(static_cast<int>(rank));
     r->set_node(static_cast<int>(rank / local));
-    RankMemory mine = RankBreakdowns(p.sizer->ForRank(p.config.micro_batch_size(), p.config.seq_length(), rank));
-    *r->mutable_device() = std::move(mine.device);
-    *r->mutable_host() = std::move(mine.host);
+    StepSizes mine = p.sizer->ForRank(p.config.micro_batch_size(), p.config.seq_length(), rank);
+    mine.allocator_cached = s.allocator_cached;
+    RankMemory memory = RankBreakdowns(mine);
+    *r->mutable_device() = std::move(memory.device);
+    *r->mutable_host() = std::move(memory.host);
   }
 
   Budget* budget = plan.mutable_budget();
@@ -190,13 +196,37 @@ absl::StatusOr<int64_t> LargestFittingShape(const Prepared& p, int64_t budget_by
   const int64_t budget = DeviceBudget(p.gpu, budget_bytes);
   const StepSizer& sizer = *p.sizer;
   const int64_t b = p.config.micro_batch_size(), seq = p.config.seq_length();
-  return LargestFitting(search_batch ? kMaxMicroBatch : kMaxSeqLength, [&](int64_t n) -> absl::StatusOr<bool> {
+  auto sizes_at = [&](int64_t n) -> std::optional<StepSizes> {
     RunConfig shape = p.config;
     (search_batch ? shape.set_micro_batch_size(n) : shape.set_seq_length(n));
     // A shape too large to size does not fit anything.
-    if (!ValidateSizes(p.model, shape).ok()) return false;
-    return ClosedFormPeakBytes(search_batch ? sizer.For(n, seq) : sizer.For(b, n)) <= budget;
-  });
+    if (!ValidateSizes(p.model, shape).ok()) return std::nullopt;
+    return search_batch ? sizer.For(n, seq) : sizer.For(b, n);
+  };
+  // The tensors alone bound the answer (the allocator's cache only adds).
+  ZPLAN_ASSIGN_OR_RETURN(const int64_t bound, LargestFitting(search_batch ? kMaxMicroBatch : kMaxSeqLength,
+                                                              [&](int64_t n) -> absl::StatusOr<bool> {
+                                                                const auto sizes = sizes_at(n);
+                                                                return sizes && ClosedFormPeakBytes(*sizes) <= budget;
+                                                              }));
+  // Walk down from there: the cache replayed at a shape that does not fit
+  // says how far (it changes little between neighbouring shapes), and a
+  // bisection between the last shapes that fit and did not makes it exact.
+  int64_t fail = bound + 1, n = bound;
+  while (n > 0) {
+    const StepSizes sizes = WithAllocatorCache(*sizes_at(n));
+    if (ClosedFormPeakBytes(sizes) <= budget) break;
+    fail = n;
+    ZPLAN_ASSIGN_OR_RETURN(n, LargestFitting(n - 1, [&](int64_t m) -> absl::StatusOr<bool> {
+                             const auto smaller = sizes_at(m);
+                             return smaller && ClosedFormPeakBytes(*smaller) + sizes.allocator_cached <= budget;
+                           }));
+  }
+  while (fail - n > 1) {
+    const int64_t mid = n + (fail - n) / 2;
+    (ClosedFormPeakBytes(WithAllocatorCache(*sizes_at(mid))) <= budget ? n : fail) = mid;
+  }
+  return n;
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ class StepRecorder {
     sizes_.push_back({component, bytes});
     if (bytes == 0) return handle;
     Add(component, bytes);
-    Emit(MemoryEvent::ALLOC, component, bytes, phase, layer, std::move(tensor));
+    Emit(MemoryEvent::ALLOC, component, bytes, phase, layer, std::move(tensor), handle);
     return handle;
   }
 
@@ -29,7 +29,7 @@ class StepRecorder {
     ZPLAN_CHECK(bytes >= 0);  // each allocation is freed once
     if (bytes > 0) {
       Add(component, -bytes);
-      Emit(MemoryEvent::FREE, component, bytes, phase, layer, std::move(tensor));
+      Emit(MemoryEvent::FREE, component, bytes, phase, layer, std::move(tensor), handle);
     }
     bytes = -1;
   }
@@ -37,6 +37,7 @@ class StepRecorder {
   SimulatedStep Finish(const StepSizes& sizes) {
     SimulatedStep step;
     step.events = std::move(events_);
+    step.event_handles = std::move(handles_);
     step.peak = peak_;
     step.peak_event_index = peak_index_;
     FinishDeviceBreakdown(sizes, &step.peak);
@@ -62,7 +63,7 @@ class StepRecorder {
   }
 
   void Emit(MemoryEvent::Kind kind, Component component, int64_t bytes, Phase phase, int layer,
-            std::string tensor) {
+            std::string tensor, int handle) {
     const bool new_peak = total_ > peak_total_;
     if (new_peak) {
       peak_total_ = total_;
@@ -72,6 +73,7 @@ class StepRecorder {
     }
     ++event_count_;
     if (!record_) return;
+    handles_.push_back(handle);
     MemoryEvent& event = events_.emplace_back();
     event.set_kind(kind);
     event.set_component(component);
@@ -85,6 +87,7 @@ class StepRecorder {
   bool record_;
   std::vector<std::pair<Component, int64_t>> sizes_;
   std::vector<MemoryEvent> events_;
+  std::vector<int> handles_;
   MemoryBreakdown live_, peak_;
   int64_t total_ = 0, peak_total_ = -1;
   int peak_index_ = -1, event_count_ = 0;

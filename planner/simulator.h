@@ -27,6 +27,7 @@ namespace zplan {
 
 struct SimulatedStep {
   std::vector<MemoryEvent> events;   // in order; live_bytes after each
+  std::vector<int> event_handles;    // per event, the allocation it makes or frees
   MemoryBreakdown peak;              // live components at the peak + runtime + allocator
   int peak_event_index = -1;         // into events
 };

@@ -303,7 +303,8 @@ void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
                            Gib(p.device_per_rank().peak_bytes()), Gib(host), p.fits() ? "yes" : "no",
                            row.max_micro_batch, p.device_per_rank().peak_event());
   }
-  out << "\nGPU peak: per rank, incl. runtime outside the allocator (CUDA context, NCCL) and the allocator band.\n"
+  out << "\nGPU peak: per rank, incl. runtime outside the allocator (CUDA context, NCCL) and what the caching allocator\n"
+         "reserves beyond the tensors (replayed).\n"
          "host/node: the larger of steady state and model construction, all local ranks.\n";
   const int best = RecommendedRow(rows);
   if (best >= 0) {
@@ -333,7 +334,7 @@ void PrintBreakdown(const Plan& plan, std::ostream& out) {
       {"buffers", {d.buffers_bytes(), h.buffers_bytes()}},
       {"temporaries", {d.temporaries_bytes(), h.temporaries_bytes()}},
       {"runtime", {d.runtime_bytes(), h.runtime_bytes()}},
-      {"allocator band", {d.allocator_bytes(), h.allocator_bytes()}},
+      {"allocator", {d.allocator_bytes(), h.allocator_bytes()}},
   };
   out << absl::StrFormat("%-22s  %16s  %16s\n", "component", "GPU (per rank)", "host (per node)");
   for (const auto& [name, bytes] : rows) {
@@ -351,6 +352,10 @@ void PrintBreakdown(const Plan& plan, std::ostream& out) {
     out << absl::StrFormat("fits %s: %s (margin %s of %s budget)\n", plan.gpu().name(), plan.fits() ? "yes" : "NO",
                            FormatBytes(plan.device_margin_bytes()),
                            FormatBytes(plan.budget().device_bytes_per_rank()));
+  }
+  if (plan.device_offload_wait_risk_bytes() > 0) {
+    out << "offload: gradients waiting for the offload stream can make the caching allocator reserve up to "
+        << FormatBytes(plan.device_offload_wait_risk_bytes()) << " more (one segment of the largest request)\n";
   }
   if (plan.budget().host_bytes_per_node() > 0) {
     out << absl::StrFormat("host RAM: margin %s of %s per node\n", FormatBytes(plan.host_margin_bytes()),

@@ -50,7 +50,7 @@ TEST(ZplanCommandTest, BreakdownNamesEveryComponentAndThePeak) {
   std::string text;
   ASSERT_TRUE(RunCapture(o, &text).ok());
   for (const char* row : {"params", "grads", "master params", "optimizer states", "activations",
-                          "logits and loss", "buffers", "temporaries", "runtime", "allocator band",
+                          "logits and loss", "buffers", "temporaries", "runtime", "allocator",
                           "GPU peak at:", "host peak while building"}) {
     EXPECT_NE(text.find(row), std::string::npos) << row;
   }

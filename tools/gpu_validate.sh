@@ -5,13 +5,13 @@
 #                                    and torch 2.11 in $TORCH_VENV (default /opt/torch/.venv)
 #   tools/gpu_validate.sh --dry-run  the same matrix on CPU ranks (what the test suite runs)
 #
-# Matrix: NCCL world 1 (ZeRO 0, 2, 3), Gloo with 2 and 4 processes sharing the
+# Matrix: NCCL world 1 (ZeRO 0, 2, 3; LoRA at ZeRO 0 and 2), Gloo with 2 and 4 processes sharing the
 # GPU, emulated ranks of world 8 and 64, a 70B model built with zero.Init as
 # rank 63 of 64 (twice the GPU's memory in bf16), and seed 000's scenario (1B, seq 8192,
 # ZeRO-3 with optimizer and parameter offload, checkpointing, accumulation 4)
 # as rank 3 of its 4 GPUs at micro-batch 2 and 4. Per row: planned tensor
 # bytes vs measured peak allocated (goal within 5%), planned tensors +
-# allocator band vs peak reserved (10%), planned peak vs device-used memory;
+# replayed allocator cache vs peak reserved (10%), planned peak vs device-used memory;
 # CUDA context and NCCL measured outside the allocator. Then speed: the 1B
 # (Llama-3.2 shape) bf16 seq-2048 SDPA model on one GPU, ZeRO-0, zrun's MFU
 # against the PyTorch loops' (tools/torch_reference_loop.py; goal >= 40% MFU
@@ -36,6 +36,7 @@ limit() { timeout --kill-after=15 "$case_timeout_s" "$@"; }
 if (( dry_run )); then
   gpu=cpu model=debug-tiny seq=128 batch=2 steps=3
   big_model=debug-tiny big_seq=256 speed_batch=2 huge_params=3e7
+  model_8b=debug-tiny gpt2=debug-tiny long_seq=256 short_seq=64
 else
   venv=${TORCH_VENV:-/opt/torch/.venv}
   site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
@@ -51,6 +52,7 @@ else
   esac
   model=qwen3-0.6b seq=2048 batch=2 steps=4
   big_model=1b big_seq=8192 speed_batch=4 huge_params=70e9
+  model_8b=llama3-8b gpt2=gpt2 long_seq=4096 short_seq=1024
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 fi
 
@@ -108,6 +110,11 @@ snapshot=SNAPSHOT
 run_case "$backend world 1, ZeRO-0" $snapshot -- --gpus 1 --zero-stage 0
 run_case "$backend world 1, ZeRO-2" -- --gpus 1 --zero-stage 2
 run_case "$backend world 1, ZeRO-3 + ckpt" -- --gpus 1 --zero-stage 3 --checkpointing true
+# LoRA (PEFT adapter_config.json): frozen base weights, trainable adapters.
+run_case "$backend 1, ZeRO-0 + LoRA q/v r8" -- --gpus 1 --zero-stage 0 \
+  --lora-config "$root/configs/peft/lora-qv-r8.json"
+run_case "$backend 1, ZeRO-2 + LoRA all r16, ckpt" -- --gpus 1 --zero-stage 2 --checkpointing true \
+  --lora-config "$root/configs/peft/lora-all-linear-r16-dropout.json"
 run_case "gloo 2 ranks, ZeRO-3" -- --gpus 2 --zero-stage 3
 # Four processes on one GPU each hold a whole plan: half the sequence fits them.
 run_case "gloo 4 ranks, ZeRO-2 + offload, accum 2" -- --gpus 4 --zero-stage 2 --offload-optimizer cpu --grad-accum 2 \
@@ -123,6 +130,21 @@ for b in 2 4; do
     --micro-batch "$b" --grad-accum 4 --gpus 4 --zero-stage 3 --offload-optimizer cpu --offload-param cpu \
     --checkpointing true
 done
+
+# Rows the allocator replay's test (planner/allocator_replay_test.cc) does not
+# hold: other models, shapes, stages and attention.
+run_case "$backend 1, ZeRO-1, seq $long_seq, mb 1" -- --gpus 1 --zero-stage 1 --seq "$long_seq" --micro-batch 1
+run_case "$backend 1, $big_model ZeRO-2 + ckpt, seq $long_seq, mb 4" -- --model "$big_model" --seq "$long_seq" \
+  --micro-batch 4 --gpus 1 --zero-stage 2 --checkpointing true
+run_case "$backend 1, $big_model eager attention, seq $short_seq" -- --model "$big_model" --seq "$short_seq" \
+  --gpus 1 --zero-stage 0 --attention eager
+run_case "$backend 1, $big_model LoRA q/v, ZeRO-1, mb 8" -- --model "$big_model" --micro-batch 8 --gpus 1 \
+  --zero-stage 1 --lora-config "$root/configs/peft/lora-qv-r8.json"
+run_case "$backend 1, $gpt2 fp32, ZeRO-2, seq $short_seq, mb 8" -- --model "$gpt2" --precision fp32 \
+  --seq "$short_seq" --micro-batch 8 --gpus 1 --zero-stage 2
+run_case "$backend 1, ZeRO-3 + optimizer offload" -- --gpus 1 --zero-stage 3 --offload-optimizer cpu
+run_case "$model_8b, rank 15 of 16, ZeRO-3 + ckpt, seq $long_seq" --emulate-rank 15 -- --model "$model_8b" \
+  --seq "$long_seq" --micro-batch 1 --gpus 8 --nodes 2 --zero-stage 3 --checkpointing true
 
 # Speed: zrun and the PyTorch loops on the same model, batch and device.
 speed_rows=()
