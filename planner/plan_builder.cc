@@ -244,11 +244,6 @@ const MemoryBreakdown& PlannedDevice(const Plan& plan, int rank) {
   return plan.device_per_rank();
 }
 
-absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config) {
-  ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));
-  return ClosedFormPeakBytes(p.sizes);
-}
-
 absl::StatusOr<int64_t> MaxMicroBatch(const ModelSpec& model, const RunConfig& config,
                                       int64_t budget_bytes) {
   ZPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(model, config));

@@ -49,10 +49,6 @@ absl::StatusOr<Plan> BuildPlan(const ModelSpec& model, const RunConfig& config,
 // device_per_rank, when the plan has no entry for it).
 const MemoryBreakdown& PlannedDevice(const Plan& plan, int rank);
 
-// Device peak (bytes) of a configuration, closed form only: the fast path for
-// searches. Errors as BuildPlan.
-absl::StatusOr<int64_t> DevicePeakBytes(const ModelSpec& model, const RunConfig& config);
-
 // Largest micro-batch (resp. sequence length) whose device peak fits the GPU
 // (or `budget_bytes` when > 0), other settings unchanged; 0 when even 1 does
 // not fit. Searches up to kMaxMicroBatch / kMaxSeqLength (limits.h).
