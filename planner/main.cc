@@ -36,6 +36,10 @@ ABSL_FLAG(std::string, offload_optimizer, "", "ZeRO offload_optimizer: cpu or no
 ABSL_FLAG(std::string, offload_param, "", "ZeRO offload_param, stage 3: cpu or none (default none)");
 ABSL_FLAG(std::string, precision, "", "bf16 (default), fp16 or fp32");
 ABSL_FLAG(std::string, checkpointing, "", "activation checkpointing per block: true or false (default false)");
+ABSL_FLAG(std::string, checkpoint_every, "",
+          "with --checkpointing: checkpoint blocks 0, k, 2k, ... only (transformers' every_n_layers; default 1)");
+ABSL_FLAG(std::string, checkpoint_offload, "",
+          "with --checkpointing: keep checkpointed blocks' inputs in pinned host memory (transformers' offload)");
 ABSL_FLAG(std::string, attention, "", "sdpa (default) or eager");
 ABSL_FLAG(std::string, gpu, "", "GPU catalog key (default h100-80gb)");
 ABSL_FLAG(std::string, host_ram_gib, "", "host RAM per node in GiB, to judge host fit (default: not judged)");
@@ -90,6 +94,8 @@ int main(int argc, char** argv) {
   o.offload_param = absl::GetFlag(FLAGS_offload_param);
   o.precision = absl::GetFlag(FLAGS_precision);
   o.checkpointing = absl::GetFlag(FLAGS_checkpointing);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.checkpoint_offload = absl::GetFlag(FLAGS_checkpoint_offload);
   o.attention = absl::GetFlag(FLAGS_attention);
   o.gpu = absl::GetFlag(FLAGS_gpu);
   o.host_ram_gib = absl::GetFlag(FLAGS_host_ram_gib);

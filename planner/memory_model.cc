@@ -90,8 +90,14 @@ Moment BestMoment(const StepSizes& s) {
   // Gradients produced in backward are kept (stage 0/1 without accumulation)
   // or are temporaries moved into a bucket / added into resident gradients.
   const Slot produced = s.grads_kept_on_production ? kGrads : kTemps;
-  auto saved_through = [&](int i) {
-    return s.checkpointing ? s.block_input * (i + 1) : s.block_saved * (i + 1) - s.block0_saved_less;
+  // What blocks 0..i keep on the device after their forward: a checkpointed
+  // block its input (none when offloaded), another all it saves. Block 0 is
+  // always checkpointed when any is.
+  auto saved_through = [&](int i) -> int64_t {
+    if (i < 0) return 0;
+    if (!s.checkpointing) return s.block_saved * (i + 1) - s.block0_saved_less;
+    const int64_t checkpointed = i / s.checkpoint_every + 1;
+    return (s.checkpoint_offload ? 0 : checkpointed * s.block_input) + (i + 1 - checkpointed) * s.block_saved;
   };
   // What block i saves, and of that its MLP half (block 0 may keep less).
   auto saved_of = [&](int i) { return s.block_saved - (i == 0 ? s.block0_saved_less : 0); };
@@ -114,23 +120,45 @@ Moment BestMoment(const StepSizes& s) {
   // The eager mask outlives the forward only as a checkpointed block's input.
   if (s.checkpointing) base[kActivations] += s.attention_mask;
 
-  // 1. Forward through the last block (activations only grow): at attention
-  // (its temporaries, the MLP half not yet saved) and at the block's end.
-  {
+  // With checkpointing every k-th block, both kinds of block appear, each
+  // peaking at its last (forward) or at the ends of the backward's regions.
+  const int k = s.checkpoint_every;
+  auto with_both_kinds = [&](std::vector<int> blocks) {
+    if (s.checkpointing && k > 1) {
+      for (int i : std::vector<int>(blocks)) {
+        blocks.insert(blocks.end(), {i - i % k, i - i % k + k, i - 1, i + 1});
+      }
+    }
+    std::vector<int> valid;
+    for (int i : blocks) {
+      if (i >= 0 && i <= last) valid.push_back(i);
+    }
+    std::sort(valid.rbegin(), valid.rend());
+    valid.erase(std::unique(valid.begin(), valid.end()), valid.end());
+    return valid;
+  };
+
+  // 1. Forward through the last block of each kind (activations only grow):
+  // at attention (its temporaries, the MLP half not yet saved) and at the
+  // block's end. A checkpointed block's input is on the device while it runs.
+  std::vector<int> forward_blocks = with_both_kinds({last});
+  std::reverse(forward_blocks.begin(), forward_blocks.end());  // step order: ties go to the first
+  for (int i : forward_blocks) {
     Live l = base;
     if (!s.checkpointing) l[kActivations] += s.attention_mask;
-    l[kParams] += embed_kept + ForwardGather(s, last);
-    if (s.checkpointing) {
-      l[kActivations] += s.block_input * (last + 1);
+    l[kParams] += embed_kept + ForwardGather(s, i);
+    l[kActivations] += saved_through(i - 1);
+    if (s.Checkpointed(i)) {
+      l[kActivations] += s.block_input;
       l[kTemps] += s.block_nograd_peak;
-      consider(l, "forward, layer %d", last);
+      consider(l, "forward, layer %d", i);
     } else {
-      l[kActivations] += saved_through(last) - saved_mlp_of(last);
+      l[kActivations] += saved_of(i) - saved_mlp_of(i);
       Live attention = l;
       attention[kTemps] += s.block_fwd_transient;
-      consider(attention, "forward, layer %d", last);
-      l[kActivations] += saved_mlp_of(last);
-      consider(l, "forward, layer %d", last);
+      consider(attention, "forward, layer %d", i);
+      l[kActivations] += saved_mlp_of(i);
+      consider(l, "forward, layer %d", i);
     }
   }
 
@@ -192,14 +220,9 @@ Moment BestMoment(const StepSizes& s) {
   // partition appears, so those blocks' ends bound the rest: when it appears
   // in block p's attention half, p - 1 is the first block whose MLP half has it.
   const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
-  std::vector<int> blocks;
-  for (int i : {last, s.grad_partition_from + 1, s.grad_partition_from, s.grad_partition_from - 1, s.gather_kept_from,
-                s.gather_kept_from - 1, s.ipg_from + 1, s.ipg_from, s.ipg_from - 1, 1, 0}) {
-    if (i >= 0 && i <= last) blocks.push_back(i);
-  }
-  std::sort(blocks.rbegin(), blocks.rend());
-  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
-  for (int i : blocks) {
+  for (int i : with_both_kinds({last, s.grad_partition_from + 1, s.grad_partition_from, s.grad_partition_from - 1,
+                                 s.gather_kept_from, s.gather_kept_from - 1, s.ipg_from + 1, s.ipg_from, s.ipg_from - 1,
+                                 1, 0})) {
     // The partition may appear only in the block's attention half.
     const int64_t partition_mlp =
         i == s.grad_partition_from && s.grad_partition_at_attention ? 0 : partition_at(i);
@@ -212,8 +235,9 @@ Moment BestMoment(const StepSizes& s) {
     } else if (s.tied) {
       l[kTemps] += s.head_grad;  // held for the embedding's contribution
     }
-    if (s.checkpointing) {
-      l[kActivations] += s.block_input * (i + 1);
+    if (s.Checkpointed(i)) {
+      // Its input (back from the host when offloaded), then the recompute.
+      l[kActivations] += saved_through(i - 1) + s.block_input;
       Live recompute = l;
       recompute[kActivations] += saved_of(i) - saved_mlp_of(i);
       recompute[kTemps] += s.block_fwd_transient;
@@ -432,12 +456,16 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.grad_accum = config.gradient_accumulation_steps();
   s.mixed = config.precision() != PRECISION_FP32;
   s.checkpointing = config.activation_checkpointing();
+  s.checkpoint_every = std::max(1, config.checkpoint_every_n_layers());
   s.offload_optimizer = zero.offload_optimizer() == OFFLOAD_CPU;
   s.offload_param = zero.offload_param() == OFFLOAD_CPU;
   s.pin_memory = zero.pin_memory();
   s.tied = model.tie_word_embeddings();
   s.has_vocab = model.vocab_size() > 0;
   s.cpu_ranks = gpu.key() == kCpuDevice;
+  // On CPU ranks save_on_cpu's copy takes the place of the original in the
+  // same RAM: nothing moves.
+  s.checkpoint_offload = s.checkpointing && config.checkpoint_offload() && !s.cpu_ranks;
   if (s.offload_optimizer && s.stage == 0) {
     return absl::InvalidArgumentError(
         "zero.offload_optimizer (--offload-optimizer): optimizer offload needs ZeRO stage >= 1");
@@ -767,6 +795,11 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block0_saved_less = s.block_saved - saved_block0_.Bytes(b, seq);
   s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
   s.block_input = tokens * h * w;
+  if (s.checkpoint_offload) {
+    const int64_t checkpointed = (s.num_layers + s.checkpoint_every - 1) / s.checkpoint_every;
+    s.host_checkpoints = checkpointed * s.block_input;
+    s.host_checkpoints_pinned = checkpointed * RoundUpToPowerOfTwo(s.block_input);
+  }
   const KernelDevice device = KernelDeviceOf(s);
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   // Under no_grad a block frees each intermediate after its last use; the FFN
@@ -907,10 +940,12 @@ MemoryBreakdown HostPerRank(const StepSizes& s) {
   b.set_optimizer_states_bytes(s.host_optimizer);
   b.set_buffers_bytes(s.host_offload_staging);
   b.set_runtime_bytes(s.host_process);
-  b.set_pinned_bytes(s.host_pinned + s.host_grad_accumulation_pinned);
+  b.set_activations_bytes(s.host_checkpoints);
+  b.set_pinned_bytes(s.host_pinned + s.host_grad_accumulation_pinned + s.host_checkpoints_pinned);
   const int64_t accumulation_rounding =
       s.host_grad_accumulation_pinned > 0 ? s.host_grad_accumulation_pinned - s.host_grad_accumulation : 0;
-  b.set_allocator_bytes(s.host_pinned_rounding + accumulation_rounding);
+  b.set_allocator_bytes(s.host_pinned_rounding + accumulation_rounding + s.host_checkpoints_pinned -
+                        s.host_checkpoints);
   b.set_peak_bytes(LiveTensorBytes(b) + b.runtime_bytes() + b.allocator_bytes());
   b.set_peak_event("steady state");
   return b;

@@ -63,6 +63,9 @@ struct StepSizes {
   int64_t grad_accum = 1;
   bool mixed = true;                 // bf16/fp16 with fp32 master
   bool checkpointing = false;
+  int checkpoint_every = 1;          // with checkpointing: blocks 0, k, 2k, ... (RunConfig)
+  bool checkpoint_offload = false;   // their inputs in pinned host memory (CUDA ranks)
+  bool Checkpointed(int layer) const { return checkpointing && layer % checkpoint_every == 0; }
   bool offload_optimizer = false;
   bool offload_param = false;
   bool pin_memory = true;
@@ -198,6 +201,10 @@ struct StepSizes {
   // those blocks rounded up to powers of two when pinned (0 otherwise).
   int64_t host_grad_accumulation = 0;
   int64_t host_grad_accumulation_pinned = 0;
+  // Checkpoint offload: the checkpointed blocks' inputs on the host at the
+  // end of the forward, and those as pinned blocks (each a power of two).
+  int64_t host_checkpoints = 0;
+  int64_t host_checkpoints_pinned = 0;
   // Page-locked blocks as allocated (each rounded up to a power of two), and
   // what that rounding adds: the host breakdown's allocator component.
   int64_t host_pinned = 0;

@@ -61,6 +61,8 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
       {"gradient_accumulation_steps (--grad-accum)", config.gradient_accumulation_steps(), 1, kMaxGradAccum,
        "micro-steps per optimizer step, e.g. 1"},
       {"seq_length (--seq)", config.seq_length(), 1, kMaxSeqLength, "tokens per sequence, e.g. 2048"},
+      {"checkpoint_every_n_layers (--checkpoint-every)", config.checkpoint_every_n_layers(), 0, kMaxLayers,
+       "checkpoint blocks 0, k, 2k, ...; 0 or 1: every block"},
       {"train_steps", config.train_steps(), 1, kMaxTrainSteps, "optimizer steps zrun runs"},
       {"optimizer.warmup_steps (scheduler.params.warmup_num_steps)", config.optimizer().warmup_steps(), 0,
        kMaxTrainSteps, "linear warm-up steps"},
@@ -83,6 +85,11 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
                                     1e3, "e.g. 0.01"));
   ZPLAN_RETURN_IF_ERROR(CheckFinite("optimizer.gradient_clipping (gradient_clipping)", opt.gradient_clipping(), 0, 1e12,
                                     "global-norm clip; 0 = off"));
+  if (config.checkpoint_offload() && !config.activation_checkpointing()) {
+    return absl::InvalidArgumentError(
+        "checkpoint_offload (--checkpoint-offload): offloads checkpointed blocks' inputs, but checkpointing is off; "
+        "add --checkpointing true or drop --checkpoint-offload");
+  }
   const ZeroConfig& zero = config.zero();
   if (zero.stage() < 0 || zero.stage() > 3) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -158,11 +158,12 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     kept_gather[i] = r.Alloc(COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i, layer + ", parameters gathered (kept)");
     const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
                                layer + ", parameters gathered");
-    if (s.checkpointing) {
+    if (s.Checkpointed(i)) {
       saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, layer + ", checkpointed input");
       saved_mlp[i] = r.Alloc(COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, layer);
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, layer);
       r.Free(t, PHASE_FORWARD, i, layer + ", intermediates freed");
+      if (s.checkpoint_offload) r.Free(saved_attn[i], PHASE_FORWARD, i, layer + ", checkpointed input to the host");
     } else {
       saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_FORWARD, i, layer);
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, layer);
@@ -239,7 +240,11 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
                                                          : s.block_gather - kept_of_block(i);
     const int gather = r.Alloc(COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i, layer + ", parameters gathered");
     int recomputed_attn = -1, recomputed_mlp = -1;
-    if (s.checkpointing) {
+    if (s.Checkpointed(i)) {
+      if (s.checkpoint_offload) {
+        saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
+                                layer + ", checkpointed input back from the host");
+      }
       recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_BACKWARD, i,
                                 layer + ", recompute");
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i, layer + ", recompute");

@@ -17,6 +17,8 @@ struct Case {
   std::string model;
   int stage;
   bool offload_optimizer, offload_param, checkpointing;
+  int checkpoint_every;     // transformers' every_n_layers (with checkpointing)
+  bool checkpoint_offload;  // checkpointed inputs in pinned host memory
   Precision precision;
   int64_t grad_accum, micro_batch, seq, gpus;
   AttentionImpl attention;
@@ -25,6 +27,8 @@ struct Case {
 std::string Describe(const Case& c) {
   return c.model + " stage " + std::to_string(c.stage) + (c.offload_optimizer ? " +opt-offload" : "") +
          (c.offload_param ? " +param-offload" : "") + (c.checkpointing ? " +ckpt" : "") +
+         (c.checkpoint_every > 1 ? " every " + std::to_string(c.checkpoint_every) : "") +
+         (c.checkpoint_offload ? " offloaded" : "") +
          " prec " + std::to_string(c.precision) + " ga " + std::to_string(c.grad_accum) + " b " +
          std::to_string(c.micro_batch) + " s " + std::to_string(c.seq) + " n " +
          std::to_string(c.gpus) + (c.attention == ATTENTION_EAGER ? " eager" : " sdpa");
@@ -40,12 +44,16 @@ std::vector<Case> AllCases() {
                             "debug-tiny+lora-qv", "qwen3-0.6b+lora-all-dropout", "1b+lora-mlp"}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int offload = 0; offload <= (stage == 3 ? 2 : stage >= 1 ? 1 : 0); ++offload) {
-        for (bool ckpt : {false, true}) {
+        // Checkpointing: off, every block, every 2nd with its inputs
+        // offloaded, every 3rd.
+        for (int ckpt_mode = 0; ckpt_mode < 4; ++ckpt_mode) {
+          const bool ckpt = ckpt_mode > 0;
+          const int every = ckpt_mode == 2 ? 2 : ckpt_mode == 3 ? 3 : 1;
           for (Precision precision : {PRECISION_BF16, PRECISION_FP32}) {
             for (int64_t ga : {1, 4}) {
               for (int64_t seq : {128, 4096}) {
                 for (AttentionImpl attention : {ATTENTION_SDPA, ATTENTION_EAGER}) {
-                  cases.push_back({model, stage, offload >= 1, offload == 2, ckpt, precision, ga,
+                  cases.push_back({model, stage, offload >= 1, offload == 2, ckpt, every, ckpt_mode == 2, precision, ga,
                                    seq == 128 ? 4 : 1, seq, stage == 0 ? 1 : 8, attention});
                 }
               }
@@ -94,6 +102,8 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
     config.mutable_zero()->set_offload_optimizer(c.offload_optimizer ? OFFLOAD_CPU : OFFLOAD_NONE);
     config.mutable_zero()->set_offload_param(c.offload_param ? OFFLOAD_CPU : OFFLOAD_NONE);
     config.set_activation_checkpointing(c.checkpointing);
+    config.set_checkpoint_every_n_layers(c.checkpoint_every);
+    config.set_checkpoint_offload(c.checkpoint_offload);
     config.set_precision(c.precision);
     config.set_gradient_accumulation_steps(c.grad_accum);
     config.set_micro_batch_size(c.micro_batch);

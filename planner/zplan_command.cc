@@ -239,6 +239,14 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     ZPLAN_ASSIGN_OR_RETURN(bool ckpt, ParseBool("checkpointing", o.checkpointing));
     c.set_activation_checkpointing(ckpt);
   }
+  if (!o.checkpoint_every.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t every, ParseInt("checkpoint-every", o.checkpoint_every, 1, kMaxLayers));
+    c.set_checkpoint_every_n_layers(static_cast<int32_t>(every));
+  }
+  if (!o.checkpoint_offload.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(bool offload, ParseBool("checkpoint-offload", o.checkpoint_offload));
+    c.set_checkpoint_offload(offload);
+  }
   if (!o.attention.empty()) {
     const std::string a = absl::AsciiStrToLower(o.attention);
     if (a == "sdpa" || a == "flash") r.model.set_attention_impl(ATTENTION_SDPA);
@@ -263,13 +271,19 @@ std::string Header(const Plan& plan) {
     for (const TensorSpec& t : plan.parameters()) trainable += t.frozen() ? 0 : NumElements(t);
     absl::StrAppend(&params, ", ", FormatCount(trainable), " trainable");
   }
+  std::string checkpointing;
+  if (c.activation_checkpointing()) {
+    checkpointing = ", activation checkpointing";
+    if (c.checkpoint_every_n_layers() > 1) absl::StrAppend(&checkpointing, " every ", c.checkpoint_every_n_layers(), " blocks");
+    if (c.checkpoint_offload()) absl::StrAppend(&checkpointing, ", inputs offloaded");
+  }
   return absl::StrFormat(
       "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
       "       %d node(s) x %d x %s (%s)\n",
       plan.model().name(), params, c.seq_length(), c.micro_batch_size(),
       c.gradient_accumulation_steps(), precision,
       plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "SDPA",
-      c.activation_checkpointing() ? ", activation checkpointing" : "", c.cluster().num_nodes(),
+      checkpointing, c.cluster().num_nodes(),
       c.cluster().gpus_per_node(), plan.gpu().name(),
       plan.gpu().capacity_bytes() > 0 ? absl::StrCat(FormatCount(plan.gpu().capacity_bytes() / kMiB), " MiB")
                                       : std::string("host RAM"));

@@ -61,6 +61,8 @@ struct ZplanOptions {
   std::string offload_param;      // "cpu" | "none"
   std::string precision;        // "bf16" | "fp16" | "fp32"
   std::string checkpointing;    // "true" | "false"
+  std::string checkpoint_every;   // k: checkpoint blocks 0, k, 2k, ... (default 1)
+  std::string checkpoint_offload; // "true" | "false"
   std::string attention;        // "sdpa" | "eager"
   std::string gpu;              // catalog key; default h100-80gb
   std::string host_ram_gib;     // RAM per node in GiB; empty = not judged

@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "planner/cli.h"
+#include "planner/memory_model.h"
 #include "planner/proto_io.h"
 
 namespace zplan {
@@ -306,6 +307,40 @@ TEST(ZplanCommandTest, LoraFlagsPlanTheAdaptersOnly) {
   o.format = "table";
   ASSERT_TRUE(RunCapture(o, &lora).ok());
   EXPECT_NE(lora.find(" trainable), seq 8192"), std::string::npos) << lora;
+}
+
+// transformers' activation_checkpointing_enable(every_n_layers=2,
+// offload=True): half the blocks keep all they save; the checkpointed
+// blocks' inputs go to pinned host memory.
+TEST(ZplanCommandTest, CheckpointEveryAndOffloadMoveActivations) {
+  ZplanOptions o = Base();
+  o.zero_stage = "0";
+  o.gpus = "1";
+  o.checkpointing = "true";
+  o.out = TempPath("every.pb");
+  ASSERT_TRUE(RunCapture(o).ok());
+  auto every = ReadProtoFile<Plan>(o.out);
+  o.checkpoint_every = "2";
+  ASSERT_TRUE(RunCapture(o).ok());
+  auto every2 = ReadProtoFile<Plan>(o.out);
+  o.checkpoint_offload = "true";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find("activation checkpointing every 2 blocks, inputs offloaded"), std::string::npos) << text;
+  auto offloaded = ReadProtoFile<Plan>(o.out);
+  ASSERT_TRUE(every.ok() && every2.ok() && offloaded.ok());
+  // Tensor bytes at the peak (the allocator's cache may hide the difference).
+  auto tensors = [](const Plan& p) { return LiveTensorBytes(p.device_per_rank()); };
+  EXPECT_GT(tensors(*every2), tensors(*every));
+  EXPECT_LT(tensors(*offloaded), tensors(*every2));
+  // 16 blocks, 8 checkpointed: 8 inputs of 1 x 8192 x 2048 bf16 (32 MiB each).
+  EXPECT_EQ(offloaded->host_per_node().activations_bytes(), 8 * (int64_t{32} << 20));
+  EXPECT_EQ(offloaded->host_per_node().pinned_bytes() - every2->host_per_node().pinned_bytes(), 8 * (int64_t{32} << 20));
+  // Offload without checkpointing names the flags.
+  o.checkpointing = "false";
+  const absl::Status status = RunCapture(o);
+  EXPECT_NE(status.message().find("--checkpoint-offload"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("--checkpointing true"), std::string::npos) << status;
 }
 
 TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {
