@@ -62,6 +62,10 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (>= 2)")
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"])
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--checkpoint-every", type=int, default=1,
+                   help="with --checkpointing: checkpoint every k-th block (transformers' every_n_layers)")
+    p.add_argument("--checkpoint-offload", action="store_true",
+                   help="with --checkpointing: checkpointed inputs to pinned host memory (transformers' offload)")
     p.add_argument("--lora-config", default="", help="a PEFT adapter_config.json: train LoRA adapters on the frozen model")
     p.add_argument("--allocator", required=True, help="path of libzplan_counting_allocator.so")
     p.add_argument("--out", required=True, help="where the Report (JSON) goes")
@@ -295,7 +299,7 @@ def run_rank(args):
         with open(args.lora_config) as f:
             model = peft.get_peft_model(model, peft.get_peft_config(json.load(f)))
     if args.checkpointing:
-        model.activation_checkpointing_enable()
+        model.activation_checkpointing_enable(every_n_layers=args.checkpoint_every, offload=args.checkpoint_offload)
     model.train()
     alloc.tag(BUFFERS)
     # As the Trainer's create_optimizer: the optimizer gets the trainable parameters only.
