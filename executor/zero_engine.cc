@@ -672,6 +672,21 @@ at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   return out;
 }
 
+at::Tensor ZeroEngine::FlattenGradsFp32() {
+  std::vector<at::Tensor> copies;
+  copies.reserve(slots_.size());
+  for (const Slot& slot : slots_) {
+    const at::Tensor& grad = slot.param.grad();
+    copies.push_back(grad.defined() ? grad.to(at::kFloat).reshape({-1})
+                                    : at::zeros({slot.numel}, at::TensorOptions().dtype(at::kFloat).device(device_)));
+  }
+  at::Tensor flat = at::cat(copies);
+  ZPLAN_CHECK(flat.numel() == owned_numel_);
+  copies.clear();
+  for (Slot& slot : slots_) slot.param.mutable_grad() = at::Tensor();
+  return flat;
+}
+
 at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
   // Casting to fp32 for the reduction copies its input, so reduce at most one
   // sub_group_size chunk at a time (the optimizer's upcast bound).
@@ -732,13 +747,20 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   // only once the device's copies from and to them are done.
   WaitForDevice(device_);
   const OptimizerConfig& opt = config_.optimizer();
-  const int64_t chunk = std::min(config_.zero().sub_group_elements(), owned_numel_);
+  // Stage 0 in mixed precision steps as DeepSpeed's FP16_Optimizer does:
+  // all of it at once, sub_group_size aside.
+  const bool fp16_optimizer = stage_ == 0 && master_.defined();
+  const int64_t chunk = fp16_optimizer ? owned_numel_ : std::min(config_.zero().sub_group_elements(), owned_numel_);
   const bool flat_partition = StepsGradPartition();
   // One sub_group_size chunk holds every owned element: its fp32 gradient
   // is made first and the norm read from it (a reduction that casts its
   // input copies it, and is many times slower).
   at::Tensor whole_grad;
-  if (!flat_partition && chunk == owned_numel_) whole_grad = OwnedGradFp32(0, owned_numel_);
+  if (fp16_optimizer) {
+    whole_grad = FlattenGradsFp32();
+  } else if (!flat_partition && chunk == owned_numel_) {
+    whole_grad = OwnedGradFp32(0, owned_numel_);
+  }
   // Global gradient norm: this rank's owned elements, summed over ranks
   // (stage 0 owns everything).
   at::Tensor sum_sq = whole_grad.defined()

@@ -171,6 +171,10 @@ class ZeroEngine {
   bool StepsGradPartition() const { return (stage_ == 1 || stage_ == 2) && !offload_; }
   // The fp32 gradient of owned elements [begin, end) (a temporary, or a view).
   at::Tensor OwnedGradFp32(int64_t begin, int64_t end);
+  // Stage 0 in mixed precision (DeepSpeed's FP16_Optimizer.step,
+  // runtime/fp16/fused_optimizer.py): every gradient upcast to fp32 (all
+  // alive), flattened into one tensor, then the gradients set to None.
+  at::Tensor FlattenGradsFp32();
 
   Transformer* model_ = nullptr;
   Collectives* comm_ = nullptr;

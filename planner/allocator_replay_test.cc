@@ -69,6 +69,9 @@ struct MeasuredRow {
   std::string label;
   ZplanOptions options;
   int64_t measured_reserved_bytes;
+  // Measured before zrun's step changed what it allocates at this row's
+  // peak: printed, not judged, until a GPU session measures it again.
+  const char* stale = nullptr;
 };
 
 std::vector<MeasuredRow> H100Rows() {
@@ -126,7 +129,9 @@ std::vector<MeasuredRow> H100Rows() {
          o.micro_batch = "4";
          o.checkpointing = "false";
        }),
-       46632271872},
+       46632271872,
+       "its peak is the optimizer step, where zrun's ZeRO-0 bf16 step now makes the per-parameter fp32 copies "
+       "DeepSpeed's FP16_Optimizer makes (2 x 4 B per parameter, was 4 B)"},
       // With offload (OffloadWaitRiskBytes).
       {"4 ranks, ZeRO-2 + offload, accum 2, seq 1024", with(qwen("4", "2"), [](ZplanOptions& o) {
          o.offload_optimizer = "cpu";
@@ -154,7 +159,9 @@ TEST(AllocatorReplayTest, MatchesTheH100Measurements) {
     const double risk = static_cast<double>(plan->device_offload_wait_risk_bytes());
     std::printf("%-45s predicted %6.2f GiB (+%5.2f risk)  measured %6.2f GiB  %+5.1f%%\n", row.label.c_str(),
                 predicted / (1 << 30), risk / (1 << 30), measured / (1 << 30), 100 * (measured - predicted) / predicted);
-    if (risk == 0) {
+    if (row.stale != nullptr) {
+      std::printf("  (not judged: %s)\n", row.stale);
+    } else if (risk == 0) {
       EXPECT_NEAR(predicted, measured, 0.05 * measured);
     } else {
       // Waits on the offload stream only add: the replay is a floor, and one

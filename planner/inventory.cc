@@ -56,6 +56,12 @@ void MarkFrozen(const ModelSpec& spec, std::vector<TensorSpec>* params) {
 
 }  // namespace
 
+int64_t VisionTokens(const ModelSpec& spec) {
+  if (!spec.has_vision() || spec.vision().patch_size() <= 0) return 0;
+  const int64_t side = spec.vision().image_size() / spec.vision().patch_size();
+  return side * side + 1;
+}
+
 int64_t NumElements(const TensorSpec& tensor) {
   int64_t n = 1;
   for (int64_t d : tensor.shape()) n *= d;
@@ -102,7 +108,13 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   std::vector<TensorSpec> out;
   const int64_t h = spec.hidden_size();
   if (spec.vocab_size() > 0) out.push_back(Param("embed_tokens.weight", {spec.vocab_size(), h}, -1));
-  if (spec.position_embedding() == POSITION_LEARNED) {
+  if (spec.has_vision()) {
+    const VisionSpec& v = spec.vision();
+    out.push_back(Param("embed_patches.cls_token", {1, 1, h}, -1));
+    out.push_back(Param("embed_patches.position_embeddings", {1, VisionTokens(spec), h}, -1));
+    out.push_back(Param("embed_patches.projection.weight", {h, v.num_channels(), v.patch_size(), v.patch_size()}, -1));
+    out.push_back(Param("embed_patches.projection.bias", {h}, -1));
+  } else if (spec.position_embedding() == POSITION_LEARNED) {
     out.push_back(Param("embed_positions.weight", {spec.max_position_embeddings(), h}, -1));
   }
   for (int layer = 0; layer < spec.num_layers(); ++layer) {
@@ -112,6 +124,7 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) {
     out.push_back(Param("lm_head.weight", {spec.vocab_size(), h}, -1));
   }
+  if (spec.has_vision()) AddLinear("classifier", h, spec.vision().num_labels(), /*bias=*/true, -1, &out);
   MarkFrozen(spec, &out);
   return out;
 }
@@ -386,6 +399,11 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
 std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
                                                   KernelDevice device, const SavePolicy& saves) {
   std::vector<TensorSpec> out;
+  if (spec.has_vision() && BaseWeightsTrain(spec) && dtype != DTYPE_FP32) {
+    const VisionSpec& v = spec.vision();
+    out.push_back(Make("embed_patches.pixels", {b, v.num_channels(), v.image_size(), v.image_size()}, dtype,
+                       ROLE_ACTIVATION, -1));
+  }
   // Dropout keeps its mask only when its input requires grad.
   if (spec.embedding_dropout() > 0 && (BaseWeightsTrain(spec) || saves.embedding_output_requires_grad)) {
     out.push_back(Make("embed.dropout_mask", {b, s, spec.hidden_size()}, DropoutSavedDType(dtype, device),

@@ -28,6 +28,10 @@
 namespace zplan {
 
 int64_t NumElements(const TensorSpec& tensor);
+
+// A ViT's tokens (ModelSpec.vision): (image_size / patch_size)^2 patches and
+// the CLS token; 0 for a language model.
+int64_t VisionTokens(const ModelSpec& spec);
 int64_t DTypeBytes(DType dtype);
 inline int64_t TensorBytes(const TensorSpec& tensor) {
   return NumElements(tensor) * DTypeBytes(tensor.dtype());
@@ -35,7 +39,11 @@ inline int64_t TensorBytes(const TensorSpec& tensor) {
 
 // All parameters in module order: embeddings (layer -1), blocks 0..L-1, final
 // norm and untied LM head (layer -1). dtype is fp32 (the master layout);
-// callers apply their working dtype.
+// callers apply their working dtype. A ViT's embeddings are
+// "embed_patches.cls_token" [1,1,h], "embed_patches.position_embeddings"
+// [1,tokens,h] and the patch Conv2d "embed_patches.projection.weight"
+// [h,C,p,p] and ".bias" [h] (transformers' ViTEmbeddings order); its head is
+// "classifier.weight" [labels,h] and ".bias" [labels].
 std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec);
 
 // Parameters of one block (all blocks are alike).
@@ -119,7 +127,10 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
                                                   DType dtype, const SavePolicy& saves = {});
 
 // What the embedding output saves until the embedding's backward: the
-// embedding dropout's mask (GPT-2's embd_pdrop); layer -1.
+// embedding dropout's mask (GPT-2's embd_pdrop; a ViT's hidden_dropout_prob)
+// and, for a ViT whose patch projection trains, the pixels cast to the
+// working dtype that the Conv2d keeps (ViTModel.forward casts them; fp32
+// keeps the input itself, counted with the step's inputs); layer -1.
 std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                   DType dtype, KernelDevice device, const SavePolicy& saves = {});
 

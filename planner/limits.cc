@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/inventory.h"
 
 namespace zplan {
 
@@ -60,6 +61,12 @@ absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
 }
 
 absl::Status ValidateSizes(const ModelSpec& m, const RunConfig& c) {
+  if (m.has_vision() && c.seq_length() != VisionTokens(m)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "seq_length (--seq): %d, but a ViT's sequence is fixed by its image: (%d / %d)^2 patches + CLS = %d "
+        "tokens; leave --seq out (zplan uses %d) or change the image or patch size",
+        c.seq_length(), m.vision().image_size(), m.vision().patch_size(), VisionTokens(m), VisionTokens(m)));
+  }
   const double layers = static_cast<double>(m.num_layers()), h = static_cast<double>(m.hidden_size());
   const double heads = static_cast<double>(m.num_attention_heads()), kv = static_cast<double>(m.num_kv_heads());
   const double head_dim = static_cast<double>(m.head_dim()), ffn = static_cast<double>(m.ffn_hidden_size());

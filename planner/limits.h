@@ -35,6 +35,8 @@ inline constexpr int64_t kMaxParameters = int64_t{1} << 47;  // 140 trillion ele
 // Run shape. The planner's cost grows with the world size (one sharding
 // variant per rank class): 2^18 ranks plan in under a second.
 inline constexpr int64_t kMaxSeqLength = int64_t{1} << 24;
+inline constexpr int64_t kMaxImageSize = int64_t{1} << 16;  // pixels per side
+inline constexpr int64_t kMaxImageChannels = 1024;
 inline constexpr int64_t kMaxMicroBatch = int64_t{1} << 16;
 inline constexpr int64_t kMaxGradAccum = int64_t{1} << 16;
 inline constexpr int64_t kMaxGpusPerNode = 1024;

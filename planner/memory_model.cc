@@ -176,8 +176,8 @@ Moment BestMoment(const StepSizes& s) {
   Live loss = base;
   loss[kActivations] += saved_through(last) + s.final_norm_saved;
   loss[kParams] += KeptThrough(s, last) + (s.tied ? 0 : embed_kept);
-  const int64_t head_in_loss = s.head_kept || (s.tied && s.embed_kept) ? s.embed_gather : 0;
-  if (s.has_vocab) {
+  const int64_t head_in_loss = s.head_kept || (s.tied && s.embed_kept) ? s.head_gather : 0;
+  if (s.has_head) {
     const int64_t lw = s.logits_working, l32 = s.logits_fp32;
     auto with_logits = [&](int64_t bytes) {
       Live l = loss;
@@ -185,9 +185,9 @@ Moment BestMoment(const StepSizes& s) {
       l[kParams] += head_in_loss;
       return l;
     };
-    if (head_in_loss == 0 && s.embed_gather > 0) {
+    if (head_in_loss == 0 && s.head_gather > 0) {
       Live head = with_logits(lw);
-      head[kParams] += s.embed_gather;
+      head[kParams] += s.head_gather;
       consider(head, "loss forward, LM head logits");
     }
     if (s.mixed) consider(with_logits(lw + l32), "loss forward, fp32 upcast of logits");
@@ -195,7 +195,7 @@ Moment BestMoment(const StepSizes& s) {
     consider(with_logits(3 * l32), "loss backward, log-softmax gradient");
     if (s.mixed) consider(with_logits(l32 + lw), "loss backward, logits gradient cast");
     Live l = with_logits(lw);
-    l[kParams] += s.embed_gather - head_in_loss;
+    l[kParams] += s.head_gather - head_in_loss;
     l[kTemps] += s.act_grad;
     l[produced] += s.head_grad;
     l[kBuffers] += ipg_in(s.kHeadPart(), false);
@@ -317,8 +317,14 @@ Moment BestMoment(const StepSizes& s) {
   reduce[kTemps] += s.reduce_temp;
   consider(reduce, "gradient reduction bucket");
   Live step = after;
-  step[kTemps] += s.step_upcast + s.step_optimizer_temps;
+  step[kTemps] += s.step_upcast + (s.step_grad_copies > 0 ? s.step_grad_copies : s.step_optimizer_temps);
   consider(step, "optimizer step, fp32 gradient upcast");
+  if (s.step_grad_copies > 0) {
+    Live adam = after;
+    adam[kGrads] = 0;  // stage 0: every gradient was set to None
+    adam[kTemps] += s.step_upcast + s.step_optimizer_temps;
+    consider(adam, "optimizer step, Adam temporaries");
+  }
   return best;
 }
 
@@ -461,7 +467,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.offload_param = zero.offload_param() == OFFLOAD_CPU;
   s.pin_memory = zero.pin_memory();
   s.tied = model.tie_word_embeddings();
-  s.has_vocab = model.vocab_size() > 0;
+  s.has_head = model.vocab_size() > 0 || model.has_vision();
   s.cpu_ranks = gpu.key() == kCpuDevice;
   // On CPU ranks save_on_cpu's copy takes the place of the original in the
   // same RAM: nothing moves.
@@ -559,7 +565,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (!trainable.empty()) {
     const TensorSpec& first = trainable.back();
     s.ipg_from = first.layer() >= 0                          ? first.layer()
-                 : absl::StartsWith(first.name(), "lm_head")    ? s.kHeadPart()
+                 : absl::StartsWith(first.name(), "lm_head") || absl::StartsWith(first.name(), "classifier")
+                     ? s.kHeadPart()
                  : absl::StartsWith(first.name(), "final_norm") ? s.num_layers
                                                                 : -1;
     s.ipg_at_attention = first.layer() >= 0 && !IsMlpTensor(first);
@@ -652,16 +659,28 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     return false;
   };
   if (trains("final_norm")) s.final_norm_grads = (model.norm_type() == NORM_LAYERNORM ? 2 : 1) * h * w;
-  if (s.has_vocab) {
+  if (model.has_vision()) {
+    // The patch projection and CLS token, the positions and the classifier
+    // (inventory.h); at stage 3 the partitioned ones are gathered together.
+    for (const TensorSpec& t : params) {
+      if (t.layer() >= 0 || absl::StartsWith(t.name(), "final_norm")) continue;
+      const int64_t bytes = NumElements(t) * w;
+      const bool head = absl::StartsWith(t.name(), "classifier");
+      if (!t.frozen()) (head ? s.head_grad : absl::StrContains(t.name(), "position") ? s.pos_grad : s.embed_grad) += bytes;
+      if (s.stage == 3 && s.world_size > 1 && NumElements(t) > zero.stage3_param_persistence_threshold()) {
+        (head ? s.head_gather : s.embed_gather) += bytes;
+      }
+    }
+  } else if (s.has_head) {
     if (trains(s.tied ? "embed_tokens" : "lm_head")) s.head_grad = vocab * h * w;
     if (trains("embed_tokens")) s.embed_grad = vocab * h * w;
     if (s.stage == 3 && s.world_size > 1 && vocab * h > zero.stage3_param_persistence_threshold()) {
-      s.embed_gather = vocab * h * w;
+      s.embed_gather = s.head_gather = vocab * h * w;
     }
   }
   if (trains("embed_positions")) s.pos_grad = model.max_position_embeddings() * h * w;
   // A frozen embedding (LoRA) runs no backward: nothing is gathered for it.
-  s.embed_backward = (s.has_vocab || model.position_embedding() == POSITION_LEARNED) && !params.empty() &&
+  s.embed_backward = (s.has_head || model.position_embedding() == POSITION_LEARNED) && !params.empty() &&
                      RunsBackward(model, params.front(), saves);
 
   // Stage 0 reduces gradients after backward through one flat bucket.
@@ -679,7 +698,12 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     // at a time: an upcast (mixed precision), or at stage 0 a gather from
     // the per-parameter gradients (fp32 too).
     const int64_t sub_group = std::min(zero.sub_group_elements(), owned);
-    if (s.mixed || s.stage == 0) s.step_upcast = sub_group * 4;
+    if (s.stage == 0 && s.mixed) {
+      // FP16_Optimizer flattens every gradient at once (no sub-groups).
+      s.step_grad_copies = s.step_upcast = trained * 4;
+    } else if (s.mixed || s.stage == 0) {
+      s.step_upcast = sub_group * 4;
+    }
     if (s.stage == 3) s.step_optimizer_temps = adam_temps * sub_group * 4;
   }
 
@@ -829,17 +853,24 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block_max_mlp_grad = std::max<int64_t>(
       0, tokens * h * w + tokens * model.ffn_hidden_size() * w + base_.block_max_mlp_grad - bwd.mlp_bytes);
   s.block_bwd_attn_transient = bwd.attention_bytes;
-  s.step_inputs = 2 * tokens * kTokenIdBytes;
-  // cos and sin [s, head_dim] in the working dtype, shared by every layer.
-  if (model.position_embedding() == POSITION_ROPE) s.step_inputs += 2 * seq * model.head_dim() * w;
+  if (model.has_vision()) {
+    // fp32 pixels and int64 labels (ViT has no mask: it attends everywhere).
+    const VisionSpec& v = model.vision();
+    s.step_inputs = b * (v.num_channels() * v.image_size() * v.image_size() * 4 + kTokenIdBytes);
+  } else {
+    s.step_inputs = 2 * tokens * kTokenIdBytes;
+    // cos and sin [s, head_dim] in the working dtype, shared by every layer.
+    if (model.position_embedding() == POSITION_ROPE) s.step_inputs += 2 * seq * model.head_dim() * w;
+    if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
+  }
   s.act_grad = tokens * h * w;
-  if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;
   s.embed_saved = SumBytes(EmbeddingSavedActivations(model, b, seq, dtype, device, saves_));
-  if (s.has_vocab) {
-    s.logits_working = tokens * model.vocab_size() * w;
-    s.logits_fp32 = tokens * model.vocab_size() * 4;
-  }
+  // A ViT classifies each image once, from its CLS token.
+  const int64_t logit_rows = model.has_vision() ? b : tokens;
+  const int64_t classes = model.has_vision() ? model.vision().num_labels() : model.vocab_size();
+  s.logits_working = logit_rows * classes * w;
+  s.logits_fp32 = logit_rows * classes * 4;
   return s;
 }
 

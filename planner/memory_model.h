@@ -70,7 +70,9 @@ struct StepSizes {
   bool offload_param = false;
   bool pin_memory = true;
   bool tied = false;
-  bool has_vocab = true;
+  // The model ends in a head with logits and a cross-entropy loss: an LM
+  // head over the vocabulary, or a ViT's classifier on its CLS token.
+  bool has_head = true;
   bool cpu_ranks = false;            // device tensors live in host RAM
   // Stage 0/1 without accumulation allocate gradients during backward and
   // keep them; otherwise produced gradients are temporaries (moved into a
@@ -162,13 +164,19 @@ struct StepSizes {
   int64_t head_grad = 0;             // V·h (the tied embedding's, or lm_head's)
   int64_t embed_grad = 0;            // V·h: the embedding's contribution
   int64_t pos_grad = 0;              // learned positions
-  int64_t embed_gather = 0;          // stage 3: embedding / head gathered
-  int64_t logits_working = 0;        // b·s·V in the working dtype
+  int64_t embed_gather = 0;          // stage 3: the embedding gathered
+  int64_t head_gather = 0;           // stage 3: the head gathered (a tied one is the embedding)
+  int64_t logits_working = 0;        // b·s·V in the working dtype (a ViT: b·labels)
   int64_t logits_fp32 = 0;           // b·s·V·4
 
   // After backward and in the step.
   int64_t reduce_temp = 0;           // stage 0 reduce bucket
   int64_t step_upcast = 0;           // stages 0/3: fp32 gradient upcast per sub-group
+  // Stage 0 in mixed precision (DeepSpeed's FP16_Optimizer.step,
+  // runtime/fp16/fused_optimizer.py): every gradient upcast to fp32, all
+  // alive while _flatten_dense_tensors makes step_upcast of them; then the
+  // gradients are set to None before the optimizer steps.
+  int64_t step_grad_copies = 0;
   // Stages 1/2 (stage_1_and_2.py, step): each gradient piece of the
   // partition copied to fp64 for the norm (get_grad_norm_direct), the
   // partition flattened in the working dtype and upcast to fp32.

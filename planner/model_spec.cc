@@ -82,6 +82,108 @@ absl::Status ValidateLora(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
+// A side of a square image or patch: an integer, or [height, width] with
+// the two equal.
+absl::Status ReadSide(const JsonObject& config, absl::string_view key, int64_t* out) {
+  const google::protobuf::Value* value = config.Find(key);
+  if (value != nullptr && value->has_list_value()) {
+    const auto& sides = value->list_value().values();
+    if (sides.size() != 2 || !sides[0].has_number_value() || sides[0].number_value() != sides[1].number_value()) {
+      return config.Error(key, "zplan plans square images and patches: give one integer or [n, n]");
+    }
+    *out = static_cast<int64_t>(sides[0].number_value());
+    return absl::OkStatus();
+  }
+  return ReadInt(config, key, out);
+}
+
+// transformers' ViTConfig (models/vit/configuration_vit.py) with its
+// defaults, for ViTForImageClassification.
+absl::StatusOr<ModelSpec> VitSpecFromHfConfig(const JsonObject& config, absl::string_view source) {
+  int64_t layers = 12, hidden = 768, heads = 12, ffn = 3072, image = 224, patch = 16, channels = 3;
+  std::string act = "gelu", attn, name;
+  double hidden_dropout = 0, attention_dropout = 0;
+  bool qkv_bias = true;
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_hidden_layers", &layers));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "hidden_size", &hidden));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_attention_heads", &heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "intermediate_size", &ffn));
+  ZPLAN_RETURN_IF_ERROR(ReadSide(config, "image_size", &image));
+  ZPLAN_RETURN_IF_ERROR(ReadSide(config, "patch_size", &patch));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_channels", &channels));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "hidden_act", &act));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_attn_implementation", &attn));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "attn_implementation", &attn));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "hidden_dropout_prob", &hidden_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "attention_probs_dropout_prob", &attention_dropout));
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "qkv_bias", &qkv_bias));
+  // PretrainedConfig: num_labels, else as many as id2label names, else 2.
+  int64_t labels = 2;
+  if (const google::protobuf::Value* id2label = config.Find("id2label");
+      id2label != nullptr && id2label->has_struct_value()) {
+    labels = id2label->struct_value().fields_size();
+  }
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_labels", &labels));
+  // One GELU op (exact or tanh) keeps its input; NewGELUActivation more.
+  if (act != "gelu" && act != "gelu_pytorch_tanh" && act != "gelu_new") {
+    return config.Error("hidden_act", absl::StrCat(QuoteInput(act), " is not modelled for a ViT; use \"gelu\", "
+                                                   "\"gelu_pytorch_tanh\" or \"gelu_new\""));
+  }
+  ModelSpec spec;
+  spec.set_name(name.empty() ? std::string(source) : name);
+  spec.set_num_layers(layers);
+  spec.set_hidden_size(hidden);
+  spec.set_num_attention_heads(heads);
+  spec.set_ffn_hidden_size(ffn);
+  spec.set_ffn_type(act == "gelu_new" ? FFN_GELU_NEW : FFN_GELU);
+  spec.set_norm_type(NORM_LAYERNORM);
+  spec.set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
+  spec.set_attention_qkv_bias(qkv_bias);
+  spec.set_attention_out_bias(true);
+  spec.set_mlp_bias(true);
+  // ViTLayer's dropout after attention and after the MLP, and ViTEmbeddings'.
+  spec.set_residual_dropout(hidden_dropout);
+  spec.set_embedding_dropout(hidden_dropout);
+  spec.set_attention_dropout(attention_dropout);
+  VisionSpec& vision = *spec.mutable_vision();
+  vision.set_image_size(image);
+  vision.set_patch_size(patch);
+  vision.set_num_channels(channels);
+  vision.set_num_labels(labels);
+  spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"vit\", ViTForImageClassification)"));
+  spec = ResolveModelSpec(std::move(spec));
+  absl::Status valid = ValidateModelSpec(spec);
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
+  return spec;
+}
+
+absl::Status ValidateVision(const ModelSpec& spec) {
+  const VisionSpec& v = spec.vision();
+  ZPLAN_RETURN_IF_ERROR(CheckFields({
+      {"model.vision.patch_size", v.patch_size(), 1, kMaxImageSize, "pixels per patch side"},
+      {"model.vision.image_size", v.image_size(), v.patch_size(), kMaxImageSize, "pixels per side, >= patch_size"},
+      {"model.vision.num_channels", v.num_channels(), 1, kMaxImageChannels, "e.g. 3"},
+      {"model.vision.num_labels", v.num_labels(), 1, kMaxVocabSize, "classifier outputs"},
+  }));
+  if (v.image_size() % v.patch_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.vision.image_size: ", v.image_size(),
+                                                   " is not a multiple of patch_size ", v.patch_size(),
+                                                   "; ViT's patch embedding would drop the remainder"));
+  }
+  if (VisionTokens(spec) > kMaxSeqLength) {
+    return absl::InvalidArgumentError(absl::StrCat("model.vision: ", VisionTokens(spec), " patch tokens is more than ",
+                                                   kMaxSeqLength, "; use larger patches or smaller images"));
+  }
+  if (spec.vocab_size() != 0) {
+    return absl::InvalidArgumentError("model.vocab_size: a ViT (model.vision) has no token vocabulary; set it to 0");
+  }
+  if (spec.has_lora()) {
+    return absl::InvalidArgumentError("model.lora: LoRA on a ViT is not modelled; plan it without adapters");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> PresetNames() {
@@ -117,6 +219,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::st
   }
   std::string model_type, name, act, attn;
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "model_type", &model_type));
+  if (model_type == "vit") return VitSpecFromHfConfig(config, source);
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
   // The activation and attention keys under their legacy names first.
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "activation_function", &act));
@@ -363,6 +466,11 @@ ModelSpec ResolveModelSpec(ModelSpec spec) {
   if (spec.position_embedding() == POSITION_EMBEDDING_UNSPECIFIED) {
     spec.set_position_embedding(POSITION_ROPE);
   }
+  // A ViT learns one position per token of its image.
+  if (spec.has_vision()) {
+    spec.set_position_embedding(POSITION_LEARNED);
+    spec.set_max_position_embeddings(VisionTokens(spec));
+  }
   return spec;
 }
 
@@ -402,6 +510,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     }
   }
   if (spec.has_lora()) ZPLAN_RETURN_IF_ERROR(ValidateLora(spec));
+  if (spec.has_vision()) ZPLAN_RETURN_IF_ERROR(ValidateVision(spec));
   return absl::OkStatus();
 }
 

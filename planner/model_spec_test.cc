@@ -44,6 +44,31 @@ INSTANTIATE_TEST_SUITE_P(HfConfigs, HfCountTest,
                                            ExactCount{"llama3-8b", 8'030'261'248},
                                            ExactCount{"qwen2.5-0.5b", 494'032'768}));
 
+// transformers' ViTConfig defaults; the counts are transformers 5.23's
+// sum(p.numel()) of ViTForImageClassification built from the same config.
+TEST(ModelSpecTest, ReadsViTConfigWithItsDefaults) {
+  auto spec = ModelSpecFromHfConfig(R"({"model_type": "vit", "image_size": 256, "num_labels": 2})", "vit.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->has_vision());
+  EXPECT_EQ(spec->vision().patch_size(), 16);
+  EXPECT_EQ(spec->vision().num_channels(), 3);
+  EXPECT_EQ(VisionTokens(*spec), 257);
+  EXPECT_EQ(spec->max_position_embeddings(), 257);
+  EXPECT_EQ(spec->position_embedding(), POSITION_LEARNED);
+  EXPECT_EQ(spec->norm_type(), NORM_LAYERNORM);
+  EXPECT_EQ(spec->ffn_type(), FFN_GELU);
+  EXPECT_EQ(spec->vocab_size(), 0);
+  EXPECT_EQ(CountParameters(*spec), 85'846'274);
+  auto wide = LoadHfConfig("configs/hf/tiny/vit-wide.json");
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ(wide->vision().num_labels(), 5);  // from id2label
+  EXPECT_EQ(wide->residual_dropout(), 0.1);   // hidden_dropout_prob
+  EXPECT_EQ(CountParameters(*wide), 2'486'533);
+  const std::vector<TensorSpec> params = ParameterInventory(*wide);
+  EXPECT_EQ(params.front().name(), "embed_patches.cls_token");
+  EXPECT_EQ(params.back().name(), "classifier.bias");
+}
+
 TEST(ModelSpecTest, HfConfigReadsGqaHeadDimAndTying) {
   auto spec = LoadHfConfig("configs/hf/qwen3-0.6b.json");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -203,6 +203,10 @@ absl::StatusOr<int64_t> LargestFittingShape(const Prepared& p, int64_t budget_by
     if (!ValidateSizes(p.model, shape).ok()) return std::nullopt;
     return search_batch ? sizer.For(n, seq) : sizer.For(b, n);
   };
+  // A ViT's sequence is its image's: it fits or nothing does.
+  if (!search_batch && p.model.has_vision()) {
+    return ClosedFormPeakBytes(p.sizes) <= budget ? seq : 0;
+  }
   // The tensors alone bound the answer (the allocator's cache only adds).
   ZPLAN_ASSIGN_OR_RETURN(const int64_t bound, LargestFitting(search_batch ? kMaxMicroBatch : kMaxSeqLength,
                                                               [&](int64_t n) -> absl::StatusOr<bool> {

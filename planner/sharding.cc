@@ -69,12 +69,19 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
     if (p == 0 || module_of(p) != module_of(p - 1)) modules.emplace_back();
     modules.back().push_back(p);
   }
-  const bool has_embedding = n > 0 && parameters[0].name().rfind("embed_tokens", 0) == 0;
+  // The embedding's matrix: the token embedding, or a ViT's patch projection.
+  int embedding = -1;
+  for (int p = 0; p < n && embedding < 0; ++p) {
+    const std::string& name = parameters[p].name();
+    if (name == "embed_tokens.weight" || name == "embed_patches.projection.weight") embedding = p;
+  }
+  const bool has_embedding = embedding >= 0;
   int head = -1;  // the head module's index in `modules`
-  if (tied_embeddings && has_embedding) {
+  if (tied_embeddings && embedding == 0) {
     modules.push_back({0});
     head = static_cast<int>(modules.size()) - 1;
-  } else if (n > 0 && parameters[n - 1].name().rfind("lm_head", 0) == 0) {
+  } else if (n > 0 && (parameters[n - 1].name().rfind("lm_head", 0) == 0 ||
+                       parameters[n - 1].name().rfind("classifier", 0) == 0)) {
     head = static_cast<int>(modules.size()) - 1;
   }
   // The module trace DeepSpeed records: the model and its decoder (no
@@ -162,8 +169,8 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
       }
       if (t < forward_end && trace[t] != head) kept_forward[p] = keep;
       if (trace[t] == head && t < forward_end) out.head_kept = keep;
-      const bool final_use = t >= forward_end && (p != 0 || trace[t] != head);
-      if (!keep && !final_use && p == 0 && has_embedding) out.embedding_kept = false;
+      const bool final_use = t >= forward_end && (p != embedding || trace[t] != head);
+      if (!keep && !final_use && p == embedding) out.embedding_kept = false;
       if (!keep && available[p]) {
         available[p] = false;
         n_available -= numel[p];
@@ -171,7 +178,9 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
     }
   }
   out.kept_after_forward = kept_forward;
-  if (head >= 0 && !(tied_embeddings && has_embedding)) out.kept_after_forward[n - 1] = out.head_kept;
+  if (head >= 0 && !(tied_embeddings && embedding == 0)) {
+    for (int p : modules[head]) out.kept_after_forward[p] = out.head_kept;
+  }
   return out;
 }
 

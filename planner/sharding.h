@@ -98,8 +98,8 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 // trace. `zero` must be resolved (ResolveRunConfig).
 struct Stage3Retention {
   std::vector<bool> kept_after_forward;  // per parameter of the inventory
-  bool embedding_kept = false;  // the embedding (tied: also as the head), from its forward through its backward
-  bool head_kept = false;       // the LM head, from its forward to its backward
+  bool embedding_kept = false;  // the embedding (tied: also as the head; a ViT: its patch projection), from its forward through its backward
+  bool head_kept = false;       // the LM head (a ViT: its classifier), from its forward to its backward
 };
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
                                   const ZeroConfig& zero, const std::vector<bool>& runs_backward = {});

@@ -136,7 +136,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Stage 3: gathered parameters kept from their forward to their backward
   // (memory_model.h) have their own handles.
   int embed_kept = -1;
-  if (s.has_vocab) {
+  {
     const int g = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_FORWARD, -1, "embedding gathered");
     if (s.embed_kept) {
       embed_kept = g;
@@ -177,11 +177,11 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
 
   // Loss and the LM head's backward.
   int act_grad = -1, head_grad = -1;
-  if (s.has_vocab) {
+  if (s.has_head) {
     // The LM head (a tied one is the embedding, maybe still gathered) for
     // its forward; released after it unless kept for its backward.
     const bool head_is_kept_embedding = s.tied && embed_kept >= 0;
-    int gather = head_is_kept_embedding ? -1 : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_LOSS, -1, "LM head gathered");
+    int gather = head_is_kept_embedding ? -1 : r.Alloc(COMPONENT_PARAMS, s.head_gather, PHASE_LOSS, -1, "LM head gathered");
     const int logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, LM head logits");
     if (gather >= 0 && !s.head_kept) {
       r.Free(gather, PHASE_LOSS, -1, "LM head released");
@@ -206,7 +206,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
       r.Free(grad32, PHASE_BACKWARD, -1, "fp32 logits gradient freed");
     }
     if (gather < 0 && !head_is_kept_embedding) {
-      gather = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "LM head gathered");
+      gather = r.Alloc(COMPONENT_PARAMS, s.head_gather, PHASE_BACKWARD, -1, "LM head gathered");
     }
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
     head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
@@ -291,14 +291,11 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   partition_from(-1, PHASE_BACKWARD);
   buckets_at(-1, false, -1, "backward, embedding gradient");
   if (s.embed_backward) {
-    const int gather = !s.has_vocab ? -1
-                       : embed_kept >= 0
-                           ? embed_kept
-                           : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1, "embedding gathered");
-    const int contribution =
-        !s.has_vocab ? -1
-                     : r.Alloc(kept && !s.tied ? COMPONENT_GRADS : COMPONENT_TEMPORARIES, s.embed_grad,
-                               PHASE_BACKWARD, -1, "backward, embedding gradient");
+    const int gather = embed_kept >= 0 ? embed_kept
+                                       : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1,
+                                                 "embedding gathered");
+    const int contribution = r.Alloc(kept && !s.tied ? COMPONENT_GRADS : COMPONENT_TEMPORARIES, s.embed_grad,
+                                     PHASE_BACKWARD, -1, "backward, embedding gradient");
     const int pos = r.Alloc(produced, s.pos_grad, PHASE_BACKWARD, -1, "backward, embedding gradient");
     if (contribution >= 0 && (s.tied || !kept)) r.Free(contribution, PHASE_BACKWARD, -1, "embedding gradient accumulated");
     if (kept) {
@@ -307,7 +304,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     }
     if (!kept) {
       r.Free(pos, PHASE_BACKWARD, -1, "position gradient into reduce bucket");
-      if (s.tied && s.has_vocab) r.Free(head_grad, PHASE_BACKWARD, -1, "tied embedding gradient into reduce bucket");
+      if (s.tied && head_grad >= 0) r.Free(head_grad, PHASE_BACKWARD, -1, "tied embedding gradient into reduce bucket");
     }
     if (gather >= 0) r.Free(gather, PHASE_BACKWARD, -1, "embedding released");
   }
@@ -339,16 +336,24 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Reduction (stage 0) and the optimizer step.
   const int bucket = r.Alloc(COMPONENT_TEMPORARIES, s.reduce_temp, PHASE_BACKWARD, -1, "gradient reduction bucket");
   r.Free(bucket, PHASE_BACKWARD, -1, "reduction bucket freed");
+  const int copies = r.Alloc(COMPONENT_TEMPORARIES, s.step_grad_copies, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, fp32 copies of the gradients");
   const int upcast = r.Alloc(COMPONENT_TEMPORARIES, s.step_upcast, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp32 gradient upcast");
-  const int adam = r.Alloc(COMPONENT_TEMPORARIES, s.step_optimizer_temps, PHASE_OPTIMIZER_STEP, -1,
-                           "optimizer step, fp32 gradient upcast");
-  r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
-  r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
-  if (s.stage == 0) {
+  auto release_grads = [&] {
     r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
     for (int g : kept_grads) r.Free(g, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
+  };
+  if (s.step_grad_copies > 0) {
+    r.Free(copies, PHASE_OPTIMIZER_STEP, -1, "fp32 copies freed");
+    release_grads();
   }
+  const int adam = r.Alloc(COMPONENT_TEMPORARIES, s.step_optimizer_temps, PHASE_OPTIMIZER_STEP, -1,
+                           s.step_grad_copies > 0 ? "optimizer step, Adam temporaries"
+                                                  : "optimizer step, fp32 gradient upcast");
+  r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
+  r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
+  if (s.stage == 0 && s.step_grad_copies == 0) release_grads();
   return r.Finish(s);
 }
 

@@ -107,7 +107,8 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
     config.set_precision(c.precision);
     config.set_gradient_accumulation_steps(c.grad_accum);
     config.set_micro_batch_size(c.micro_batch);
-    config.set_seq_length(c.seq);
+    // A ViT's image fixes its sequence (the case's seq picks the batch).
+    config.set_seq_length(model->has_vision() ? VisionTokens(*model) : c.seq);
     if (c.seq == 128) {
       // Buckets that fill mid-backward (the stage-2 partition appears inside
       // a block) and an Adam with temporaries.

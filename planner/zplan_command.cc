@@ -253,6 +253,8 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     else if (a == "eager") r.model.set_attention_impl(ATTENTION_EAGER);
     else return FlagError("attention", o.attention, "sdpa or eager");
   }
+  // A ViT's image fixes its sequence (ValidateSizes refuses another).
+  if (r.model.has_vision() && o.seq.empty()) c.set_seq_length(VisionTokens(r.model));
   if (r.micro_batches.empty()) r.micro_batches = {ResolveRunConfig(c).micro_batch_size()};
   if (r.seqs.empty()) r.seqs = {ResolveRunConfig(c).seq_length()};
   return r;

@@ -289,7 +289,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"lora_unknown_target", [](ZplanOptions* o) { o->lora_targets = "q_proj,c_attn"; },
                  "--lora-targets: model.lora.target_modules: \"c_attn\" is not a block linear"},
         BadInput{"lora_missing_config", [](ZplanOptions* o) { o->lora_config = "/no/such/adapter_config.json"; },
-                 "/no/such/adapter_config.json"}),
+                 "/no/such/adapter_config.json"},
+        // ViT (issue 11): the image fixes the sequence; shapes it cannot plan are named.
+        BadInput{"vit_seq_not_the_image", [](ZplanOptions* o) { o->seq = "256"; },
+                 "seq_length (--seq): 256, but a ViT's sequence is fixed by its image: (256 / 16)^2 patches + CLS = 257",
+                 R"({"model_type": "vit", "image_size": 256})"},
+        BadInput{"vit_patch_not_dividing", Nothing, "model.vision.image_size: 100 is not a multiple of patch_size 16",
+                 R"({"model_type": "vit", "image_size": 100})"},
+        BadInput{"vit_not_square", Nothing, "image_size: zplan plans square images and patches",
+                 R"({"model_type": "vit", "image_size": [224, 160]})"},
+        BadInput{"vit_quick_gelu", Nothing, "hidden_act: \"quick_gelu\" is not modelled for a ViT",
+                 R"({"model_type": "vit", "hidden_act": "quick_gelu"})"}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return std::string(info.param.name); });
 
 // LoRA from flags: the adapters train, the rest is frozen; the header says how many train.
@@ -341,6 +351,26 @@ TEST(ZplanCommandTest, CheckpointEveryAndOffloadMoveActivations) {
   const absl::Status status = RunCapture(o);
   EXPECT_NE(status.message().find("--checkpoint-offload"), std::string::npos) << status;
   EXPECT_NE(status.message().find("--checkpointing true"), std::string::npos) << status;
+}
+
+// A ViT's image gives its sequence: zplan plans it without --seq, and the
+// max-seq search answers the image's own.
+TEST(ZplanCommandTest, VitTakesItsSequenceFromTheImage) {
+  ZplanOptions o = Base();
+  o.model = "vit-b-encoder";
+  o.seq.clear();
+  o.zero_stage = "3";
+  o.out = TempPath("vit.pb");
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find("(85,846,274 parameters), seq 257"), std::string::npos) << text;
+  auto plan = ReadProtoFile<Plan>(o.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config().seq_length(), 257);
+  o.command = "max-batch";
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find("max seq (micro-batch 1)"), std::string::npos) << text;
+  EXPECT_NE(text.find("  257\n"), std::string::npos) << text;
 }
 
 TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {

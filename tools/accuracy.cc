@@ -296,6 +296,10 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     qwen3 = "configs/hf/tiny/qwen3.json", mistral = "configs/hf/tiny/mistral.json",
                     gpt2 = "configs/hf/tiny/gpt2.json", gpt2_dropout = "configs/hf/tiny/gpt2-dropout.json",
                     llama_dropout = "configs/hf/tiny/llama-dropout.json";
+  // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
+  // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
+  // hidden and attention dropout.
+  const std::string vit = "configs/hf/tiny/vit.json", vit_wide = "configs/hf/tiny/vit-wide.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -358,6 +362,14 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z3-bf16-attention-dropout-ckpt", llama_dropout, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128,
                     "sdpa", true),
       DeepSpeedCase("z3-bf16-b4-s256-w4", mistral, DsConfig(3, "bf16", 4, 1, "", kSmall3), 4, 256),
+      // ViT (the image fixes the sequence: --seq is its token count).
+      DeepSpeedCase("vit-z0-bf16", vit, DsConfig(0, "bf16", 4, 1), 1, 65),
+      DeepSpeedCase("vit-z1-fp32-eager", vit, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 65, "eager"),
+      DeepSpeedCase("vit-z2-bf16-ckpt", vit_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 257, "sdpa", true),
+      DeepSpeedCase("vit-z2-bf16-dropout-eager", vit_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 257, "eager"),
+      DeepSpeedCase("vit-z3-bf16", vit_wide, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 257),
+      DeepSpeedCase("vit-z3-bf16-offload-both-ckpt", vit, DsConfig(3, "bf16", 4, 1, "", With({kSmall3, kOffloadBoth})),
+                    2, 65, "sdpa", true),
       // LoRA on a frozen model (peft).
       WithLora(DeepSpeedCase("lora-z0-bf16-qv", llama, DsConfig(0, "bf16", 2, 1), 1, 256), lora_qv),
       WithLora(DeepSpeedCase("lora-z1-bf16-offload-qv", llama, DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})),

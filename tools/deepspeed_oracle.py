@@ -58,7 +58,8 @@ def parse_args(argv):
     p.add_argument("--hf-config", required=True, help="transformers config.json")
     p.add_argument("--ds-config", required=True, help="DeepSpeed config JSON")
     p.add_argument("--world", type=int, default=1, help="ranks (processes)")
-    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--seq", type=int, default=0,
+                   help="tokens per sequence (language models; a ViT's image fixes its own)")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (>= 2)")
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"])
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
@@ -75,8 +76,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be at least 2: the first step is the warm-up")
-    if args.world < 1 or args.seq < 2:
-        p.error("--world must be >= 1 and --seq >= 2")
+    if args.world < 1 or args.seq < 0:
+        p.error("--world must be >= 1 and --seq >= 0")
     return args
 
 
@@ -293,7 +294,15 @@ def run_rank(args):
     config.use_cache = False
     torch.manual_seed(0)
     alloc.tag(PARAMS)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=args.attention)
+    # A ViT config trains ViTForImageClassification on random images and labels.
+    vision = config.model_type == "vit"
+    if not vision and args.seq < 2:
+        sys.exit("deepspeed_oracle: --seq (>= 2) is required for a language model")
+    if vision and args.seq and args.seq != (config.image_size // config.patch_size) ** 2 + 1:
+        sys.exit(f"deepspeed_oracle: --seq {args.seq}: this ViT's image gives "
+                 f"{(config.image_size // config.patch_size) ** 2 + 1} tokens")
+    auto = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
+    model = auto.from_config(config, attn_implementation=args.attention)
     if args.lora_config:
         import peft
         with open(args.lora_config) as f:
@@ -310,13 +319,13 @@ def run_rank(args):
 
     micro = engine.train_micro_batch_size_per_gpu()
     accum = engine.gradient_accumulation_steps()
-    vocab = config.vocab_size
+    vocab = getattr(config, "vocab_size", 0)
     gen = torch.Generator().manual_seed(1234 + engine.global_rank)
 
     # Attribution hooks: forward tensors are pending until the LM head (then
     # activations or temporaries), the head and loss chain is logits until
     # the head's input gradient exists, the rest of backward temporaries.
-    head = engine.module.get_output_embeddings()
+    head = engine.module.classifier if vision else engine.module.get_output_embeddings()
     body = engine.module
 
     def body_pre(module, inputs):
@@ -390,11 +399,19 @@ def run_rank(args):
             mark("step start")
         step_loss = 0.0
         for micro_step in range(accum):
-            ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
+            if vision:
+                # fp32 pixels, as an image processor gives them.
+                size = config.image_size
+                batch = {"pixel_values": torch.randn(micro, config.num_channels, size, size, generator=gen),
+                         "labels": torch.randint(0, config.num_labels, (micro,), generator=gen)}
+            else:
+                ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
+                batch = {"input_ids": ids, "labels": ids}
             mark(f"micro-step {micro_step}")
             # As the Trainer's compute_loss: only the loss outlives the forward
             # (the logits in the model's output are released before backward).
-            loss = engine(input_ids=ids, labels=ids).loss
+            loss = engine(**batch).loss
+            del batch
             mark("loss computed")
             alloc.tag(LOGITS)
             note_phase(f"forward (micro-step {micro_step})")
