@@ -230,11 +230,14 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     // done, so the host never waits for a forward before it launches the
     // backward (the Trainer's tr_loss does the same). CPU: read at once.
     at::Tensor device_loss_sum;
+    // The batch lives through the optimizer step, as the Trainer's inputs do
+    // (planner/memory_model.h, step_batch).
+    std::pair<at::Tensor, at::Tensor> batch;
     for (int64_t micro = 0; micro < accum; ++micro) {
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
-      BeginForwardPart();  // token ids and RoPE tables live until backward is done
-      auto [ids, targets] = data.Batch(b, s, seed, device);
-      at::Tensor loss = model.Loss(ids, targets, config.activation_checkpointing(), hooks);
+      BeginForwardPart();  // RoPE tables live until backward is done
+      batch = data.Batch(b, s, seed, device);
+      at::Tensor loss = model.Loss(batch.first, batch.second, config.activation_checkpointing(), hooks);
       if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
       if (device.is_cuda()) {
         const at::Tensor value = loss.detach().to(at::kFloat);
@@ -250,6 +253,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     }
     const double learning_rate = LearningRate(config.optimizer(), step, steps);
     ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(learning_rate));
+    batch = {};
     if (device_loss_sum.defined()) loss_sum = device_loss_sum.item<double>();
     if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::TensorOptions().dtype(at::kDouble).device(device));

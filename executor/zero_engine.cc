@@ -174,7 +174,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   }
 
   // Gradient hooks: stages 1-3 see each gradient as it is produced (stage 1
-  // keeps it until the epilogue), stage 0 keeps .grad. AccumulateGrad
+  // keeps it until the accumulation boundary), stage 0 keeps .grad. AccumulateGrad
   // records its parameter's shape when created, so create them while every
   // parameter is still whole.
   for (size_t i = 0; i < e->slots_.size(); ++i) {
@@ -486,8 +486,10 @@ void ZeroEngine::OnGradReady(size_t index) {
   // stream, behind the compute that made the gradient.
   OffloadStreamScope offload_stream(device_, offload_);
   if (stage_ < 3) AllocateBuckets();  // stages 1/2: at the backward's first gradient (setup_buckets)
-  if (stage_ == 1) {
-    // Kept (accumulated) as .grad until the epilogue reduces it.
+  if (stage_ == 1 && micro_step_ + 1 < config_.gradient_accumulation_steps()) {
+    // Stage 1 reduces at the accumulation boundary only, then as stage 2
+    // (stage_1_and_2.py, reduce_ready_partitions_and_remove_grads); before
+    // it the gradient accumulates as .grad.
     const at::Tensor& grad = slots_[index].param.grad();
     if (grad.defined()) TagAllocation(grad.storage().data(), COMPONENT_GRADS);
     return;
@@ -548,21 +550,15 @@ absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
     }
     return absl::OkStatus();
   }
-  if (stage_ == 1 && last_micro_step && !offload_) {
-    // The epilogue: the partition first, then every kept gradient through
-    // the buckets, in backward order.
-    EnsureGradPartition();
-    for (size_t i = slots_.size(); i-- > 0;) ReduceThroughBucket(i);
-  }
   if (stage_ >= 1) {
     OffloadStreamScope offload_stream(device_, offload_);
     absl::Status status = FlushBucket();
     buckets_.clear();  // _release_ipg_buffers
     current_bucket_ = 0;
-    if (stage_ == 2 || !status.ok() || !offload_) return status;
+    return status;
   }
   if (!last_micro_step) return absl::OkStatus();
-  // Stage 0 (and stage 1 with offload): all-reduce every gradient through one flat bucket, in order.
+  // Stage 0: all-reduce every gradient through one flat bucket, in order.
   at::NoGradGuard no_grad;
   OffloadStreamScope offload_stream(device_, offload_);
   if (offload_) {
@@ -602,11 +598,6 @@ absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
       }
     }
     first = last;
-  }
-  if (!offload_) return absl::OkStatus();
-  // Stage 1 with offload: the owned pieces go to the host as stage 2's do.
-  for (Slot& slot : slots_) {
-    if (slot.own_hi > slot.own_lo && slot.param.grad().defined()) OffloadGrad(slot, slot.param.grad().view(-1));
   }
   return absl::OkStatus();
 }

@@ -8,14 +8,13 @@
 //            fp32 master and Adam states for every element.
 //   stage 1  as stage 0, but master and Adam states only for this rank's
 //            shard of the flat buffer (sharding.h's padding rule); gradients
-//            stay .grad through backward, and its end (the epilogue) reduces
-//            them through the IPG buckets into this rank's gradient
-//            partition; updated shards are all-gathered back into the flat
-//            parameters.
-//   stage 2  as stage 1, but gradients leave backward as they are produced:
-//            each is copied into an IPG bucket, its .grad freed, and full
-//            buckets are reduced into the partition, made at the first
-//            reduction. The buckets (two with overlap_comm) exist from a
+//            accumulate as .grad until the accumulation boundary, whose
+//            backward reduces them as stage 2 does; updated shards are
+//            all-gathered back into the flat parameters.
+//   stage 2  as stage 1, but gradients leave every backward as they are
+//            produced: each is copied into an IPG bucket, its .grad freed,
+//            and full buckets are reduced into the partition, made at the
+//            first reduction. The buckets (two with overlap_comm) exist from a
 //            backward's first gradient to its end. The step (stages 1/2)
 //            takes fp64 copies of each gradient piece for the norm, flattens
 //            the partition and upcasts it to fp32, releases the partition
@@ -37,7 +36,8 @@
 // Mixed precision keeps working-dtype parameters and gradients and fp32
 // master weights; fp16 adds dynamic loss scaling; fp32 updates the
 // parameters directly. Gradients are averaged over ranks and accumulation
-// steps. Stages 0/3 upcast gradients one sub_group_size chunk at a time.
+// steps. Stage 3 upcasts gradients one sub_group_size chunk at a time, stage
+// 0 all at once (FlattenGradsFp32 in mixed precision).
 // Adam is the configured implementation's (fused, or torch's for-loop /
 // foreach with their temporaries).
 //

@@ -421,15 +421,17 @@ int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, 
 }
 
 BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
-                                                    KernelDevice device) {
+                                                    KernelDevice device, bool down_input_saved) {
   const int64_t w = DTypeBytes(dtype);
   const int64_t bs = b * s;
   // Gradient w.r.t. the half's output and input are both alive at its end.
   const int64_t residual_grads = 2 * bs * spec.hidden_size() * w;
   BlockBackwardTransients t;
-  // FFN: grad of the product, then grads of both branches before the sum.
-  const int64_t ffn_branches = spec.ffn_type() == FFN_SWIGLU ? 3 : 2;
-  t.mlp_bytes = residual_grads + ffn_branches * bs * spec.ffn_hidden_size() * w;
+  // FFN: down_proj's input gradient, then, beside it, the gradients of the
+  // activation's inputs (SwiGLU's product and gelu_new's 0.5x * (1 + tanh):
+  // two; GELU: one). By then down_proj's saved input is freed.
+  const int64_t branches = spec.ffn_type() == FFN_GELU ? 1 : 2;
+  t.mlp_bytes = (1 + branches - (down_input_saved ? 1 : 0)) * bs * spec.ffn_hidden_size() * w;
   const int64_t scores = b * spec.num_attention_heads() * s * s;
   if (SdpaRunsMath(spec, device)) {
     // grad of probabilities and grad of scores, each [b,a,s,s] in fp32.

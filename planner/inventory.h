@@ -139,16 +139,18 @@ std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t
 int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
                                    int64_t seq_length, DType dtype, KernelDevice device);
 
-// Peak bytes of gradient temporaries in one block's backward, for each half:
-// the MLP's backward runs first (gradients of the FFN intermediates), then
-// attention's (of the probabilities when materialized, else of q, k, v).
-// Both include the gradients w.r.t. the half's input and output.
+// Peak bytes of gradient temporaries in one block's backward, for each half,
+// beside the gradient w.r.t. the block's output: the MLP's backward runs
+// first (gradients of the FFN intermediates, less down_proj's saved input
+// when `down_input_saved`: it is freed before the activation's backward),
+// then attention's (of the probabilities when materialized, else of q, k,
+// v, with the gradients w.r.t. the half's input and output).
 struct BlockBackwardTransients {
   int64_t mlp_bytes = 0;
   int64_t attention_bytes = 0;
 };
 BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
-                                                    DType dtype, KernelDevice device);
+                                                    DType dtype, KernelDevice device, bool down_input_saved);
 
 // True for the MLP half of a block (its norm, projections and saved
 // activations): its backward runs, and frees what it saved, before

@@ -13,7 +13,7 @@
 #include "planner/zplan_command.h"
 
 ABSL_FLAG(std::string, model, "", "preset (1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, vit-b-encoder, debug-tiny) or a ModelSpec .textproto (default 1b)");
-ABSL_FLAG(std::string, hf_config, "", "Hugging Face config.json instead of --model");
+ABSL_FLAG(std::string, hf_config, "", "Hugging Face config.json (a decoder LM, or a ViT: model_type \"vit\") instead of --model");
 ABSL_FLAG(std::string, params, "", "bare parameter count (elements, standard shape), e.g. 7.5e9");
 ABSL_FLAG(std::string, layers, "", "explicit dimension: transformer blocks (count)");
 ABSL_FLAG(std::string, hidden, "", "explicit dimension: hidden size (elements)");

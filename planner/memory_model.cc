@@ -116,7 +116,7 @@ Moment BestMoment(const StepSizes& s) {
   if (carried) base[kGrads] += s.grad_partition;
   // A kept embedding stays gathered from its forward to its backward.
   const int64_t embed_kept = s.embed_kept ? s.embed_gather : 0;
-  base[kActivations] += s.step_inputs + s.embed_saved;
+  base[kActivations] += s.rope_tables + s.step_batch + s.embed_saved;
   // The eager mask outlives the forward only as a checkpointed block's input.
   if (s.checkpointing) base[kActivations] += s.attention_mask;
 
@@ -289,7 +289,9 @@ Moment BestMoment(const StepSizes& s) {
   }
 
   // 5. After backward: every gradient, the reduce bucket, then the step.
+  // The batch lives through the step (the Trainer's inputs, zrun's too).
   Live after = Resident(s);
+  after[kActivations] += s.step_batch;
   if (s.grads_kept_on_production) after[kGrads] += s.shards.trainable_elements * (s.mixed ? 2 : 4);
   if (s.stage == 1 || s.stage == 2) {
     // The epilogue reduces what is left (stage 1: everything) into the
@@ -300,6 +302,7 @@ Moment BestMoment(const StepSizes& s) {
     epilogue[kGrads] += s.grad_partition;
     consider(epilogue, "backward epilogue, gradient partition");
     Live step = Resident(s);
+    step[kActivations] += s.step_batch;
     step[kGrads] += s.grad_partition - s.grads_resident;
     Live norm = step;
     norm[kTemps] += s.step_norm_copy;
@@ -358,9 +361,10 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
   std::vector<PartitionStart> from(partitions.size());
   std::vector<bool> seen(partitions.size(), false);
   // A reduction of the bucket holding parameters [lo, hi] at parameter i's
-  // hook. The closed form's moments of a block half are its first
+  // hook. The closed form's moment of an attention half is its first
   // gradient's (the widest point), so a partition made at a later hook of
-  // the half counts from the next half.
+  // the half counts from the next half; an MLP half's comes after
+  // down_proj's hooks (BlockBackwardTransientBytes), which count for it.
   auto reduce = [&](int lo, int hi, int i) {
     const TensorSpec& t = params[i];
     PartitionStart start;
@@ -368,7 +372,8 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
     start.at_attention = t.layer() >= 0 && !IsMlpTensor(t);
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
                                IsMlpTensor(params[i + 1]) != IsMlpTensor(t);
-    if (t.layer() >= 0 && !first_of_half) {
+    const bool before_moment = first_of_half || absl::StrContains(t.name(), ".mlp.down_proj");
+    if (t.layer() >= 0 && !before_moment) {
       if (!start.at_attention) {
         start.at_attention = true;
       } else {
@@ -476,7 +481,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     return absl::InvalidArgumentError(
         "zero.offload_optimizer (--offload-optimizer): optimizer offload needs ZeRO stage >= 1");
   }
-  s.grads_kept_on_production = s.stage <= 1 && s.grad_accum == 1;
+  // Stage 1 reduces at the accumulation boundary through the IPG buckets as
+  // stage 2 does (stage_1_and_2.py, reduce_ready_partitions_and_remove_grads):
+  // only stage 0 keeps what it produces.
+  s.grads_kept_on_production = s.stage == 0 && s.grad_accum == 1;
 
   const DType dtype = WorkingDtype(config.precision());
   const int64_t w = DTypeBytes(dtype);
@@ -536,7 +544,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     std::vector<PartitionStart> from(partitions.size());
     if (s.stage == 2 && s.grad_accum > 1) {
       from.assign(partitions.size(), PartitionStart{s.kBeforeForward()});
-    } else if (s.stage == 2) {
+    } else {
       from = FirstReductionPartByRank(trainable, partitions, s.num_layers, zero.reduce_bucket_elements());
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
@@ -607,6 +615,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   };
   sizer.saved_ = fit(1);
   sizer.saved_block0_ = fit(0);
+  // Whether down_proj keeps its input (the FFN product or activation).
+  const std::string down_input = model.ffn_type() == FFN_SWIGLU ? ".mlp.product" : ".mlp.act";
+  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 1, device, saves)) {
+    sizer.down_input_saved_ = sizer.down_input_saved_ || absl::EndsWith(t.name(), down_input);
+  }
   sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype, saves));
   s.block_grads = block_param_elements * w;
   s.block_grads_mlp = mlp_elements * w;
@@ -844,23 +857,26 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     attn_live += scores * std::max(w + softmax, w + dropped);
   }
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
-  const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device);
+  const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_);
   s.block_bwd_mlp_transient = bwd.mlp_bytes;
-  // A weight gradient bound for a reduce bucket (stages 2/3) lives beside
-  // its linear's input gradient (down_proj: the output's gradient and the
-  // FFN-wide one), not beside the half's widest moment: it adds only what
-  // exceeds that (measured, docs/accuracy.md).
+  // A weight gradient bound for a reduce bucket (stages 1-3) lives beside
+  // its linear's input gradient (down_proj: the FFN-wide one, and with
+  // residual dropout the dropped output's gradient, less the mask freed
+  // before it), not beside the half's widest moment: it adds only what
+  // exceeds that.
+  const int64_t dropout_grad =
+      model.residual_dropout() > 0 ? tokens * h * (w - DTypeBytes(DropoutSavedDType(dtype, device))) : 0;
   s.block_max_mlp_grad = std::max<int64_t>(
-      0, tokens * h * w + tokens * model.ffn_hidden_size() * w + base_.block_max_mlp_grad - bwd.mlp_bytes);
+      0, tokens * model.ffn_hidden_size() * w + dropout_grad + base_.block_max_mlp_grad - bwd.mlp_bytes);
   s.block_bwd_attn_transient = bwd.attention_bytes;
   if (model.has_vision()) {
     // fp32 pixels and int64 labels (ViT has no mask: it attends everywhere).
     const VisionSpec& v = model.vision();
-    s.step_inputs = b * (v.num_channels() * v.image_size() * v.image_size() * 4 + kTokenIdBytes);
+    s.step_batch = b * (v.num_channels() * v.image_size() * v.image_size() * 4 + kTokenIdBytes);
   } else {
-    s.step_inputs = 2 * tokens * kTokenIdBytes;
+    s.step_batch = 2 * tokens * kTokenIdBytes;
     // cos and sin [s, head_dim] in the working dtype, shared by every layer.
-    if (model.position_embedding() == POSITION_ROPE) s.step_inputs += 2 * seq * model.head_dim() * w;
+    if (model.position_embedding() == POSITION_ROPE) s.rope_tables = 2 * seq * model.head_dim() * w;
     if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
   }
   s.act_grad = tokens * h * w;

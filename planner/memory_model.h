@@ -74,8 +74,8 @@ struct StepSizes {
   // head over the vocabulary, or a ViT's classifier on its CLS token.
   bool has_head = true;
   bool cpu_ranks = false;            // device tensors live in host RAM
-  // Stage 0/1 without accumulation allocate gradients during backward and
-  // keep them; otherwise produced gradients are temporaries (moved into a
+  // Stage 0 without accumulation allocates gradients during backward and
+  // keeps them; otherwise produced gradients are temporaries (moved into a
   // bucket or added into the resident gradient).
   bool grads_kept_on_production = false;
   ShardLayout shards;
@@ -101,7 +101,7 @@ struct StepSizes {
   // (_release_ipg_buffers). The gradient partition (copy_grads_in_partition)
   // appears at the first bucket reduction -- in backward part
   // grad_partition_from: num_layers the final norm, a block index, -1 the
-  // embedding, kAtEpilogue after backward (always at stage 1), or
+  // embedding, kAtEpilogue after backward when none reaches the rank, or
   // kBeforeForward when accumulation carries it over -- and lives into the
   // step until its flattened fp32 copy exists (_release_preflattened_grad_buffers).
   // Both depend on the rank (sharding.h, FlatPartition).
@@ -151,7 +151,8 @@ struct StepSizes {
   bool head_kept = false;
 
   // Model ends.
-  int64_t step_inputs = 0;           // ids + targets + RoPE cos/sin tables
+  int64_t rope_tables = 0;           // RoPE cos/sin tables, to the end of backward
+  int64_t step_batch = 0;            // ids + targets (a ViT: pixels + labels), through the step
   int64_t embed_saved = 0;           // the embedding dropout's mask: to the embedding's backward
   bool embed_backward = true;        // the embeddings run a backward (not when frozen)
   // Eager attention's additive causal mask [b,1,s,s] (transformers'
@@ -279,6 +280,7 @@ class StepSizer {
     }
   };
   SavedFit saved_, saved_block0_;
+  bool down_input_saved_ = false;    // BlockBackwardTransientBytes
   SavePolicy saves_;
   int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations: linear in b*s
 };

@@ -1,6 +1,7 @@
 #include "planner/model_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -91,7 +92,11 @@ absl::Status ReadSide(const JsonObject& config, absl::string_view key, int64_t* 
     if (sides.size() != 2 || !sides[0].has_number_value() || sides[0].number_value() != sides[1].number_value()) {
       return config.Error(key, "zplan plans square images and patches: give one integer or [n, n]");
     }
-    *out = static_cast<int64_t>(sides[0].number_value());
+    const double side = sides[0].number_value();
+    if (!(side >= 1 && side <= kMaxImageSize && side == std::floor(side))) {
+      return config.Error(key, absl::StrCat(side, " is not a side of 1 .. ", kMaxImageSize, " pixels"));
+    }
+    *out = static_cast<int64_t>(side);
     return absl::OkStatus();
   }
   return ReadInt(config, key, out);
@@ -475,6 +480,8 @@ ModelSpec ResolveModelSpec(ModelSpec spec) {
 }
 
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
+  // A ViT's own fields first: its positions follow from them.
+  if (spec.has_vision()) ZPLAN_RETURN_IF_ERROR(ValidateVision(spec));
   ZPLAN_RETURN_IF_ERROR(CheckFields({
       {"model.num_layers", spec.num_layers(), 1, kMaxLayers, "transformer blocks"},
       {"model.hidden_size", spec.hidden_size(), 1, kMaxHiddenSize, "model width"},
@@ -510,7 +517,6 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     }
   }
   if (spec.has_lora()) ZPLAN_RETURN_IF_ERROR(ValidateLora(spec));
-  if (spec.has_vision()) ZPLAN_RETURN_IF_ERROR(ValidateVision(spec));
   return absl::OkStatus();
 }
 

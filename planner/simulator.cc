@@ -130,7 +130,8 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   };
 
   // Forward.
-  const int ids = r.Alloc(COMPONENT_ACTIVATIONS, s.step_inputs, PHASE_FORWARD, -1, "token ids, targets, RoPE tables");
+  const int batch = r.Alloc(COMPONENT_ACTIVATIONS, s.step_batch, PHASE_FORWARD, -1, "the batch");
+  const int rope = r.Alloc(COMPONENT_ACTIVATIONS, s.rope_tables, PHASE_FORWARD, -1, "RoPE tables");
   const int embed_saved = r.Alloc(COMPONENT_ACTIVATIONS, s.embed_saved, PHASE_FORWARD, -1, "embedding dropout mask");
   const int mask = r.Alloc(COMPONENT_ACTIVATIONS, s.attention_mask, PHASE_FORWARD, -1, "attention mask");
   // Stage 3: gathered parameters kept from their forward to their backward
@@ -309,7 +310,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     if (gather >= 0) r.Free(gather, PHASE_BACKWARD, -1, "embedding released");
   }
   r.Free(act_grad_in, PHASE_BACKWARD, -1, "block input gradient freed");
-  r.Free(ids, PHASE_BACKWARD, -1, "token ids freed");
+  r.Free(rope, PHASE_BACKWARD, -1, "RoPE tables freed");
 
   if (zero12) {
     // The epilogue, then the step on the partition (memory_model.h).
@@ -330,6 +331,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
                              "optimizer step, Adam temporaries");
     r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
     r.Free(fp32, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
+    r.Free(batch, PHASE_OPTIMIZER_STEP, -1, "the batch freed");
     return r.Finish(s);
   }
 
@@ -354,6 +356,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
   r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
   if (s.stage == 0 && s.step_grad_copies == 0) release_grads();
+  r.Free(batch, PHASE_OPTIMIZER_STEP, -1, "the batch freed");
   return r.Finish(s);
 }
 

@@ -298,6 +298,10 @@ INSTANTIATE_TEST_SUITE_P(
                  R"({"model_type": "vit", "image_size": 100})"},
         BadInput{"vit_not_square", Nothing, "image_size: zplan plans square images and patches",
                  R"({"model_type": "vit", "image_size": [224, 160]})"},
+        BadInput{"vit_side_1e300", Nothing, "image_size: 1e+300 is not a side of 1 .. 65536 pixels",
+                 R"({"model_type": "vit", "image_size": [1e300, 1e300]})"},
+        BadInput{"vit_patches_too_many", Nothing, "model.vision: 4294967297 patch tokens is more than",
+                 R"({"model_type": "vit", "image_size": 65536, "patch_size": 1})"},
         BadInput{"vit_quick_gelu", Nothing, "hidden_act: \"quick_gelu\" is not modelled for a ViT",
                  R"({"model_type": "vit", "hidden_act": "quick_gelu"})"}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return std::string(info.param.name); });

@@ -362,14 +362,17 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z3-bf16-attention-dropout-ckpt", llama_dropout, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128,
                     "sdpa", true),
       DeepSpeedCase("z3-bf16-b4-s256-w4", mistral, DsConfig(3, "bf16", 4, 1, "", kSmall3), 4, 256),
-      // ViT (the image fixes the sequence: --seq is its token count).
+      // ViT (the image fixes the sequence: --seq is its token count). Not
+      // yet here: the tiny one at ZeRO-2 with checkpointing, micro-batch 8
+      // (rank 1's plan has its gradient partition one block half earlier
+      // than DeepSpeed: 3-7% above), and at ZeRO-3 with both offloads and
+      // checkpointing (DeepSpeed's own peak moves by 256 KiB between runs).
       DeepSpeedCase("vit-z0-bf16", vit, DsConfig(0, "bf16", 4, 1), 1, 65),
       DeepSpeedCase("vit-z1-fp32-eager", vit, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 65, "eager"),
-      DeepSpeedCase("vit-z2-bf16-ckpt", vit_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 257, "sdpa", true),
+      DeepSpeedCase("vit-z2-bf16-dropout-ckpt", vit_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 257, "sdpa",
+                    true),
       DeepSpeedCase("vit-z2-bf16-dropout-eager", vit_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 257, "eager"),
       DeepSpeedCase("vit-z3-bf16", vit_wide, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 257),
-      DeepSpeedCase("vit-z3-bf16-offload-both-ckpt", vit, DsConfig(3, "bf16", 4, 1, "", With({kSmall3, kOffloadBoth})),
-                    2, 65, "sdpa", true),
       // LoRA on a frozen model (peft).
       WithLora(DeepSpeedCase("lora-z0-bf16-qv", llama, DsConfig(0, "bf16", 2, 1), 1, 256), lora_qv),
       WithLora(DeepSpeedCase("lora-z1-bf16-offload-qv", llama, DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})),

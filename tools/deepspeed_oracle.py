@@ -408,10 +408,9 @@ def run_rank(args):
                 ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
                 batch = {"input_ids": ids, "labels": ids}
             mark(f"micro-step {micro_step}")
-            # As the Trainer's compute_loss: only the loss outlives the forward
-            # (the logits in the model's output are released before backward).
+            # As the Trainer's training_step: the batch and the loss outlive the
+            # forward (the logits in the model's output are released before backward).
             loss = engine(**batch).loss
-            del batch
             mark("loss computed")
             alloc.tag(LOGITS)
             note_phase(f"forward (micro-step {micro_step})")
