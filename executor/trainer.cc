@@ -48,13 +48,19 @@ int64_t HostRss(const char* field) {
   return 0;
 }
 
-// Token batches: deterministic synthetic ids, or windows of a uint16 file.
-class TokenSource {
+// Batches: deterministic synthetic ids, windows of a uint16 token file, or
+// (a ViT) synthetic images N(0, 1) and labels, as tools/deepspeed_oracle.py.
+class BatchSource {
  public:
-  static absl::StatusOr<TokenSource> Open(const std::string& path, int64_t vocab, int64_t seq) {
-    TokenSource source;
-    source.vocab_ = std::max<int64_t>(vocab, 1);
+  static absl::StatusOr<BatchSource> Open(const std::string& path, const ModelSpec& model, int64_t seq) {
+    BatchSource source;
+    source.vocab_ = std::max<int64_t>(model.vocab_size(), 1);
+    source.vision_ = model.vision();
     if (path.empty()) return source;
+    if (model.has_vision()) {
+      return absl::InvalidArgumentError("--data: a ViT trains on synthetic images; token files are for language models");
+    }
+    const int64_t vocab = model.vocab_size();
     ZPLAN_ASSIGN_OR_RETURN(std::vector<uint16_t> ids, ReadTokenFile(path, vocab, seq));
     source.tokens_ = at::empty({static_cast<int64_t>(ids.size())}, at::kShort);
     std::memcpy(source.tokens_.data_ptr(), ids.data(), ids.size() * sizeof(uint16_t));
@@ -62,10 +68,15 @@ class TokenSource {
     return source;
   }
 
-  // ids and targets [b, s], on `device`.
+  // ids and targets [b, s], or fp32 images [b, c, image, image] and labels [b], on `device`.
   std::pair<at::Tensor, at::Tensor> Batch(int64_t b, int64_t s, uint64_t seed, at::Device device) const {
     at::Tensor window;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    if (vision_.num_labels() > 0) {
+      const int64_t side = vision_.image_size();
+      return {at::randn({b, vision_.num_channels(), side, side}, gen, at::TensorOptions().dtype(at::kFloat)).to(device),
+              at::randint(vision_.num_labels(), {b}, gen, at::TensorOptions().dtype(at::kLong)).to(device)};
+    }
     if (tokens_.defined()) {
       const int64_t span = tokens_.numel() - s - 1;  // >= 0 (ReadTokenFile)
       at::Tensor starts = at::randint(std::max<int64_t>(span, 1), {b}, gen, at::TensorOptions().dtype(at::kLong));
@@ -80,6 +91,7 @@ class TokenSource {
 
  private:
   int64_t vocab_ = 1;
+  VisionSpec vision_;  // num_labels 0: not a ViT
   at::Tensor tokens_;
 };
 
@@ -142,7 +154,7 @@ absl::StatusOr<CheckpointShard> LoadCheckpoint(const std::string& dir, int rank)
 // backward is activations, transients are temporaries; from the LM head's
 // logits to their gradient is logits; backward makes temporaries, except a
 // checkpointed block's recompute, which is a forward again.
-BlockHooks AttributedHooks(const BlockHooks& engine, bool checkpointing, int num_layers) {
+BlockHooks AttributedHooks(const BlockHooks& engine, const Checkpointing& checkpointing, int num_layers) {
   BlockHooks h;
   h.before_forward = [engine](int part) {
     if (engine.before_forward) engine.before_forward(part);
@@ -155,7 +167,7 @@ BlockHooks AttributedHooks(const BlockHooks& engine, bool checkpointing, int num
   h.before_logits = [] { SettleForwardPart(COMPONENT_LOGITS); };
   h.before_backward = [engine, checkpointing, num_layers](int part) {
     if (engine.before_backward) engine.before_backward(part);
-    if (checkpointing && part >= 0 && part < num_layers) {
+    if (part >= 0 && part < num_layers && checkpointing.Checkpoints(part)) {
       BeginForwardPart();
     } else {
       SetMemoryTag(COMPONENT_TEMPORARIES);
@@ -191,9 +203,13 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));
   ZPLAN_RETURN_IF_ERROR(model.CheckAttentionKernel(config.seq_length()));
   ZPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine, ZeroEngine::Create(&model, comm, config));
-  ZPLAN_ASSIGN_OR_RETURN(TokenSource data, TokenSource::Open(options.data_path, plan.model().vocab_size(), config.seq_length()));
-  const BlockHooks hooks =
-      AttributedHooks(engine->hooks(), config.activation_checkpointing(), static_cast<int>(plan.model().num_layers()));
+  ZPLAN_ASSIGN_OR_RETURN(BatchSource data, BatchSource::Open(options.data_path, plan.model(), config.seq_length()));
+  // RunConfig.checkpoint_every_n_layers 0 and 1 both mean every block.
+  const Checkpointing checkpointing =
+      config.activation_checkpointing()
+          ? Checkpointing{std::max(1, config.checkpoint_every_n_layers()), config.checkpoint_offload()}
+          : Checkpointing{};
+  const BlockHooks hooks = AttributedHooks(engine->hooks(), checkpointing, static_cast<int>(plan.model().num_layers()));
 
   RankReport report;
   report.set_rank(comm->rank());
@@ -237,7 +253,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       BeginForwardPart();  // RoPE tables live until backward is done
       batch = data.Batch(b, s, seed, device);
-      at::Tensor loss = model.Loss(batch.first, batch.second, config.activation_checkpointing(), hooks);
+      at::Tensor loss = model.Loss(batch.first, batch.second, checkpointing, hooks);
       if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
       if (device.is_cuda()) {
         const at::Tensor value = loss.detach().to(at::kFloat);

@@ -144,9 +144,14 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   // gradients itself, as torch.utils.checkpoint(use_reentrant=True) does.
   // The block's inputs are kept for the recomputation, the eager attention
   // mask too (as torch.utils.checkpoint keeps a checkpointed layer's inputs).
+  // Absent inputs (no RoPE tables, no mask) are passed as nullopt: apply()
+  // records every at::Tensor argument's device. `offload`: the input is kept
+  // as a pinned host copy, brought back for the recomputation, as
+  // save_on_cpu(pin_memory=True) does to what the checkpoint saves (the
+  // block's input: the tables and the mask are shared, measured in place).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
-                            const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& mask,
-                            const BlockHooks* hooks) {
+                            const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
+                            const std::optional<at::Tensor>& mask, const BlockHooks* hooks, bool offload) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["layer"] = layer;
@@ -157,12 +162,15 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
       std::lock_guard<std::mutex> lock(generator.mutex());
       ctx->saved_data["rng_state"] = generator.get_state();
     }  // before the block draws its masks
-    if (mask.has_value()) {
-      ctx->save_for_backward({x, cos, sin, *mask});
-    } else {
-      ctx->save_for_backward({x, cos, sin});
+    const at::Tensor none;
+    at::Tensor kept = x;
+    if (offload) {
+      kept = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(true));
+      kept.copy_(x);
+      ctx->saved_data["device"] = static_cast<int64_t>(x.device().index());
     }
-    return BlockForward(model, static_cast<int>(layer), x, cos, sin, mask.value_or(at::Tensor()));
+    ctx->save_for_backward({kept, cos.value_or(none), sin.value_or(none), mask.value_or(none)});
+    return BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none), mask.value_or(none));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 
@@ -192,14 +200,19 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   const auto* model = reinterpret_cast<const Transformer*>(ctx->saved_data["model"].toInt());
   const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
   const int layer = static_cast<int>(ctx->saved_data["layer"].toInt());
-  at::Tensor x = saved[0].detach().requires_grad_(true);
+  auto offloaded = ctx->saved_data.find("device");
+  at::Tensor x = offloaded == ctx->saved_data.end()
+                     ? saved[0].detach()
+                     : saved[0].to(at::Device(at::kCUDA, static_cast<at::DeviceIndex>(offloaded->second.toInt())),
+                                   /*non_blocking=*/true);
+  x.requires_grad_(true);
   if (hooks != nullptr && hooks->active()) hooks->before_backward(layer);
   at::Tensor y;
   {
     at::AutoGradMode enable(true);
     auto stashed = ctx->saved_data.find("rng_state");
     if (stashed == ctx->saved_data.end()) {
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved.size() > 3 ? saved[3] : at::Tensor());
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3]);
     } else {
       // Replay the forward's random stream, then continue the current one
       // (the lock only around the swaps: dropout takes it too).
@@ -210,7 +223,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
         current = generator.get_state();
         generator.set_state(stashed->second.toTensor());
       }
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved.size() > 3 ? saved[3] : at::Tensor());
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3]);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(current);
     }
@@ -218,7 +231,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   if (hooks != nullptr && hooks->after_recompute) hooks->after_recompute(layer);
   torch::autograd::backward({y}, {grads[0]});
   if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
-  return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 }
 
 }  // namespace
@@ -285,7 +298,7 @@ absl::Status Transformer::CheckAttentionKernel(int64_t seq_length) const {
   const at::Tensor q = at::empty({1, a, seq_length, d}, options);
   const at::Tensor kv_tensor = at::empty({1, kv, seq_length, d}, options);
   const auto chosen = static_cast<at::SDPBackend>(at::_fused_sdp_choice(
-      q, kv_tensor, kv_tensor, /*attn_mask=*/{}, spec_.attention_dropout(), /*is_causal=*/true,
+      q, kv_tensor, kv_tensor, /*attn_mask=*/{}, spec_.attention_dropout(), /*is_causal=*/!spec_.has_vision(),
       /*scale=*/std::nullopt, /*enable_gqa=*/kv != a));
   const bool planned_math =
       SdpaRunsMath(spec_, device_.is_cuda() ? KernelDevice::kCuda : KernelDevice::kCpu);
@@ -359,7 +372,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     // (GPT-2) softmax in the working dtype.
     const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
     at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(d)));
-    scores = scores + mask;
+    if (mask.defined()) scores = scores + mask;  // a ViT has none
     at::Tensor probs = spec_.eager_softmax_in_working_dtype()
                            ? at::softmax(scores, -1)
                            : at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
@@ -367,7 +380,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
     attn = at::matmul(probs, vv);
   } else {
-    attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true,
+    attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/!spec_.has_vision(),
                                             /*scale=*/std::nullopt, /*enable_gqa=*/kv != a);
   }
   at::Tensor out = linear(attn.transpose(1, 2).reshape({b, s, a * d}), p + "attn.o_proj", spec_.attention_out_bias());
@@ -390,7 +403,8 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
       constexpr double kSqrt2OverPi = 0.7978845608028654;
       act = (up * 0.5) * (1.0 + at::tanh((up + at::pow(up, 3.0) * 0.044715) * kSqrt2OverPi));
     } else {
-      act = at::gelu(up, "tanh");
+      // One op either way (the same memory): ViTIntermediate's GELU is exact.
+      act = at::gelu(up, spec_.has_vision() ? "none" : "tanh");
     }
     mlp = linear(act, p + "mlp.down_proj", mlp_bias);
   }
@@ -398,13 +412,15 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   return h + mlp;
 }
 
-at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, bool checkpointing,
+at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
                              const BlockHooks& hooks) const {
-  const int64_t b = ids.size(0), s = ids.size(1), h = spec_.hidden_size(), d = spec_.head_dim();
+  const bool vision = spec_.has_vision();
+  const int64_t b = inputs.size(0), s = vision ? VisionTokens(spec_) : inputs.size(1);
+  const int64_t h = spec_.hidden_size(), d = spec_.head_dim();
   const auto options = at::TensorOptions().device(device_);
   // Rotary tables [s, d] in the working dtype, shared by every layer.
   at::Tensor cos, sin;
-  {
+  if (spec_.position_embedding() == POSITION_ROPE) {
     at::NoGradGuard no_grad;
     const at::Tensor inv_freq =
         at::pow(kRopeTheta, at::arange(0, d, 2, options.dtype(at::kFloat)).div(static_cast<double>(d))).reciprocal();
@@ -415,22 +431,34 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   }
   at::Tensor x;
   if (hooks.active()) hooks.before_forward(-1);
-  if (spec_.vocab_size() > 0) {
-    x = at::embedding(Param("embed_tokens.weight"), ids);
+  if (vision) {
+    // ViTModel casts the pixels to the projection's dtype (the Conv2d keeps
+    // the cast); ViTEmbeddings puts the CLS token before the flattened
+    // patches and adds the learned positions.
+    const int64_t p = spec_.vision().patch_size();
+    const at::Tensor patches = at::conv2d(inputs.to(dtype_), Param("embed_patches.projection.weight"),
+                                          Param("embed_patches.projection.bias"), {p, p})
+                                   .flatten(2)
+                                   .transpose(1, 2);
+    x = at::cat({Param("embed_patches.cls_token").expand({b, -1, -1}), patches}, 1) +
+        Param("embed_patches.position_embeddings");
+  } else if (spec_.vocab_size() > 0) {
+    x = at::embedding(Param("embed_tokens.weight"), inputs);
   } else {
     // Continuous inputs (e.g. patch embeddings); requires_grad so that
     // checkpointed blocks still run their backward.
     x = at::full({b, s, h}, 0.01, options.dtype(dtype_)).requires_grad_(true);
   }
-  if (spec_.position_embedding() == POSITION_LEARNED) {
+  if (spec_.position_embedding() == POSITION_LEARNED && !vision) {
     x = x + at::embedding(Param("embed_positions.weight"), at::arange(s, options.dtype(at::kLong)));
   }
   if (spec_.embedding_dropout() > 0) x = at::dropout(x, spec_.embedding_dropout(), /*train=*/true);
   // Eager attention's additive causal mask [b, 1, s, s] in the working dtype
   // (transformers' eager_mask), alive until the blocks and final norm are
-  // done, or, with checkpointing, until the last recomputation.
+  // done, or, with checkpointing, until the last recomputation. A ViT
+  // attends everywhere, without one.
   at::Tensor mask;
-  if (spec_.attention_impl() == ATTENTION_EAGER) {
+  if (spec_.attention_impl() == ATTENTION_EAGER && !vision) {
     at::NoGradGuard no_grad;
     mask = at::full({b, 1, s, s}, -std::numeric_limits<float>::infinity(), options.dtype(dtype_)).triu_(1);
   }
@@ -443,12 +471,13 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
   // transformers' activation_checkpointing_enable: a frozen embedding's
   // output is made to require grad (enable_input_require_grads), or
   // checkpointed blocks would give their LoRA adapters no gradient.
-  if (checkpointing && !x.requires_grad()) x.requires_grad_(true);
+  if (checkpointing.every > 0 && !x.requires_grad()) x.requires_grad_(true);
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     if (hooks.active()) hooks.before_forward(layer);
-    if (checkpointing) {
-      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), cos, sin,
-                                   mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, &hooks);
+    if (checkpointing.Checkpoints(layer)) {
+      auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), given(cos), given(sin), given(mask), &hooks,
+                                   checkpointing.offload && device_.is_cuda());
     } else if (hooks.active()) {
       x = AfterBackward::apply(x, &hooks, layer);
       x = BeforeBackward::apply(Block(layer, x, cos, sin, mask), &hooks, layer);
@@ -468,6 +497,16 @@ at::Tensor Transformer::Loss(const at::Tensor& ids, const at::Tensor& targets, b
                                     : HfRmsNorm(x, Param("final_norm.weight"));
   x.reset();
   mask.reset();
+  if (vision) {
+    // ViTForImageClassification: the classifier reads the CLS token's view
+    // of the final norm's output (so it keeps all of it) and the loss is
+    // taken in the logits' dtype (fixed_cross_entropy); DeepSpeed's backward
+    // takes loss.float().
+    if (hooks.before_logits) hooks.before_logits();
+    at::Tensor logits = Linear(final_norm.select(1, 0), "classifier", /*bias=*/true);
+    if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
+    return at::cross_entropy_loss(logits, targets).to(at::kFloat);
+  }
   if (spec_.vocab_size() == 0) {
     at::Tensor out = final_norm;
     if (hooks.active()) out = BeforeBackward::apply(out, &hooks, head_part);

@@ -1,5 +1,6 @@
 // File: transformer.h
-// The decoder-only transformer of a ModelSpec, in ATen, for zrun.
+// The transformer of a ModelSpec, in ATen, for zrun: a decoder-only
+// language model, or (ModelSpec.vision) transformers' ViTForImageClassification.
 //
 // Parameters are created in the planner's inventory order with the same names
 // and shapes (planner/inventory.h); CheckAgainstInventory() proves it before
@@ -12,15 +13,17 @@
 // activation inventory lists, no more: RMSNorm is a custom function saving
 // its input and fp32 rstd; RoPE multiplies by constant tables; SDPA or eager
 // attention; the LM head's working-dtype logits are released before the fp32
-// log-softmax. With checkpointing each block keeps only its input and is
-// recomputed in backward. With LoRA (ModelSpec.lora) the base parameters
+// log-softmax. A ViT embeds its image with the patch Conv2d, the CLS token
+// and learned positions, attends bidirectionally and classifies from the
+// CLS token. A checkpointed block keeps only its input (in pinned host
+// memory when offloaded) and is recomputed in backward. With LoRA (ModelSpec.lora) the base parameters
 // are frozen (no requires_grad) and each targeted linear adds
 // lora_B(lora_A(dropout(x))) * alpha / r as peft does, in the adapters'
 // dtype; what frozen linears keep follows the plan's SavePolicy.
 //
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(Transformer model, Transformer::Create(spec, at::kBFloat16, 1234, at::kCPU));
-//   at::Tensor loss = model.Loss(ids, targets, /*checkpointing=*/false);
+//   at::Tensor loss = model.Loss(ids, targets, /*checkpointing=*/{});
 //   loss.backward();
 #ifndef ZPLAN_EXECUTOR_TRANSFORMER_H_
 #define ZPLAN_EXECUTOR_TRANSFORMER_H_
@@ -57,6 +60,17 @@ struct BlockHooks {
   bool active() const { return static_cast<bool>(before_forward); }
 };
 
+// Activation checkpointing as transformers' activation_checkpointing_enable
+// (every_n_layers, offload) sets it up: blocks whose index is a multiple of
+// `every` are checkpointed (0: none); `offload` keeps their inputs in pinned
+// host memory (torch.autograd.graph.save_on_cpu) on a CUDA device, and is
+// moot on a CPU rank, whose host memory is its device memory.
+struct Checkpointing {
+  int every = 0;
+  bool offload = false;
+  bool Checkpoints(int layer) const { return every > 0 && layer % every == 0; }
+};
+
 class Transformer {
  public:
   friend struct TransformerBridge;
@@ -87,11 +101,12 @@ class Transformer {
   // differs from the inventory, or a count mismatch.
   absl::Status CheckAgainstInventory(const std::vector<TensorSpec>& inventory) const;
 
-  // Mean next-token cross-entropy (fp32 scalar) of ids [b, s] against
-  // targets [b, s] (int64). Without a vocabulary (vocab_size 0) ids are
-  // ignored and the model runs on deterministic inputs; the loss is the mean
-  // square of the final norm's output.
-  at::Tensor Loss(const at::Tensor& ids, const at::Tensor& targets, bool checkpointing,
+  // Mean next-token cross-entropy (fp32 scalar) of `inputs`, ids [b, s],
+  // against targets [b, s] (int64). A ViT: the cross-entropy of fp32 images
+  // [b, channels, image, image] against labels [b] (int64). Without either
+  // (vocab_size 0) the inputs' values are ignored and the model runs on
+  // deterministic ones; the loss is the mean square of the final norm's output.
+  at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
                   const BlockHooks& hooks = {}) const;
 
   // The SDPA kernel ATen will pick for this model's attention at

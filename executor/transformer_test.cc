@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/strings/str_cat.h"
 #include "executor/counting_allocator.h"
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
@@ -17,7 +18,7 @@ namespace zplan {
 namespace {
 
 struct Batch {
-  at::Tensor ids, targets;
+  at::Tensor ids, targets;  // a ViT: images and labels
 };
 
 Batch MakeBatch(const ModelSpec& spec, int64_t b, int64_t s) {
@@ -41,8 +42,38 @@ TEST(TransformerTest, ParametersMatchTheInventory) {
   }
 }
 
+// The loss of `batch` near `expected_loss` at initialisation, a gradient for
+// every parameter, and the same loss and gradients when every block, or
+// every 2nd (blocks 0, 2, ... recomputed, the rest not), is checkpointed.
+// With dropout the recomputation must replay the forward's masks.
+void ExpectCheckpointingMatches(Transformer& model, const Batch& batch, double expected_loss,
+                                const std::string& what) {
+  at::manual_seed(11);
+  at::Tensor loss = model.Loss(batch.ids, batch.targets, {});
+  EXPECT_NEAR(loss.item<double>(), expected_loss, 0.3) << what;
+  loss.backward();
+  std::vector<at::Tensor> grads;
+  for (auto& [name, p] : model.mutable_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << what << " " << name;
+    EXPECT_GT(p.grad().abs().sum().item<double>(), 0) << what << " " << name;
+    grads.push_back(p.grad().clone());
+    p.mutable_grad() = at::Tensor();
+  }
+  for (const int every : {1, 2}) {
+    at::manual_seed(11);
+    at::Tensor loss_ckpt = model.Loss(batch.ids, batch.targets, Checkpointing{every});
+    EXPECT_DOUBLE_EQ(loss_ckpt.item<double>(), loss.item<double>()) << what << " every " << every;
+    loss_ckpt.backward();
+    size_t i = 0;
+    for (auto& [name, p] : model.mutable_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << what << " " << name;
+      EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << what << " " << name << " every " << every;
+      p.mutable_grad() = at::Tensor();
+    }
+  }
+}
+
 TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
-  // With dropout, the recomputation must replay the forward's masks.
   for (const double dropout : {0.0, 0.2}) {
     auto spec = LoadPreset("debug-tiny");
     spec->set_attention_dropout(dropout);
@@ -50,26 +81,32 @@ TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
     spec->set_embedding_dropout(dropout);
     auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
     ASSERT_TRUE(model.ok());
-    const Batch batch = MakeBatch(*spec, 2, 32);
-    at::manual_seed(11);
-    at::Tensor loss = model->Loss(batch.ids, batch.targets, false);
-    EXPECT_NEAR(loss.item<double>(), std::log(2048.0), 0.2);
-    loss.backward();
-    std::vector<at::Tensor> grads;
-    for (auto& [name, p] : model->mutable_parameters()) {
-      grads.push_back(p.grad().clone());
-      p.mutable_grad() = at::Tensor();
-    }
-    at::manual_seed(11);
-    at::Tensor loss_ckpt = model->Loss(batch.ids, batch.targets, true);
-    EXPECT_DOUBLE_EQ(loss_ckpt.item<double>(), loss.item<double>());
-    loss_ckpt.backward();
-    size_t i = 0;
-    for (auto& [name, p] : model->mutable_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << name;
-      EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << name << " dropout " << dropout;
-    }
+    ExpectCheckpointingMatches(*model, MakeBatch(*spec, 2, 32), std::log(2048.0),
+                               absl::StrCat("dropout ", dropout));
   }
+}
+
+// transformers' ViTForImageClassification, small: 4x4 patches of 16x16
+// images (17 tokens), 5 labels, dropout at every site.
+constexpr char kVitConfig[] = R"({"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "intermediate_size": 128, "image_size": 16, "patch_size": 4, "num_labels": 5,
+  "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1})";
+
+Batch MakeImages(const ModelSpec& spec, int64_t b) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const VisionSpec& v = spec.vision();
+  return {at::randn({b, v.num_channels(), v.image_size(), v.image_size()}, gen),
+          at::randint(v.num_labels(), {b}, gen, at::TensorOptions().dtype(at::kLong))};
+}
+
+TEST(TransformerTest, VitTrainsEveryParameterAndCheckpointingMatches) {
+  auto spec = ModelSpecFromHfConfig(kVitConfig, "vit.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(model->CheckAgainstInventory(ParameterInventory(*spec)).ok());
+  EXPECT_TRUE(model->CheckAttentionKernel(VisionTokens(*spec)).ok());
+  ExpectCheckpointingMatches(*model, MakeImages(*spec, 4), std::log(5.0), "ViT");  // the CLS token and positions too
 }
 
 TEST(TransformerTest, AttentionKernelMustBeThePlannedOne) {
@@ -145,7 +182,7 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     const DType dtype = c.dtype == at::kFloat ? DTYPE_FP32 : DTYPE_BF16;
     const Batch batch = MakeBatch(*spec, b, s);
     const int64_t before = GetCpuMemoryStats().current_bytes;
-    at::Tensor loss = model->Loss(batch.ids, batch.targets, false);
+    at::Tensor loss = model->Loss(batch.ids, batch.targets, {});
     const int64_t kept = GetCpuMemoryStats().current_bytes - before;
     int64_t planned = 0;
     for (int layer = 0; layer < spec->num_layers(); ++layer) {
@@ -153,7 +190,7 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
         planned += TensorBytes(t);
       }
     }
-    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, dtype, saves)) planned += TensorBytes(t);
+    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, dtype, KernelDevice::kCpu, saves)) planned += TensorBytes(t);
     for (const TensorSpec& t : EmbeddingSavedActivations(*spec, b, s, dtype, KernelDevice::kCpu)) {
       planned += TensorBytes(t);
     }
@@ -164,6 +201,50 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
                 c.zero3_init ? " zero3-init" : "", static_cast<long long>(kept), static_cast<long long>(planned),
                 100.0 * (kept - planned) / planned);
     // The rest is the loss scalar and nll's total weight.
+    EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);
+  }
+}
+
+// The same for a ViT: the pixels' working-dtype cast, the blocks, the final
+// norm's whole output (the classifier reads its CLS view) and the
+// log-softmax of [b, labels] in the logits' dtype.
+TEST(TransformerTest, VitSavedActivationsMatchThePlannerInventory) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  struct Case {
+    AttentionImpl attention;
+    at::ScalarType dtype;
+    double dropout;
+  };
+  for (const Case& c : std::vector<Case>{{ATTENTION_SDPA, at::kFloat, 0},
+                                         {ATTENTION_SDPA, at::kBFloat16, 0},
+                                         {ATTENTION_EAGER, at::kBFloat16, 0},
+                                         {ATTENTION_EAGER, at::kFloat, 0.1},
+                                         {ATTENTION_SDPA, at::kBFloat16, 0.1}}) {
+    auto spec = ModelSpecFromHfConfig(kVitConfig, "vit.json");
+    spec->set_attention_impl(c.attention);
+    spec->set_attention_dropout(c.dropout);
+    spec->set_residual_dropout(c.dropout);
+    spec->set_embedding_dropout(c.dropout);
+    auto model = Transformer::Create(*spec, c.dtype, 1, at::kCPU);
+    const int64_t b = 4, s = VisionTokens(*spec), w = c.dtype == at::kFloat ? 4 : 2;
+    const DType dtype = c.dtype == at::kFloat ? DTYPE_FP32 : DTYPE_BF16;
+    const Batch batch = MakeImages(*spec, b);
+    const int64_t before = GetCpuMemoryStats().current_bytes;
+    at::Tensor loss = model->Loss(batch.ids, batch.targets, {});
+    const int64_t kept = GetCpuMemoryStats().current_bytes - before;
+    int64_t planned = b * spec->vision().num_labels() * w;  // log-softmax output
+    for (int layer = 0; layer < spec->num_layers(); ++layer) {
+      for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, dtype, layer, KernelDevice::kCpu, {})) {
+        planned += TensorBytes(t);
+      }
+    }
+    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, dtype, KernelDevice::kCpu)) planned += TensorBytes(t);
+    for (const TensorSpec& t : EmbeddingSavedActivations(*spec, b, s, dtype, KernelDevice::kCpu)) {
+      planned += TensorBytes(t);
+    }
+    std::printf("ViT attention %d dtype %s dropout %.1f: kept %lld bytes, planner %lld (%.2f%%)\n", c.attention,
+                c10::toString(c.dtype), c.dropout, static_cast<long long>(kept), static_cast<long long>(planned),
+                100.0 * (kept - planned) / planned);
     EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);
   }
 }

@@ -446,10 +446,12 @@ void ZeroEngine::EnsureGradPartition() {
   if (grad_shard_.defined()) return;
   // Stages 1/2: the partition appears at the first reduction that reaches
   // this rank's shard (stage_1_and_2.py, copy_grads_in_partition), or the
-  // stage-1 epilogue; the owned elements are its first owned_numel_.
+  // stage-1 epilogue; the owned elements are its first owned_numel_ (a
+  // shard padded past the model's end, at most kFlatAlignmentElements * world
+  // elements, takes its padding too).
   ScopedMemoryTag tag(COMPONENT_GRADS);
-  grad_shard_ =
-      at::zeros({partition_numel_}, at::TensorOptions().dtype(dtype_).device(device_)).narrow(0, 0, owned_numel_);
+  grad_shard_ = at::zeros({std::max(partition_numel_, owned_numel_)}, at::TensorOptions().dtype(dtype_).device(device_))
+                    .narrow(0, 0, owned_numel_);
 }
 
 absl::Status ZeroEngine::ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill) {
@@ -486,10 +488,11 @@ void ZeroEngine::OnGradReady(size_t index) {
   // stream, behind the compute that made the gradient.
   OffloadStreamScope offload_stream(device_, offload_);
   if (stage_ < 3) AllocateBuckets();  // stages 1/2: at the backward's first gradient (setup_buckets)
-  if (stage_ == 1 && micro_step_ + 1 < config_.gradient_accumulation_steps()) {
-    // Stage 1 reduces at the accumulation boundary only, then as stage 2
-    // (stage_1_and_2.py, reduce_ready_partitions_and_remove_grads); before
-    // it the gradient accumulates as .grad.
+  if (stage_ == 1 && (!config_.zero().overlap_comm() || micro_step_ + 1 < config_.gradient_accumulation_steps())) {
+    // Stage 1 reduces in the hook only with overlap_comm, at the
+    // accumulation boundary, then as stage 2 (stage_1_and_2.py,
+    // process_gradients); otherwise the gradient stays (accumulates) as
+    // .grad until FinishBackward.
     const at::Tensor& grad = slots_[index].param.grad();
     if (grad.defined()) TagAllocation(grad.storage().data(), COMPONENT_GRADS);
     return;
@@ -552,18 +555,20 @@ absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
   }
   if (stage_ >= 1) {
     OffloadStreamScope offload_stream(device_, offload_);
+    if (stage_ == 1 && !config_.zero().overlap_comm() && last_micro_step) {
+      // reduce_gradients: every kept gradient, in parameter order, through the bucket.
+      for (size_t i = 0; i < slots_.size() && hook_status_.ok(); ++i) ReduceThroughBucket(i);
+      ZPLAN_RETURN_IF_ERROR(hook_status_);
+    }
     absl::Status status = FlushBucket();
     buckets_.clear();  // _release_ipg_buffers
     current_bucket_ = 0;
     return status;
   }
   if (!last_micro_step) return absl::OkStatus();
-  // Stage 0: all-reduce every gradient through one flat bucket, in order.
+  // Stage 0 (never offloaded, Create): all-reduce every gradient through
+  // one flat bucket, in order.
   at::NoGradGuard no_grad;
-  OffloadStreamScope offload_stream(device_, offload_);
-  if (offload_) {
-    for (const Slot& slot : slots_) OffloadStreamScope::Retain(slot.param.grad());
-  }
   const int64_t total = flat_params_.numel();
   const int64_t capacity = std::min(config_.zero().reduce_bucket_elements(), total);
   at::Tensor bucket = at::empty({capacity}, flat_params_.options());

@@ -9,8 +9,10 @@
 //   stage 1  as stage 0, but master and Adam states only for this rank's
 //            shard of the flat buffer (sharding.h's padding rule); gradients
 //            accumulate as .grad until the accumulation boundary, whose
-//            backward reduces them as stage 2 does; updated shards are
-//            all-gathered back into the flat parameters.
+//            backward reduces them as stage 2 does with overlap_comm, or
+//            (its default) after which they go through the IPG bucket in
+//            parameter order; updated shards are all-gathered back into the
+//            flat parameters.
 //   stage 2  as stage 1, but gradients leave every backward as they are
 //            produced: each is copied into an IPG bucket, its .grad freed,
 //            and full buckets are reduced into the partition, made at the

@@ -419,21 +419,6 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
         options.plan_path, ": model.lora: zrun trains LoRA at ZeRO stages 0-2 only so far; plan a lower stage to "
         "run it, or check the stage-3 plan against DeepSpeed with tools/deepspeed_oracle.py --lora-config"));
   }
-  const RunConfig& run = plan.config();
-  if (status.ok() && run.activation_checkpointing() && (run.checkpoint_every_n_layers() > 1 || run.checkpoint_offload())) {
-    // Planned after transformers' activation_checkpointing_enable and measured
-    // there (docs/deepspeed_model.md); zrun's model checkpoints every block.
-    status = absl::FailedPreconditionError(absl::StrCat(
-        options.plan_path, ": config.checkpoint_every_n_layers / checkpoint_offload: zrun checkpoints every block on "
-        "the device so far; plan without --checkpoint-every and --checkpoint-offload to run it"));
-  }
-  if (status.ok() && plan.model().has_vision()) {
-    // Planned after transformers' ViTForImageClassification and checked
-    // against it under DeepSpeed (docs/deepspeed_agreement.md).
-    status = absl::FailedPreconditionError(absl::StrCat(
-        options.plan_path, ": model.vision: zrun does not train a ViT yet; check the plan against DeepSpeed with "
-        "tools/deepspeed_oracle.py --hf-config <the ViT's config.json>"));
-  }
   if (!status.ok()) {
     err << "zrun: " << status.message() << "\n";
     return kExitBadInput;

@@ -181,19 +181,23 @@ bool BaseWeightsTrain(const ModelSpec& spec) { return !spec.has_lora(); }
 // its input requires grad; RMSNorm's `weight * normalized` keeps the
 // normalized input only for a weight that trains.
 void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, DType dtype,
-                     int layer, std::vector<TensorSpec>* out) {
+                     KernelDevice device, int layer, std::vector<TensorSpec>* out) {
   const std::vector<int64_t> rows(shape.begin(), shape.end() - 1);
   auto act = [&](const std::string& suffix, const std::vector<int64_t>& dims, DType t) {
     out->push_back(Make(name + suffix, dims, t, ROLE_ACTIVATION, layer));
   };
   if (spec.norm_type() == NORM_LAYERNORM) {
+    // ATen's layer_norm keeps mean and rstd in the input's dtype on the CPU
+    // (layer_norm_cpu), in fp32 on CUDA (the accumulate type).
+    const DType stats = device == KernelDevice::kCpu ? dtype : DTYPE_FP32;
     act(".input", shape, dtype);
-    act(".mean", rows, DTYPE_FP32);
+    act(".mean", rows, stats);
+    act(".rstd", rows, stats);
   } else {
     act(".input_fp32", shape, DTYPE_FP32);
     if (BaseWeightsTrain(spec)) act(".normalized", shape, dtype);
+    act(".rstd", rows, DTYPE_FP32);  // HF RMSNorm computes it in fp32
   }
-  act(".rstd", rows, DTYPE_FP32);
 }
 
 }  // namespace
@@ -255,7 +259,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     out.push_back(Make(p + "." + name, std::move(shape), t, ROLE_ACTIVATION, layer));
   };
   auto norm = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    AppendNormSaved(spec, p + "." + name, shape, dtype, layer, &out);
+    AppendNormSaved(spec, p + "." + name, shape, dtype, device, layer, &out);
   };
   const bool lora = spec.has_lora();
   const DType adapter = saves.adapter_dtype == DTYPE_UNSPECIFIED ? dtype : saves.adapter_dtype;
@@ -385,10 +389,11 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
 }
 
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
+                                                  KernelDevice device,
                                                   const SavePolicy& saves) {
   std::vector<TensorSpec> out;
   const int64_t h = spec.hidden_size();
-  AppendNormSaved(spec, "final_norm", {b, s, h}, dtype, -1, &out);
+  AppendNormSaved(spec, "final_norm", {b, s, h}, dtype, device, -1, &out);
   // The LM head keeps its input for its own gradient, or always (LinearSaves).
   if (BaseWeightsTrain(spec) || saves.linear == LinearSaves::kAlways) {
     out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));

@@ -124,7 +124,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
 // The final norm's saved tensors (as a block's norms save) and its output,
 // which the LM head keeps (LinearSaves); layer -1.
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
-                                                  DType dtype, const SavePolicy& saves = {});
+                                                  DType dtype, KernelDevice device, const SavePolicy& saves = {});
 
 // What the embedding output saves until the embedding's backward: the
 // embedding dropout's mask (GPT-2's embd_pdrop; a ViT's hidden_dropout_prob)

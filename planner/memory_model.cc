@@ -252,11 +252,17 @@ Moment BestMoment(const StepSizes& s) {
     mlp[kBuffers] += ipg_in(i, false);
     mlp[kTemps] += s.block_bwd_mlp_transient;
     if (s.grads_kept_on_production) {
-      mlp[kGrads] += s.block_grads_mlp;
+      mlp[kGrads] += s.block_grads_down;  // the rest come once down_proj's input gradient is freed
     } else {
       mlp[kTemps] += s.block_max_mlp_grad;
     }
     consider(mlp, "backward, layer %d, MLP gradients", i);
+    if (s.grads_kept_on_production) {
+      Live rest = mlp;
+      rest[kTemps] -= s.block_bwd_mlp_transient;
+      rest[kGrads] += s.block_grads_mlp - s.block_grads_down;
+      consider(rest, "backward, layer %d, MLP gradients", i);
+    }
     Live attention = l;
     attention[kGrads] += partition_at(i) - partition_mlp;
     attention[kBuffers] += ipg_in(i, true);
@@ -299,7 +305,7 @@ Moment BestMoment(const StepSizes& s) {
     // works on the partition alone.
     Live epilogue = after;
     epilogue[kBuffers] += ipg_in(-1, false);
-    epilogue[kGrads] += s.grad_partition;
+    epilogue[kGrads] += s.grad_partition - s.epilogue_moved_grads;
     consider(epilogue, "backward epilogue, gradient partition");
     Live step = Resident(s);
     step[kActivations] += s.step_batch;
@@ -481,10 +487,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     return absl::InvalidArgumentError(
         "zero.offload_optimizer (--offload-optimizer): optimizer offload needs ZeRO stage >= 1");
   }
-  // Stage 1 reduces at the accumulation boundary through the IPG buckets as
-  // stage 2 does (stage_1_and_2.py, reduce_ready_partitions_and_remove_grads):
-  // only stage 0 keeps what it produces.
-  s.grads_kept_on_production = s.stage == 0 && s.grad_accum == 1;
+  // Stage 1 reduces in its gradient hooks only with overlap_comm, and then
+  // only at the accumulation boundary (stage_1_and_2.py, process_gradients);
+  // without it the gradients stay until reduce_gradients after backward.
+  const bool stage1_epilogue = s.stage == 1 && !zero.overlap_comm();
+  s.grads_kept_on_production = (s.stage == 0 || stage1_epilogue) && s.grad_accum == 1;
 
   const DType dtype = WorkingDtype(config.precision());
   const int64_t w = DTypeBytes(dtype);
@@ -537,6 +544,17 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     const int64_t buckets = zero.overlap_comm() && s.stage < 3 ? 2 : 1;
     (s.stage == 3 ? s.buckets_resident : s.ipg_buckets) = zero.reduce_bucket_elements() * w * buckets;
     s.buckets_touched = std::min(zero.reduce_bucket_elements(), trained) * w * buckets;
+    if (stage1_epilogue) {
+      // The gradients that fill the bucket before the first reduction
+      // (reduce_independent_p_g_buckets_and_remove_grads reduces when the
+      // next one would overflow it).
+      int64_t moved = 0;
+      for (const TensorSpec& t : trainable) {
+        if (moved + NumElements(t) > zero.reduce_bucket_elements()) break;
+        moved += NumElements(t);
+      }
+      s.epilogue_moved_grads = moved * w;
+    }
   }
   const bool host_accumulation = s.stage == 2 && s.offload_optimizer && s.grad_accum > 1;
   if (((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) || host_accumulation) {
@@ -544,6 +562,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     std::vector<PartitionStart> from(partitions.size());
     if (s.stage == 2 && s.grad_accum > 1) {
       from.assign(partitions.size(), PartitionStart{s.kBeforeForward()});
+    } else if (stage1_epilogue) {
+      from.assign(partitions.size(), PartitionStart{StepSizes::kAtEpilogue});
     } else {
       from = FirstReductionPartByRank(trainable, partitions, s.num_layers, zero.reduce_bucket_elements());
     }
@@ -582,12 +602,13 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
 
   // Blocks: gradients of the trainable parameters, gathers of all.
   const std::vector<TensorSpec> block_params = BlockParameters(model, 0);
-  int64_t block_param_elements = 0, mlp_elements = 0, largest_mlp = 0, largest_attn = 0;
+  int64_t block_param_elements = 0, mlp_elements = 0, down_elements = 0, largest_mlp = 0, largest_attn = 0;
   for (const TensorSpec& t : block_params) {
     if (t.frozen()) continue;
     block_param_elements += NumElements(t);
     if (IsMlpTensor(t)) {
       mlp_elements += NumElements(t);
+      if (absl::StrContains(t.name(), ".mlp.down_proj")) down_elements += NumElements(t);
       largest_mlp = std::max(largest_mlp, NumElements(t));
     } else {
       largest_attn = std::max(largest_attn, NumElements(t));
@@ -620,9 +641,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 1, device, saves)) {
     sizer.down_input_saved_ = sizer.down_input_saved_ || absl::EndsWith(t.name(), down_input);
   }
-  sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype, saves));
+  sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype, device, saves));
   s.block_grads = block_param_elements * w;
   s.block_grads_mlp = mlp_elements * w;
+  s.block_grads_down = down_elements * w;
   s.block_max_mlp_grad = largest_mlp * w;
   s.block_max_attn_grad = largest_attn * w;
   if (s.stage == 3 && s.world_size > 1) {

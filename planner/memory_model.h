@@ -74,10 +74,16 @@ struct StepSizes {
   // head over the vocabulary, or a ViT's classifier on its CLS token.
   bool has_head = true;
   bool cpu_ranks = false;            // device tensors live in host RAM
-  // Stage 0 without accumulation allocates gradients during backward and
-  // keeps them; otherwise produced gradients are temporaries (moved into a
-  // bucket or added into the resident gradient).
+  // Stage 0, and stage 1 without overlap_comm, without accumulation
+  // allocate gradients during backward and keep them; otherwise produced
+  // gradients are temporaries (moved into a bucket or added into the
+  // resident gradient).
   bool grads_kept_on_production = false;
+  // Stage 1 without overlap_comm moves the kept (or accumulated) gradients
+  // into the IPG bucket in parameter order after backward
+  // (stage_1_and_2.py, reduce_gradients), freeing each; these bytes of them
+  // are gone when the first full bucket makes the partition.
+  int64_t epilogue_moved_grads = 0;
   ShardLayout shards;
 
   // Resident for the whole step (device).
@@ -136,6 +142,7 @@ struct StepSizes {
   int64_t block_bwd_attn_transient = 0;  // attention half's
   int64_t block_grads = 0;           // all block parameters, working dtype
   int64_t block_grads_mlp = 0;       // of which the MLP half's
+  int64_t block_grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
   int64_t block_max_mlp_grad = 0;    // largest single parameter of each half
   int64_t block_max_attn_grad = 0;
   int64_t block_gather = 0;          // stage 3: gathered block + prefetch

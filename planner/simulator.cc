@@ -257,12 +257,16 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     const int mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
     buckets_at(i, false, i, mlp);
     if (kept) {
-      kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_mlp, PHASE_BACKWARD, i, mlp));
+      kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp));
     } else {
       const int g = r.Alloc(COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
       r.Free(g, PHASE_BACKWARD, i, layer + ", MLP weight gradients into reduce bucket");
     }
     r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", MLP activation gradients freed");
+    if (kept) {
+      kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i,
+                                   layer + ", MLP gradients before down_proj's"));
+    }
     if (recomputed_mlp >= 0) r.Free(recomputed_mlp, PHASE_BACKWARD, i, layer + ", recomputed MLP activations freed");
     r.Free(saved_mlp[i], PHASE_BACKWARD, i, layer + ", MLP activations freed");
     // Attention half.
@@ -313,10 +317,21 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   r.Free(rope, PHASE_BACKWARD, -1, "RoPE tables freed");
 
   if (zero12) {
-    // The epilogue, then the step on the partition (memory_model.h).
+    // The epilogue, then the step on the partition (memory_model.h). Stage 1
+    // without overlap_comm has moved its first gradients into the bucket by
+    // the time the partition appears.
+    const bool moved_first = s.epilogue_moved_grads > 0;
+    const int64_t held = kept ? s.shards.trainable_elements * (s.mixed ? 2 : 4) : s.grads_resident;
+    auto release = [&](const char* into) {
+      for (int g : kept_grads) r.Free(g, PHASE_BACKWARD, -1, absl::StrCat("gradients moved into ", into));
+      r.Free(grads_resident, PHASE_BACKWARD, -1, absl::StrCat("accumulated gradients moved into ", into));
+    };
+    if (moved_first) release("the IPG bucket");
+    const int unmoved = r.Alloc(COMPONENT_GRADS, moved_first ? held - s.epilogue_moved_grads : 0, PHASE_BACKWARD,
+                                -1, "gradients not yet in the IPG bucket");
     partition_from(StepSizes::kAtEpilogue, PHASE_BACKWARD);
-    for (int g : kept_grads) r.Free(g, PHASE_BACKWARD, -1, "gradients released into the partition");
-    r.Free(grads_resident, PHASE_BACKWARD, -1, "accumulated gradients released into the partition");
+    if (!moved_first) release("the partition");
+    r.Free(unmoved, PHASE_BACKWARD, -1, "gradients moved into the partition");
     if (ipg >= 0) r.Free(ipg, PHASE_BACKWARD, -1, "IPG reduce buckets released");
     const int norm = r.Alloc(COMPONENT_TEMPORARIES, s.step_norm_copy, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp64 gradient copies for the norm");

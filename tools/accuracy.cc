@@ -38,6 +38,11 @@ const std::vector<std::string> kWideQwen3 = {"--model", "qwen3-0.6b", "--layers"
 // Llama's attention_dropout), which zplan has no flag for.
 const std::vector<std::string> kGpt2Dropout = {"--hf-config", "configs/hf/tiny/gpt2-dropout.json"};
 const std::vector<std::string> kLlamaDropout = {"--hf-config", "configs/hf/tiny/llama-dropout.json"};
+// transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
+// hidden 256 over 257 tokens with hidden and attention dropout (the image
+// fixes --seq).
+const std::vector<std::string> kVit = {"--hf-config", "configs/hf/tiny/vit.json"};
+const std::vector<std::string> kVitWide = {"--hf-config", "configs/hf/tiny/vit-wide.json"};
 const std::vector<std::string> kWideGpt2 = {"--model", "gpt2",  "--layers", "2",    "--hidden", "1024", "--heads", "16",
                                             "--head-dim", "64", "--ffn",   "4096", "--vocab",  "32000"};
 // DeepSpeed's default 5e8-element buckets would dwarf these models.
@@ -163,12 +168,17 @@ std::string Describe(const AccuracyRow& row) {
   }
   if (z.offload_optimizer() == OFFLOAD_CPU) parts.push_back("offload opt");
   if (z.offload_param() == OFFLOAD_CPU) parts.push_back("offload param");
-  if (c.activation_checkpointing()) parts.push_back("ckpt");
+  if (c.activation_checkpointing()) {
+    parts.push_back(absl::StrCat("ckpt", c.checkpoint_every_n_layers() > 1
+                                             ? absl::StrCat(" every ", c.checkpoint_every_n_layers())
+                                             : "",
+                                 c.checkpoint_offload() ? " offloaded" : ""));
+  }
   parts.push_back(c.precision() == PRECISION_FP32 ? "fp32" : c.precision() == PRECISION_FP16 ? "fp16" : "bf16");
   parts.push_back(row.plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "sdpa");
   parts.push_back(absl::StrCat("b", c.micro_batch_size(), " s", c.seq_length()));
   if (c.gradient_accumulation_steps() > 1) parts.push_back(absl::StrCat("ga", c.gradient_accumulation_steps()));
-  parts.push_back(row.plan.model().tie_word_embeddings() ? "tied" : "untied");
+  if (row.plan.model().vocab_size() > 0) parts.push_back(row.plan.model().tie_word_embeddings() ? "tied" : "untied");
   return absl::StrJoin(parts, ", ");
 }
 
@@ -230,6 +240,17 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("tiny-lora-all-z1-bf16-w2-offload", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--micro-batch", "2", "--seq", "128"}),
       Case("qwen3-lora-mlp-z2-bf16-w2-eager", kQwen3, {"--ds-config", ds, "--lora-r", "4", "--lora-targets", "up_proj,down_proj", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("gpt2-lora-qv-z2-fp32-w2-dropout", kGpt2Dropout, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      // transformers' activation_checkpointing_enable(every_n_layers, offload). On CPU ranks the offload is
+      // moot (host memory is device memory): planned and run without it, as the ranks do.
+      Case("tiny-z3-bf16-w2-ckpt-every2-b4-s512", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "4", "--seq", "512"}),
+      Case("gpt2-3l-z1-fp32-w2-ckpt-every2-eager-s256", kGpt2, {"--layers", "3", "--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "256"}),
+      Case("tiny-z2-bf16-w2-ckpt-every3-offload-b4-s512", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "3", "--checkpoint-offload", "true", "--micro-batch", "4", "--seq", "512"}),
+      Case("vit-wide-z1-fp32-w2-ckpt-every2", kVitWide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "2"}),
+      Case("vit-z0-bf16-w1-b4", kVit, {"--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "4"}),
+      Case("vit-wide-z1-fp16-w2-ckpt-eager-b4", kVitWide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp16", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "4"}),
+      Case("vit-wide-z2-bf16-w2-eager", kVitWide, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2"}),
+      Case("vit-wide-z3-fp32-w2-offload-both", kVitWide, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2"}),
+      Case("vit-wide-z3-bf16-w4-ckpt", kVitWide, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--checkpointing", "true", "--micro-batch", "2"}),
   };
 }
 
@@ -246,6 +267,14 @@ AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::
   c.oracle_args.insert(c.oracle_args.end(), {"--world", absl::StrCat(world)});
   if (checkpointing) c.oracle_args.push_back("--checkpointing");
   c.ds_config_json = std::move(ds_config_json);
+  return c;
+}
+
+AccuracyCase WithCheckpointing(AccuracyCase c, int every, bool offload) {
+  c.zplan_args.insert(c.zplan_args.end(), {"--checkpoint-every", absl::StrCat(every), "--checkpoint-offload",
+                                           offload ? "true" : "false"});
+  c.oracle_args.insert(c.oracle_args.end(), {"--checkpoint-every", absl::StrCat(every)});
+  if (offload) c.oracle_args.push_back("--checkpoint-offload");
   return c;
 }
 
@@ -373,6 +402,17 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     true),
       DeepSpeedCase("vit-z2-bf16-dropout-eager", vit_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 257, "eager"),
       DeepSpeedCase("vit-z3-bf16", vit_wide, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 257),
+      // transformers' activation_checkpointing_enable(every_n_layers, offload); offloading on CPU ranks
+      // copies into the RAM it frees (planned as not offloaded, docs/deepspeed_model.md).
+      WithCheckpointing(DeepSpeedCase("z2-bf16-ckpt-every2", llama, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256,
+                                      "sdpa", true),
+                        2, false),
+      WithCheckpointing(DeepSpeedCase("z3-bf16-mistral-ckpt-every2-offload", mistral,
+                                      DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256, "sdpa", true),
+                        2, true),
+      WithCheckpointing(DeepSpeedCase("vit-z1-fp32-ckpt-every2", vit_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2,
+                                      257, "sdpa", true),
+                        2, false),
       // LoRA on a frozen model (peft).
       WithLora(DeepSpeedCase("lora-z0-bf16-qv", llama, DsConfig(0, "bf16", 2, 1), 1, 256), lora_qv),
       WithLora(DeepSpeedCase("lora-z1-bf16-offload-qv", llama, DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})),

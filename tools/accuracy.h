@@ -61,6 +61,10 @@ AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::
 // workspace), given to zplan and to the oracle alike.
 AccuracyCase WithLora(AccuracyCase c, const std::string& adapter_config);
 
+// `c` (checkpointed) with transformers' activation_checkpointing_enable
+// arguments: every `every`-th block, inputs offloaded or not.
+AccuracyCase WithCheckpointing(AccuracyCase c, int every, bool offload);
+
 // The DeepSpeed agreement matrix: stages 0-3, offloads, checkpointing,
 // fp32/bf16, SDPA/eager, world 1, 2 and 4, default and small buckets, the
 // stage-3 knobs, the optimizer implementations, five model types, LoRA

@@ -298,9 +298,9 @@ def run_rank(args):
     vision = config.model_type == "vit"
     if not vision and args.seq < 2:
         sys.exit("deepspeed_oracle: --seq (>= 2) is required for a language model")
-    if vision and args.seq and args.seq != (config.image_size // config.patch_size) ** 2 + 1:
-        sys.exit(f"deepspeed_oracle: --seq {args.seq}: this ViT's image gives "
-                 f"{(config.image_size // config.patch_size) ** 2 + 1} tokens")
+    tokens = (config.image_size // config.patch_size) ** 2 + 1 if vision else args.seq
+    if vision and args.seq and args.seq != tokens:
+        sys.exit(f"deepspeed_oracle: --seq {args.seq}: this ViT's image gives {tokens} tokens")
     auto = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
     model = auto.from_config(config, attn_implementation=args.attention)
     if args.lora_config:

@@ -37,6 +37,7 @@ if (( dry_run )); then
   gpu=cpu model=debug-tiny seq=128 batch=2 steps=3
   big_model=debug-tiny big_seq=256 speed_batch=2 huge_params=3e7
   model_8b=debug-tiny gpt2=debug-tiny long_seq=256 short_seq=64
+  vit=(--hf-config "$root/configs/hf/tiny/vit-wide.json" --seq 257 --micro-batch 2)
 else
   venv=${TORCH_VENV:-/opt/torch/.venv}
   site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
@@ -53,6 +54,7 @@ else
   model=qwen3-0.6b seq=2048 batch=2 steps=4
   big_model=1b big_seq=8192 speed_batch=4 huge_params=70e9
   model_8b=llama3-8b gpt2=gpt2 long_seq=4096 short_seq=1024
+  vit=(--model vit-b-encoder --seq 257 --micro-batch 64)  # seed 002's ViT-B/16 at 256 px
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 fi
 
@@ -65,7 +67,7 @@ run_case() {  # label, zrun args (after the plan), then -- zplan flags
   local slug=${label//[^A-Za-z0-9]/_}
   [[ -n $snapshot ]] && zrun_args=("${zrun_args[@]/#$snapshot/--memory_snapshot_dir=$out/$slug.snapshot}")
   local model_flags=(--model "$model")
-  [[ " $* " == *" --model "* || " $* " == *" --params "* ]] && model_flags=()
+  [[ " $* " == *" --model "* || " $* " == *" --params "* || " $* " == *" --hf-config "* ]] && model_flags=()
   "$ZPLAN" --gpu "$gpu" "${model_flags[@]}" --seq "$seq" --micro-batch "$batch" --out "$out/$slug.pb" "$@" \
     > "$out/$slug.plan.txt" 2>&1 || { rows+=("$label|zplan failed"); return; }
   limit "$ZRUN" "$out/$slug.pb" --steps "$steps" --report "$out/$slug.report.json" "${zrun_args[@]}" \
@@ -145,6 +147,10 @@ run_case "$backend 1, $gpt2 fp32, ZeRO-2, seq $short_seq, mb 8" -- --model "$gpt
 run_case "$backend 1, ZeRO-3 + optimizer offload" -- --gpus 1 --zero-stage 3 --offload-optimizer cpu
 run_case "$model_8b, rank 15 of 16, ZeRO-3 + ckpt, seq $long_seq" --emulate-rank 15 -- --model "$model_8b" \
   --seq "$long_seq" --micro-batch 1 --gpus 8 --nodes 2 --zero-stage 3 --checkpointing true
+# transformers' every_n_layers and offload (pinned host copies of the checkpointed inputs), and a ViT.
+run_case "$backend 1, ZeRO-2 + ckpt every 2, offloaded" -- --gpus 1 --zero-stage 2 --checkpointing true \
+  --checkpoint-every 2 --checkpoint-offload true
+run_case "$backend 1, ViT, ZeRO-2 + ckpt" -- "${vit[@]}" --gpus 1 --zero-stage 2 --checkpointing true
 
 # Speed: zrun and the PyTorch loops on the same model, batch and device.
 speed_rows=()
