@@ -23,6 +23,7 @@
 #include "planner/inventory.h"
 #include "planner/memory_model.h"
 #include "planner/proto_io.h"
+#include "planner/run_config.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
 
@@ -204,11 +205,9 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   ZPLAN_RETURN_IF_ERROR(model.CheckAttentionKernel(config.seq_length()));
   ZPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine, ZeroEngine::Create(&model, comm, config));
   ZPLAN_ASSIGN_OR_RETURN(BatchSource data, BatchSource::Open(options.data_path, plan.model(), config.seq_length()));
-  // RunConfig.checkpoint_every_n_layers 0 and 1 both mean every block.
-  const Checkpointing checkpointing =
-      config.activation_checkpointing()
-          ? Checkpointing{std::max(1, config.checkpoint_every_n_layers()), config.checkpoint_offload()}
-          : Checkpointing{};
+  const Checkpointing checkpointing = config.activation_checkpointing()
+                                          ? Checkpointing{CheckpointEveryNLayers(config), config.checkpoint_offload()}
+                                          : Checkpointing{};
   const BlockHooks hooks = AttributedHooks(engine->hooks(), checkpointing, static_cast<int>(plan.model().num_layers()));
 
   RankReport report;

@@ -453,6 +453,8 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
 
 bool IsMlpTensor(const TensorSpec& tensor) { return tensor.name().find(".mlp") != std::string::npos; }
 
+bool IsDownProjTensor(const TensorSpec& tensor) { return tensor.name().find(".mlp.down_proj") != std::string::npos; }
+
 double TrainingFlopsPerToken(const ModelSpec& spec, int64_t seq_length) {
   double matmul_weights = static_cast<double>(spec.vocab_size()) * spec.hidden_size();  // LM head
   for (int layer = 0; layer < spec.num_layers(); ++layer) {

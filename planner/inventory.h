@@ -156,6 +156,9 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
 // activations): its backward runs, and frees what it saved, before
 // attention's.
 bool IsMlpTensor(const TensorSpec& tensor);
+// True for down_proj's parameters (and adapters): the MLP half's first
+// gradients in backward, made beside its widest moment.
+bool IsDownProjTensor(const TensorSpec& tensor);
 
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights

@@ -378,7 +378,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
     start.at_attention = t.layer() >= 0 && !IsMlpTensor(t);
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
                                IsMlpTensor(params[i + 1]) != IsMlpTensor(t);
-    const bool before_moment = first_of_half || absl::StrContains(t.name(), ".mlp.down_proj");
+    const bool before_moment = first_of_half || IsDownProjTensor(t);
     if (t.layer() >= 0 && !before_moment) {
       if (!start.at_attention) {
         start.at_attention = true;
@@ -473,7 +473,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.grad_accum = config.gradient_accumulation_steps();
   s.mixed = config.precision() != PRECISION_FP32;
   s.checkpointing = config.activation_checkpointing();
-  s.checkpoint_every = std::max(1, config.checkpoint_every_n_layers());
+  s.checkpoint_every = CheckpointEveryNLayers(config);
   s.offload_optimizer = zero.offload_optimizer() == OFFLOAD_CPU;
   s.offload_param = zero.offload_param() == OFFLOAD_CPU;
   s.pin_memory = zero.pin_memory();
@@ -608,7 +608,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     block_param_elements += NumElements(t);
     if (IsMlpTensor(t)) {
       mlp_elements += NumElements(t);
-      if (absl::StrContains(t.name(), ".mlp.down_proj")) down_elements += NumElements(t);
+      if (IsDownProjTensor(t)) down_elements += NumElements(t);
       largest_mlp = std::max(largest_mlp, NumElements(t));
     } else {
       largest_attn = std::max(largest_attn, NumElements(t));

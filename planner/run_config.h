@@ -14,6 +14,7 @@
 #ifndef ZPLAN_PLANNER_RUN_CONFIG_H_
 #define ZPLAN_PLANNER_RUN_CONFIG_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -38,6 +39,10 @@ absl::Status ValidateRunConfig(const RunConfig& config);
 inline int64_t WorldSize(const RunConfig& config) {
   return config.cluster().num_nodes() * config.cluster().gpus_per_node();
 }
+
+// With activation checkpointing, blocks 0, k, 2k, ... are checkpointed
+// (transformers' every_n_layers); RunConfig's 0 and 1 both mean every block.
+inline int CheckpointEveryNLayers(const RunConfig& config) { return std::max(1, config.checkpoint_every_n_layers()); }
 
 // Bytes per element of parameters, gradients and activations.
 int64_t WorkingDtypeBytes(Precision precision);
