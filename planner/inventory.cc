@@ -395,7 +395,7 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
   const int64_t h = spec.hidden_size();
   AppendNormSaved(spec, "final_norm", {b, s, h}, dtype, device, -1, &out);
   // The LM head keeps its input for its own gradient, or always (LinearSaves).
-  if (BaseWeightsTrain(spec) || saves.linear == LinearSaves::kAlways) {
+  if (!saves.fused_loss && (BaseWeightsTrain(spec) || saves.linear == LinearSaves::kAlways)) {
     out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));
   }
   return out;

@@ -70,6 +70,10 @@ struct SavePolicy {
   // that checkpointed blocks see a gradient), and block 0 then keeps what
   // the others keep.
   bool embedding_output_requires_grad = false;
+  // Liger's fused linear cross-entropy never calls the LM head: nothing
+  // keeps the final norm's output for backward (it computed its gradients
+  // in the forward).
+  bool fused_loss = false;
 };
 
 // LoRA (ModelSpec.lora): a targeted block linear "<prefix>.q_proj" gains
@@ -122,7 +126,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
                                               const SavePolicy& saves = {});
 
 // The final norm's saved tensors (as a block's norms save) and its output,
-// which the LM head keeps (LinearSaves); layer -1.
+// which the LM head keeps (LinearSaves; not with the fused loss); layer -1.
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                   DType dtype, KernelDevice device, const SavePolicy& saves = {});
 

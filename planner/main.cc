@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, checkpoint_every, "",
 ABSL_FLAG(std::string, checkpoint_offload, "",
           "with --checkpointing: keep checkpointed blocks' inputs in pinned host memory (transformers' offload)");
 ABSL_FLAG(std::string, attention, "", "sdpa (default) or eager");
+ABSL_FLAG(std::string, loss, "",
+          "full (default: transformers' loss over b x s x V logits) or liger-fused (Liger's fused linear "
+          "cross-entropy, as use_liger_kernel applies it: chunked, no logits; ZeRO stages 0-2)");
 ABSL_FLAG(std::string, gpu, "", "GPU catalog key (default h100-80gb)");
 ABSL_FLAG(std::string, host_ram_gib, "", "host RAM per node in GiB, to judge host fit (default: not judged)");
 ABSL_FLAG(std::string, budget_gib, "", "device budget per GPU in GiB (default: the GPU's capacity)");
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.checkpoint_offload = absl::GetFlag(FLAGS_checkpoint_offload);
   o.attention = absl::GetFlag(FLAGS_attention);
+  o.loss = absl::GetFlag(FLAGS_loss);
   o.gpu = absl::GetFlag(FLAGS_gpu);
   o.host_ram_gib = absl::GetFlag(FLAGS_host_ram_gib);
   o.budget_gib = absl::GetFlag(FLAGS_budget_gib);

@@ -166,6 +166,7 @@ Moment BestMoment(const StepSizes& s) {
   {
     Live l = base;
     l[kActivations] += saved_through(last) + s.final_norm_saved + (s.checkpointing ? 0 : s.attention_mask);
+    if (s.fused_loss) l[kActivations] += s.block_input;  // its output, which nothing saves
     l[kParams] += embed_kept + KeptThrough(s, last);
     consider(l, "final norm saved");
   }
@@ -177,7 +178,19 @@ Moment BestMoment(const StepSizes& s) {
   loss[kActivations] += saved_through(last) + s.final_norm_saved;
   loss[kParams] += KeptThrough(s, last) + (s.tied ? 0 : embed_kept);
   const int64_t head_in_loss = s.head_kept || (s.tied && s.embed_kept) ? s.head_gather : 0;
-  if (s.has_head) {
+  if (s.has_head && s.fused_loss) {
+    // The final norm's output, the labels, both gradients, the per-token
+    // losses and one chunk; in backward the gradients are handed on.
+    Live chunk = loss;
+    chunk[kActivations] += s.block_input;
+    chunk[kLogits] += s.loss_labels + s.act_grad + s.head_grad + s.loss_rows + s.loss_chunk + s.loss_chunk_temps;
+    consider(chunk, "loss forward, fused linear cross-entropy chunk");
+    Live l = loss;
+    l[kTemps] += s.act_grad;
+    l[produced] += s.head_grad;
+    l[kBuffers] += ipg_in(s.kHeadPart(), false);
+    consider(l, "backward, LM head weight gradient");
+  } else if (s.has_head) {
     const int64_t lw = s.logits_working, l32 = s.logits_fp32;
     auto with_logits = [&](int64_t bytes) {
       Live l = loss;
@@ -453,6 +466,7 @@ SavePolicy SavePolicyFor(const RunConfig& config) {
   const ZeroConfig& zero = config.zero();
   SavePolicy saves;
   saves.embedding_output_requires_grad = config.activation_checkpointing();
+  saves.fused_loss = config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR;
   if (zero.stage() == 3 && zero.zero_init()) {
     if (zero.memory_efficient_linear()) saves.linear = LinearSaves::kAlways;
     saves.adapter_dtype = DTYPE_FP32;
@@ -486,6 +500,27 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (s.offload_optimizer && s.stage == 0) {
     return absl::InvalidArgumentError(
         "zero.offload_optimizer (--offload-optimizer): optimizer offload needs ZeRO stage >= 1");
+  }
+  s.fused_loss = config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR;
+  if (s.fused_loss) {
+    if (model.has_vision() || model.vocab_size() == 0) {
+      return absl::InvalidArgumentError(
+          "loss (--loss liger-fused): Liger's fused linear cross-entropy replaces a language model's LM head and "
+          "loss; this model has none; drop --loss");
+    }
+    // Liger's transformers forwards (e.g. liger_kernel/transformers/model/llama.py, lce_forward) read
+    // lm_head.weight without calling the module, so ZeRO-3's gather hook never runs and the kernel gets
+    // the rank's empty partition.
+    if (s.stage == 3) {
+      return absl::InvalidArgumentError(
+          "loss (--loss liger-fused): under ZeRO-3 Liger's fused loss reads lm_head.weight as the rank's empty "
+          "partition (its forward never calls the LM head, so DeepSpeed gathers nothing); use ZeRO stage 0-2 or "
+          "--loss full");
+    }
+    if (model.has_lora()) {
+      return absl::InvalidArgumentError(
+          "loss (--loss liger-fused): the fused loss with LoRA is not modelled yet; drop --loss or the LoRA config");
+    }
   }
   // Stage 1 reduces in its gradient hooks only with overlap_comm, and then
   // only at the accumulation boundary (stage_1_and_2.py, process_gradients);
@@ -909,7 +944,32 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   const int64_t classes = model.has_vision() ? model.vision().num_labels() : model.vocab_size();
   s.logits_working = logit_rows * classes * w;
   s.logits_fp32 = logit_rows * classes * 4;
+  if (s.fused_loss) {
+    const int64_t v = model.vocab_size(), chunk = FusedLossChunkTokens(tokens, v, h);
+    // LigerForCausalLMLoss pads the labels by one and copies them shifted;
+    // the forward keeps the non-ignored mask (bool) through its chunks.
+    s.loss_labels = b * (seq + 1) * kTokenIdBytes + tokens * kTokenIdBytes + tokens;
+    s.loss_rows = tokens * 4;
+    s.loss_chunk = chunk * v * w;
+    // The weight gradient grad_logits^T x_chunk. CUDA: 16-bit dtypes addmm
+    // into grad_weight in place; fp32 takes the fallback's fp32 product. CPU
+    // (no out= paths): the input-gradient product [chunk, h], then the
+    // fallback's product and its fp32 copy, and in 16-bit dtypes the in-place
+    // add's fp32 copies of grad_weight and of the sum (ATen's CPU
+    // TensorIterator casts through temporaries) beside that copy.
+    const int64_t vh = v * h;
+    if (device == KernelDevice::kCuda) {
+      s.loss_chunk_temps = s.mixed ? 0 : vh * 4;
+    } else {
+      s.loss_chunk_temps = std::max(chunk * h * w, s.mixed ? 3 * vh * 4 : vh * 4);
+    }
+  }
   return s;
+}
+
+int64_t FusedLossChunkTokens(int64_t tokens, int64_t vocab, int64_t hidden) {
+  const int64_t inc_factor = (vocab + hidden - 1) / hidden;
+  return std::min(tokens, RoundUpToPowerOfTwo((tokens + inc_factor - 1) / inc_factor));
 }
 
 absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,

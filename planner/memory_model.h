@@ -176,6 +176,19 @@ struct StepSizes {
   int64_t head_gather = 0;           // stage 3: the head gathered (a tied one is the embedding)
   int64_t logits_working = 0;        // b·s·V in the working dtype (a ViT: b·labels)
   int64_t logits_fp32 = 0;           // b·s·V·4
+  // Liger's fused linear cross-entropy (RunConfig.loss;
+  // liger_kernel/ops/fused_linear_cross_entropy.py,
+  // fused_linear_cross_entropy_forward) in place of the logits: from the
+  // loss forward to its backward, its input gradient (act_grad) and the
+  // head's weight gradient (head_grad) exist; during the forward also the
+  // final norm's output, the labels, the fp32 per-token losses and, one
+  // chunk of tokens at a time, the chunk's logits and the temporaries of its
+  // weight-gradient product.
+  bool fused_loss = false;
+  int64_t loss_labels = 0;           // padded + shifted int64 labels, the non-ignored mask
+  int64_t loss_rows = 0;             // loss_1d: fp32 [b·s]
+  int64_t loss_chunk = 0;            // [chunk, V] logits, working dtype
+  int64_t loss_chunk_temps = 0;      // beside them, at the widest moment of a chunk
 
   // After backward and in the step.
   int64_t reduce_temp = 0;           // stage 0 reduce bucket
@@ -228,6 +241,12 @@ struct StepSizes {
   int64_t host_init_per_rank = 0;    // model construction peak tensors
   int64_t construction = 0;          // zrun's construction peak, device and host (Plan field)
 };
+
+// Tokens per chunk of Liger's fused linear cross-entropy
+// (fused_linear_cross_entropy_forward, chunk_mem_const 1): the next power of
+// two of tokens / ceil(vocab / hidden), at most `tokens`, so one chunk's
+// logits are about tokens x hidden elements. zrun chunks the same way.
+int64_t FusedLossChunkTokens(int64_t tokens, int64_t vocab, int64_t hidden);
 
 // Computes StepSizes for many micro-batches and sequence lengths of one
 // (model, config, GPU): the inventory, sharding and the activation scaling

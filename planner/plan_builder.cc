@@ -280,11 +280,19 @@ absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const Run
   std::vector<GridRow> rows;
   PlanOptions row_options = options;
   row_options.record_timeline = false;
+  const bool fused = config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR;
   for (const StageOption& option : StageOptions()) {
+    if (fused && option.stage == 3) continue;
     ZPLAN_ASSIGN_OR_RETURN(const Prepared p, Prepare(model, WithStageOption(config, option)));
     GridRow row;
     row.option = option;
     row.plan = PlanFor(p, row_options);
+    if (!fused && option.stage < 3 && p.sizes.has_head && p.model.vocab_size() > 0 && !p.model.has_lora()) {
+      RunConfig with_fused = p.config;
+      with_fused.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
+      ZPLAN_ASSIGN_OR_RETURN(const Prepared f, Prepare(p.model, with_fused));
+      row.fused_loss_peak_bytes = PlanFor(f, row_options).device_per_rank().peak_bytes();
+    }
     if (p.gpu.capacity_bytes() > 0 || options.device_budget_bytes > 0) {
       ZPLAN_ASSIGN_OR_RETURN(row.max_micro_batch, LargestFittingShape(p, options.device_budget_bytes, true));
     }

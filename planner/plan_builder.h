@@ -76,9 +76,14 @@ struct GridRow {
   StageOption option;
   Plan plan;                     // without timeline
   int64_t max_micro_batch = 0;
+  // With the full-logits loss: the device peak per rank had the loss been
+  // Liger's fused linear cross-entropy (-1 where it cannot run: stage 3, or
+  // no LM head).
+  int64_t fused_loss_peak_bytes = -1;
 };
 
-// A plan for every StageOptions() row.
+// A plan for every StageOptions() row; with the fused loss, stage 3's rows
+// are left out (it cannot run there, memory_model.h).
 absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const RunConfig& config,
                                                const PlanOptions& options = {});
 

@@ -174,11 +174,35 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     r.Free(gather, PHASE_FORWARD, i, layer + ", parameters released");
   }
   const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
+  // The fused loss's input, which nothing saves for backward.
+  const int norm_output = s.fused_loss ? r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, -1,
+                                                 "final norm output")
+                                       : -1;
   if (!s.checkpointing) r.Free(mask, PHASE_FORWARD, -1, "attention mask freed");
 
   // Loss and the LM head's backward.
   int act_grad = -1, head_grad = -1;
-  if (s.has_head) {
+  if (s.has_head && s.fused_loss) {
+    // Liger's fused linear cross-entropy: both gradients in the forward,
+    // one chunk of logits at a time; backward hands them on.
+    const int labels = r.Alloc(COMPONENT_LOGITS, s.loss_labels, PHASE_LOSS, -1, "loss forward, labels");
+    const int grad_input = r.Alloc(COMPONENT_LOGITS, s.act_grad, PHASE_LOSS, -1, "loss forward, input gradient");
+    const int grad_weight = r.Alloc(COMPONENT_LOGITS, s.head_grad, PHASE_LOSS, -1, "loss forward, LM head gradient");
+    const int rows = r.Alloc(COMPONENT_LOGITS, s.loss_rows, PHASE_LOSS, -1, "loss forward, per-token losses");
+    const int chunk = r.Alloc(COMPONENT_LOGITS, s.loss_chunk + s.loss_chunk_temps, PHASE_LOSS, -1,
+                              "loss forward, fused linear cross-entropy chunk");
+    r.Free(chunk, PHASE_LOSS, -1, "chunk freed");
+    r.Free(rows, PHASE_LOSS, -1, "per-token losses summed");
+    r.Free(labels, PHASE_LOSS, -1, "labels freed");
+    r.Free(norm_output, PHASE_LOSS, -1, "final norm output freed");
+    r.Free(grad_input, PHASE_BACKWARD, -1, "input gradient handed on");
+    r.Free(grad_weight, PHASE_BACKWARD, -1, "LM head gradient handed on");
+    act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
+    head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
+    if (kept) kept_grads.push_back(head_grad);
+    if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
+  } else if (s.has_head) {
     // The LM head (a tied one is the embedding, maybe still gathered) for
     // its forward; released after it unless kept for its backward.
     const bool head_is_kept_embedding = s.tied && embed_kept >= 0;
@@ -264,8 +288,8 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     }
     r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", MLP activation gradients freed");
     if (kept) {
-      kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i,
-                                   layer + ", MLP gradients before down_proj's"));
+      // The rest of the half's gradients, once down_proj's input gradient is freed.
+      kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp));
     }
     if (recomputed_mlp >= 0) r.Free(recomputed_mlp, PHASE_BACKWARD, i, layer + ", recomputed MLP activations freed");
     r.Free(saved_mlp[i], PHASE_BACKWARD, i, layer + ", MLP activations freed");

@@ -22,6 +22,7 @@ struct Case {
   Precision precision;
   int64_t grad_accum, micro_batch, seq, gpus;
   AttentionImpl attention;
+  bool fused_loss = false;  // Liger's fused linear cross-entropy
 };
 
 std::string Describe(const Case& c) {
@@ -31,7 +32,8 @@ std::string Describe(const Case& c) {
          (c.checkpoint_offload ? " offloaded" : "") +
          " prec " + std::to_string(c.precision) + " ga " + std::to_string(c.grad_accum) + " b " +
          std::to_string(c.micro_batch) + " s " + std::to_string(c.seq) + " n " +
-         std::to_string(c.gpus) + (c.attention == ATTENTION_EAGER ? " eager" : " sdpa");
+         std::to_string(c.gpus) + (c.attention == ATTENTION_EAGER ? " eager" : " sdpa") +
+         (c.fused_loss ? " fused loss" : "");
 }
 
 std::vector<Case> AllCases() {
@@ -55,6 +57,13 @@ std::vector<Case> AllCases() {
                 for (AttentionImpl attention : {ATTENTION_SDPA, ATTENTION_EAGER}) {
                   cases.push_back({model, stage, offload >= 1, offload == 2, ckpt, every, ckpt_mode == 2, precision, ga,
                                    seq == 128 ? 4 : 1, seq, stage == 0 ? 1 : 8, attention});
+                  // The fused loss where it runs: language models at stages 0-2, without LoRA.
+                  const std::string name = model;
+                  if (stage < 3 && name.find("lora") == std::string::npos && name.find("vit") == std::string::npos &&
+                      name != "gpt2-novocab") {
+                    cases.push_back(cases.back());
+                    cases.back().fused_loss = true;
+                  }
                 }
               }
             }
@@ -104,6 +113,7 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
     config.set_activation_checkpointing(c.checkpointing);
     config.set_checkpoint_every_n_layers(c.checkpoint_every);
     config.set_checkpoint_offload(c.checkpoint_offload);
+    if (c.fused_loss) config.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
     config.set_precision(c.precision);
     config.set_gradient_accumulation_steps(c.grad_accum);
     config.set_micro_batch_size(c.micro_batch);

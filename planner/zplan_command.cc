@@ -1,5 +1,7 @@
 #include "planner/zplan_command.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 #include <utility>
@@ -247,6 +249,12 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     ZPLAN_ASSIGN_OR_RETURN(bool offload, ParseBool("checkpoint-offload", o.checkpoint_offload));
     c.set_checkpoint_offload(offload);
   }
+  if (!o.loss.empty()) {
+    const std::string l = absl::AsciiStrToLower(o.loss);
+    if (l == "full") c.set_loss(LOSS_IMPL_FULL_LOGITS);
+    else if (l == "liger-fused") c.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
+    else return FlagError("loss", o.loss, "full or liger-fused");
+  }
   if (!o.attention.empty()) {
     const std::string a = absl::AsciiStrToLower(o.attention);
     if (a == "sdpa" || a == "flash") r.model.set_attention_impl(ATTENTION_SDPA);
@@ -279,6 +287,7 @@ std::string Header(const Plan& plan) {
     if (c.checkpoint_every_n_layers() > 1) absl::StrAppend(&checkpointing, " every ", c.checkpoint_every_n_layers(), " blocks");
     if (c.checkpoint_offload()) absl::StrAppend(&checkpointing, ", inputs offloaded");
   }
+  if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) absl::StrAppend(&checkpointing, ", Liger fused loss");
   return absl::StrFormat(
       "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
       "       %d node(s) x %d x %s (%s)\n",
@@ -309,19 +318,32 @@ int RecommendedRow(const std::vector<GridRow>& rows) {
 
 void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
   out << Header(rows.front().plan) << "\n";
-  out << absl::StrFormat("%-5s  %-17s  %12s  %14s  %-4s  %15s  %s\n", "stage", "offload",
-                         "GPU peak GiB", "host/node GiB", "fits", "max micro-batch", "peak at");
+  const bool fused_column = std::any_of(rows.begin(), rows.end(),
+                                        [](const GridRow& row) { return row.fused_loss_peak_bytes >= 0; });
+  out << absl::StrFormat("%-5s  %-17s  %12s  %14s  %-4s  %15s  %s%s\n", "stage", "offload", "GPU peak GiB",
+                         "host/node GiB", "fits", "max micro-batch", fused_column ? "fused loss GiB  " : "",
+                         "peak at");
   for (const GridRow& row : rows) {
     const Plan& p = row.plan;
     const int64_t host = std::max(p.host_per_node().peak_bytes(), p.host_init_peak_bytes_per_node());
-    out << absl::StrFormat("%-5d  %-17s  %12s  %14s  %-4s  %15d  %s\n", row.option.stage,
+    std::string fused;
+    if (fused_column) {
+      fused = absl::StrFormat("%14s  ", row.fused_loss_peak_bytes >= 0 ? Gib(row.fused_loss_peak_bytes) : "-");
+    }
+    out << absl::StrFormat("%-5d  %-17s  %12s  %14s  %-4s  %15d  %s%s\n", row.option.stage,
                            OffloadLabel(row.option.offload_optimizer, row.option.offload_param),
                            Gib(p.device_per_rank().peak_bytes()), Gib(host), p.fits() ? "yes" : "no",
-                           row.max_micro_batch, p.device_per_rank().peak_event());
+                           row.max_micro_batch, fused, p.device_per_rank().peak_event());
   }
   out << "\nGPU peak: per rank, incl. runtime outside the allocator (CUDA context, NCCL) and what the caching allocator\n"
          "reserves beyond the tensors (replayed).\n"
          "host/node: the larger of steady state and model construction, all local ranks.\n";
+  if (fused_column) {
+    out << "fused loss: the GPU peak with --loss liger-fused (Liger's fused linear cross-entropy: no b x s x V\n"
+           "logits); '-' where it cannot run (ZeRO-3 leaves lm_head.weight partitioned for it).\n";
+  } else if (!rows.empty() && rows.front().plan.config().loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) {
+    out << "ZeRO-3 rows left out: Liger's fused loss reads lm_head.weight as ZeRO-3's empty partition.\n";
+  }
   const int best = RecommendedRow(rows);
   if (best >= 0) {
     const StageOption& o = rows[best].option;

@@ -64,6 +64,7 @@ struct ZplanOptions {
   std::string checkpoint_every;   // k: checkpoint blocks 0, k, 2k, ... (default 1)
   std::string checkpoint_offload; // "true" | "false"
   std::string attention;        // "sdpa" | "eager"
+  std::string loss;             // "full" | "liger-fused"
   std::string gpu;              // catalog key; default h100-80gb
   std::string host_ram_gib;     // RAM per node in GiB; empty = not judged
   std::string budget_gib;       // device budget per GPU in GiB; empty = capacity

@@ -35,6 +35,7 @@ Usage (the launcher; --rank is internal):
 import argparse
 import ctypes
 import functools
+import importlib.metadata
 import inspect
 import json
 import os
@@ -68,12 +69,17 @@ def parse_args(argv):
     p.add_argument("--checkpoint-offload", action="store_true",
                    help="with --checkpointing: checkpointed inputs to pinned host memory (transformers' offload)")
     p.add_argument("--lora-config", default="", help="a PEFT adapter_config.json: train LoRA adapters on the frozen model")
+    p.add_argument("--loss", default="full", choices=["full", "liger-fused"],
+                   help="full: transformers' loss over the logits; liger-fused: Liger's fused linear "
+                        "cross-entropy (chunked, no b x s x V logits), as use_liger_kernel applies it")
     p.add_argument("--allocator", required=True, help="path of libzplan_counting_allocator.so")
     p.add_argument("--out", required=True, help="where the Report (JSON) goes")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the ranks are killed")
     p.add_argument("--trace", default="", help="also write the last step's allocation log here (JSON)")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.loss == "liger-fused" and args.lora_config:
+        p.error("--loss liger-fused with --lora-config is not supported")
     if args.steps < 2:
         p.error("--steps must be at least 2: the first step is the warm-up")
     if args.world < 1 or args.seq < 0:
@@ -273,6 +279,100 @@ def tag_resident_states(alloc, engine):
                 alloc.retag(value, OPTIMIZER)
 
 
+def bf16_bits_to_f32(bits):
+    """numpy: bf16 bit patterns (int16) as float32 values."""
+    import numpy as np
+    return (bits.astype(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16_bits(values):
+    """numpy: float32 values rounded to bf16 (to nearest even) as int16 bit patterns."""
+    import numpy as np
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.int16)
+
+
+class RowKernel:
+    """Stands in for a Triton kernel launch, kernel[grid](**kwargs), on CPU ranks."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn
+
+
+def numpy_view(tensor):
+    """The tensor's memory as float32 values (numpy), and a function that
+    writes float32 values back into it in its dtype. numpy's arrays are not
+    c10 allocations: like a Triton kernel's registers, the counting allocator
+    does not see them."""
+    import torch
+    if tensor.dtype == torch.bfloat16:
+        bits = tensor.view(torch.int16).numpy()
+        return bf16_bits_to_f32(bits), lambda values: bits.__setitem__(Ellipsis, f32_to_bf16_bits(values))
+    array = tensor.numpy()
+    return array.astype("float32"), lambda values: array.__setitem__(Ellipsis, values)
+
+
+def liger_cross_entropy_rows(X_ptr, Y_ptr, loss_ptr, n_non_ignore, ignore_index, reduction, HAS_GRADIENTS,
+                             weight_ptr=None, lse_square_scale=0.0, label_smoothing=0.0, softcap=None,
+                             RETURN_Z_LOSS=False, RETURN_TOKEN_ACCURACY=False, RETURN_PREDICTED_TOKENS=False,
+                             **launch):
+    """liger_kernel/ops/cross_entropy.py, liger_cross_entropy_kernel, on CPU:
+    per row the fp32 log-sum-exp, the loss lse - x_y (divided by the
+    non-ignored count for "mean"), and in place of the logits their gradient
+    softmax(x) - onehot(y) (so divided); an ignored row gets 0 and 0. Only
+    what Liger's transformers loss passes is supported."""
+    import numpy as np
+    if (weight_ptr is not None or lse_square_scale or label_smoothing or softcap is not None or RETURN_Z_LOSS
+            or RETURN_TOKEN_ACCURACY or RETURN_PREDICTED_TOKENS):
+        raise NotImplementedError("the CPU port of liger_cross_entropy_kernel covers the plain loss only")
+    x, store = numpy_view(X_ptr)
+    y = Y_ptr.numpy()
+    rows = np.arange(x.shape[0])
+    kept = y != ignore_index
+    target = np.where(kept, y, 0)
+    m = x.max(axis=1, keepdims=True)
+    e = np.exp(x - m)
+    d = e.sum(axis=1, keepdims=True)
+    scale = 1.0 / n_non_ignore if reduction == "mean" else 1.0
+    loss = (m[:, 0] + np.log(d[:, 0]) - x[rows, target]) * scale
+    loss_ptr.numpy()[...] = np.where(kept, loss, 0.0)
+    if HAS_GRADIENTS:
+        grad = e / d
+        grad[rows, target] -= 1.0
+        grad *= scale
+        grad[~kept] = 0.0
+        store(grad)
+
+
+def liger_element_mul_rows(X_ptr, X_stride, grad_output_ptr, n_cols, **launch):
+    """liger_kernel/ops/utils.py, element_mul_kernel, on CPU: X *= grad_output in place."""
+    x, store = numpy_view(X_ptr)
+    store(x * float(grad_output_ptr))
+
+
+def use_liger_fused_linear_cross_entropy(model):
+    """What transformers' Trainer does with use_liger_kernel=True and a
+    liger_kernel_config enabling only fused_linear_cross_entropy
+    (_apply_liger_kernel_to_instance): the model's forward computes the loss
+    with LigerFusedLinearCrossEntropyFunction from the final norm's output and
+    lm_head.weight, never materialising the logits. Liger's Python runs as it
+    is; its two Triton kernels, which allocate nothing, run as the numpy ports
+    above, since Triton needs a GPU."""
+    import liger_kernel.ops.fused_linear_cross_entropy as flce
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    if model.config.model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        sys.exit(f"deepspeed_oracle: --loss liger-fused: Liger has no forward for model_type "
+                 f"{model.config.model_type!r}")
+    flce.liger_cross_entropy_kernel = RowKernel(liger_cross_entropy_rows)
+    flce.element_mul_kernel = RowKernel(liger_element_mul_rows)
+    _apply_liger_kernel_to_instance(model=model, rope=False, rms_norm=False, swiglu=False, cross_entropy=False,
+                                    fused_linear_cross_entropy=True, layer_norm=False, geglu=False)
+
+
 def run_rank(args):
     import torch
 
@@ -303,6 +403,8 @@ def run_rank(args):
         sys.exit(f"deepspeed_oracle: --seq {args.seq}: this ViT's image gives {tokens} tokens")
     auto = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
     model = auto.from_config(config, attn_implementation=args.attention)
+    if args.loss == "liger-fused":
+        use_liger_fused_linear_cross_entropy(model)
     if args.lora_config:
         import peft
         with open(args.lora_config) as f:
@@ -331,15 +433,22 @@ def run_rank(args):
     def body_pre(module, inputs):
         alloc.lib.zplan_begin_forward_part()
 
-    def head_pre(module, inputs):
+    def head_pre(module, *unused):
         alloc.lib.zplan_settle_forward_part(LOGITS)
 
-    def head_bwd(module, grad_input, grad_output):
+    def head_bwd(module, *unused):
         alloc.tag(TEMPORARIES)
 
     body.register_forward_pre_hook(body_pre)
-    head.register_forward_pre_hook(head_pre)
-    head.register_full_backward_hook(head_bwd)
+    if args.loss == "liger-fused":
+        # Liger never calls the head: the loss starts after the final norm,
+        # and backward leaves it with the final norm's output gradient.
+        final_norm = engine.module.get_decoder().norm
+        final_norm.register_forward_hook(head_pre)
+        final_norm.register_full_backward_pre_hook(head_bwd)
+    else:
+        head.register_forward_pre_hook(head_pre)
+        head.register_full_backward_hook(head_bwd)
 
     trace = {"events": [], "marks": []}
     tracing = [False]
@@ -444,6 +553,7 @@ def run_rank(args):
         "losses": losses,
         "framework": f"DeepSpeed {deepspeed.__version__}, transformers {transformers.__version__}, "
                      + (f"peft {sys.modules['peft'].__version__}, " if args.lora_config else "")
+                     + (f"liger-kernel {importlib.metadata.version('liger-kernel')}, " if args.loss != "full" else "")
                      + f"torch {torch.__version__}",
     }
     if args.trace:

@@ -86,6 +86,7 @@ bool RunFlags(absl::string_view payload) {
       {"offload_param", &ZplanOptions::offload_param},
       {"precision", &ZplanOptions::precision}, {"checkpointing", &ZplanOptions::checkpointing},
       {"checkpoint_every", &ZplanOptions::checkpoint_every}, {"checkpoint_offload", &ZplanOptions::checkpoint_offload},
+      {"loss", &ZplanOptions::loss},
       {"attention", &ZplanOptions::attention}, {"gpu", &ZplanOptions::gpu},
       {"host_ram_gib", &ZplanOptions::host_ram_gib}, {"budget_gib", &ZplanOptions::budget_gib},
       {"format", &ZplanOptions::format},       {"lora_r", &ZplanOptions::lora_r},
