@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "executor/fused_linear_cross_entropy.h"
 #include "planner/inventory.h"
 #include "planner/model_spec.h"
 #include "planner/status_macros.h"
@@ -513,6 +514,16 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     return out.to(at::kFloat).pow(2).mean();
   }
   const at::Tensor& head = spec_.tie_word_embeddings() ? Param("embed_tokens.weight") : Param("lm_head.weight");
+  if (saves_.fused_loss) {
+    // LigerForCausalLMLoss: the labels padded by one and copied shifted (zrun's
+    // targets come shifted: the copy is of their first s, the same bytes),
+    // then the fused loss over the flattened final norm output.
+    if (hooks.before_logits) hooks.before_logits();
+    const at::Tensor padded = at::constant_pad_nd(targets, {0, 1}, static_cast<double>(kIgnoreIndex));
+    const at::Tensor labels = padded.narrow(1, 0, s).contiguous();
+    at::Tensor loss = FusedLinearCrossEntropy(final_norm.view({b * s, h}), head, labels.view({b * s}));
+    return hooks.active() ? BeforeBackward::apply(loss, &hooks, head_part) : loss;
+  }
   at::Tensor logits32;
   {
     // The working-dtype logits die here, before log-softmax allocates.

@@ -13,7 +13,8 @@
 // activation inventory lists, no more: RMSNorm is a custom function saving
 // its input and fp32 rstd; RoPE multiplies by constant tables; SDPA or eager
 // attention; the LM head's working-dtype logits are released before the fp32
-// log-softmax. A ViT embeds its image with the patch Conv2d, the CLS token
+// log-softmax, or (SavePolicy::fused_loss) the LM head and loss are Liger's
+// fused linear cross-entropy (fused_linear_cross_entropy.h). A ViT embeds its image with the patch Conv2d, the CLS token
 // and learned positions, attends bidirectionally and classifies from the
 // CLS token. A checkpointed block keeps only its input (in pinned host
 // memory when offloaded) and is recomputed in backward. With LoRA (ModelSpec.lora) the base parameters

@@ -508,15 +508,6 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
           "loss (--loss liger-fused): Liger's fused linear cross-entropy replaces a language model's LM head and "
           "loss; this model has none; drop --loss");
     }
-    // Liger's transformers forwards (e.g. liger_kernel/transformers/model/llama.py, lce_forward) read
-    // lm_head.weight without calling the module, so ZeRO-3's gather hook never runs and the kernel gets
-    // the rank's empty partition.
-    if (s.stage == 3) {
-      return absl::InvalidArgumentError(
-          "loss (--loss liger-fused): under ZeRO-3 Liger's fused loss reads lm_head.weight as the rank's empty "
-          "partition (its forward never calls the LM head, so DeepSpeed gathers nothing); use ZeRO stage 0-2 or "
-          "--loss full");
-    }
     if (model.has_lora()) {
       return absl::InvalidArgumentError(
           "loss (--loss liger-fused): the fused loss with LoRA is not modelled yet; drop --loss or the LoRA config");

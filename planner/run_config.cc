@@ -95,6 +95,15 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zero.stage (--zero-stage): ZeRO has stages 0, 1, 2 and 3, got ", zero.stage()));
   }
+  // Liger's transformers forwards (e.g. liger_kernel/transformers/model/llama.py, lce_forward) read
+  // lm_head.weight without calling the module, so ZeRO-3's gather hook never runs and the kernel gets
+  // the rank's empty partition.
+  if (config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR && zero.stage() == 3) {
+    return absl::InvalidArgumentError(
+        "loss (--loss liger-fused): under ZeRO-3 Liger's fused loss reads lm_head.weight as the rank's empty "
+        "partition (its forward never calls the LM head, so DeepSpeed gathers nothing); use ZeRO stage 0-2 or "
+        "--loss full");
+  }
   if (zero.offload_param() == OFFLOAD_CPU && zero.stage() != 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zero.offload_param (--offload-param): parameter offload needs ZeRO stage 3, got stage ",

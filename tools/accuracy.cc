@@ -251,6 +251,13 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("vit-wide-z2-bf16-w2-eager", kVitWide, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2"}),
       Case("vit-wide-z3-fp32-w2-offload-both", kVitWide, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2"}),
       Case("vit-wide-z3-bf16-w4-ckpt", kVitWide, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--checkpointing", "true", "--micro-batch", "2"}),
+      // Liger's fused linear cross-entropy (stages 0-2): untied and tied heads, 16- and 32-bit, accumulation
+      // (the incoming gradient scales both kept gradients), checkpointing, a 32k vocabulary.
+      Case("tiny-z0-bf16-w1-fused-loss-s512", kTiny, {"--loss", "liger-fused", "--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3-z1-fp32-w2-fused-loss", kQwen3, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("gpt2-z2-fp16-w2-fused-loss-ga2", kGpt2, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "2", "--precision", "fp16", "--gpus", "2", "--grad-accum", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-z2-bf16-w2-fused-loss-ckpt-b4-s256", kTiny, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "4", "--seq", "256"}),
+      Case("wide-qwen3-z1-bf16-w2-fused-loss-s1024", kWideQwen3, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "1", "--seq", "1024"}),
   };
 }
 
@@ -275,6 +282,13 @@ AccuracyCase WithCheckpointing(AccuracyCase c, int every, bool offload) {
                                            offload ? "true" : "false"});
   c.oracle_args.insert(c.oracle_args.end(), {"--checkpoint-every", absl::StrCat(every)});
   if (offload) c.oracle_args.push_back("--checkpoint-offload");
+  return c;
+}
+
+AccuracyCase WithFusedLoss(AccuracyCase c) {
+  for (std::vector<std::string>* args : {&c.zplan_args, &c.oracle_args}) {
+    args->insert(args->end(), {"--loss", "liger-fused"});
+  }
   return c;
 }
 
@@ -413,6 +427,14 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithCheckpointing(DeepSpeedCase("vit-z1-fp32-ckpt-every2", vit_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2,
                                       257, "sdpa", true),
                         2, false),
+      // Liger's fused linear cross-entropy (use_liger_kernel), its two Triton kernels ported to numpy:
+      // untied and tied heads, fp32, accumulation (the scaled backward), checkpointing, offload.
+      WithFusedLoss(DeepSpeedCase("fused-loss-z0-bf16", llama, DsConfig(0, "bf16", 2, 1), 1, 256)),
+      WithFusedLoss(DeepSpeedCase("fused-loss-z1-fp32-qwen3-tied", qwen3, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256)),
+      WithFusedLoss(DeepSpeedCase("fused-loss-z2-bf16-mistral-ga2-ckpt", mistral, DsConfig(2, "bf16", 1, 2, "", kSmall),
+                                  2, 256, "sdpa", true)),
+      WithFusedLoss(DeepSpeedCase("fused-loss-z2-bf16-qwen2-offload", qwen2,
+                                  DsConfig(2, "bf16", 2, 1, "", With({kSmall, kOffload})), 2, 128)),
       // LoRA on a frozen model (peft).
       WithLora(DeepSpeedCase("lora-z0-bf16-qv", llama, DsConfig(0, "bf16", 2, 1), 1, 256), lora_qv),
       WithLora(DeepSpeedCase("lora-z1-bf16-offload-qv", llama, DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})),

@@ -61,6 +61,9 @@ AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::
 // workspace), given to zplan and to the oracle alike.
 AccuracyCase WithLora(AccuracyCase c, const std::string& adapter_config);
 
+// `c` with Liger's fused linear cross-entropy (zplan and the oracle's --loss liger-fused).
+AccuracyCase WithFusedLoss(AccuracyCase c);
+
 // `c` (checkpointed) with transformers' activation_checkpointing_enable
 // arguments: every `every`-th block, inputs offloaded or not.
 AccuracyCase WithCheckpointing(AccuracyCase c, int every, bool offload);

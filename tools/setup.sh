@@ -5,14 +5,15 @@
 # the DeepSpeed + transformers versions the planner models, for the oracle
 # (tools/deepspeed_oracle.py; accelerate because transformers' DeepSpeed
 # integration requires it, ninja for DeepSpeed's JIT ops, peft for its LoRA
-# runs).
+# runs, liger-kernel for its fused linear cross-entropy runs).
 # Running it again only checks.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 torch_version=2.11.0
 # The versions the planner models (docs/deepspeed_model.md).
-python_packages=(deepspeed==0.19.8 transformers==5.23.0 accelerate==1.15.0 ninja==1.13.2 peft==0.21.2)
+python_packages=(deepspeed==0.19.8 transformers==5.23.0 accelerate==1.15.0 ninja==1.13.2 peft==0.21.2
+                 liger-kernel==0.8.5)
 packages=(
   bazel-bootstrap bazel-platforms bazel-rules-java   # Bazel 4.2.3, offline (DESIGN §5)
   libabsl-dev libprotobuf-dev protobuf-compiler       # Abseil, Protocol Buffers
