@@ -1,5 +1,7 @@
 #include "executor/cpu_gemm.h"
 
+#include <cstdlib>
+
 // The dispatch stubs' per-capability kernels are static members declared only
 // under the capability macros libtorch_cpu was built with (x86-64: DEFAULT,
 // AVX2, AVX512).
@@ -101,6 +103,8 @@ void Gemm(c10::ScalarType type, TransposeType transa, TransposeType transb, int6
 // them).
 const bool kRegistered = [] {
   using Stub = std::remove_reference_t<decltype(at::native::cpublas::gemm_stub)>;
+  // oneDNN reads its ISA cap once, at its first use, which is after us.
+  setenv("ONEDNN_MAX_CPU_ISA", kOneDnnMaxCpuIsa, /*overwrite=*/0);
   __builtin_cpu_init();  // we run among the static constructors
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&

@@ -13,8 +13,15 @@
 // it replaces), accumulated in fp32 and rounded once, as those loops do.
 // Other dtypes go to the kernel ATen chose. No tensor is allocated (the panels
 // are plain heap memory, not c10's allocator), so what zrun and the DeepSpeed
-// oracle measure is unchanged; only the time changes. Where oneDNN takes the
-// product, the stubs are never reached and nothing changes.
+// oracle measure is unchanged; only the time changes.
+//
+// Where the CPU has AVX512 ATen would give these products to oneDNN instead,
+// whose bf16/fp16 matmul allocates reorder buffers through c10 that no GPU
+// and no plan has (an Intel Xeon measured 1.3 MiB more at a ViT's backward
+// than an AMD EPYC, docs/accuracy.md #52). Loading this library caps oneDNN
+// at kOneDnnMaxCpuIsa (ONEDNN_MAX_CPU_ISA, unless already set), so that
+// ideep::has_bf16_type_support() is false and every x86 CPU takes these
+// panels: CPU ranks measure the same bytes on every machine.
 //
 // A process must load this before its first 16-bit product: the dispatch stub
 // caches the kernel it chose at its first call.
@@ -24,6 +31,9 @@
 #include <cstdint>
 
 namespace zplan {
+
+// oneDNN's ISA cap for processes that load this library.
+inline constexpr char kOneDnnMaxCpuIsa[] = "AVX2";
 
 // 16-bit products this process has computed through the fp32 panels (0 where
 // oneDNN took them all).

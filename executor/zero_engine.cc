@@ -15,6 +15,7 @@
 #include "executor/counting_allocator.h"
 #include "executor/device_memory.h"
 #include "planner/inventory.h"
+#include "planner/memory_model.h"
 #include "planner/run_config.h"
 #include "planner/sharding.h"
 #include "planner/status_macros.h"
@@ -121,33 +122,41 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   const int rank = comm->rank();
   const int num_layers = static_cast<int>(model->spec().num_layers());
 
-  // Frozen parameters (LoRA's base model) stay the model's own tensors in
-  // the working dtype: no flat buffer, gradient or optimizer state, as
-  // DeepSpeed's ZeRO-1/2 optimizers flatten only the parameters they are given.
-  if (e->stage_ == 3 && model->spec().has_lora()) {
-    return absl::FailedPreconditionError(
-        "model.lora: zrun trains LoRA at ZeRO stages 0-2; stage 3 (frozen chunks beside fp32 adapters) is not built "
-        "yet");
-  }
+  // Frozen parameters (LoRA's base model) have no flat buffer, gradient or
+  // optimizer state, as DeepSpeed's optimizers hold only the parameters they
+  // are given: below stage 3 they stay the model's own tensors in the working
+  // dtype; stage 3 partitions and gathers them with the rest (zero.Init).
   int64_t total = 0;
   for (auto& [name, param] : model->mutable_parameters()) {
-    if (!param.requires_grad()) continue;
+    const bool frozen = !param.requires_grad();
+    if (frozen && e->stage_ < 3) continue;
     Slot slot;
     slot.name = name;
     slot.param = param;
+    slot.frozen = frozen;
     slot.shape = param.sizes().vec();
     slot.numel = param.numel();
     slot.flat_offset = total;
-    total += slot.numel;
+    if (!frozen) total += slot.numel;
     e->slots_.push_back(std::move(slot));
   }
-  ZPLAN_CHECK(!e->slots_.empty());
-  e->device_ = e->slots_.front().param.device();
-  e->dtype_ = e->slots_.front().param.scalar_type();
+  const auto first_trainable = std::find_if(e->slots_.begin(), e->slots_.end(), [](const Slot& s) { return !s.frozen; });
+  ZPLAN_CHECK(first_trainable != e->slots_.end());
+  e->device_ = first_trainable->param.device();
+  e->dtype_ = first_trainable->param.scalar_type();
+  for (const Slot& slot : e->slots_) {
+    if (!slot.frozen && slot.param.scalar_type() != e->dtype_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainable parameters in two dtypes (", slot.name, " is ", c10::toString(slot.param.scalar_type()), ", ",
+          first_trainable->name, " ", c10::toString(e->dtype_), "): zrun keeps one flat buffer of them"));
+    }
+  }
+  e->grad_dtype_ = e->fp16_ ? at::kHalf : e->mixed_ ? at::kBFloat16 : at::kFloat;
   const auto options = at::TensorOptions().dtype(e->dtype_).device(e->device_);
 
   // Ownership: stage 0 owns everything; stages 1/2 a slice of the flat
   // buffer; stage 3 a ceil(numel / N) chunk of every parameter.
+  int64_t frozen_numel = 0;  // stage 3: the frozen parameters' chunks
   if (e->stage_ < 3) {
     const int64_t shard = e->stage_ == 0 ? total : FlatShardElements(total, world);
     e->owned_begin_ = e->stage_ == 0 ? 0 : rank * shard;
@@ -167,8 +176,10 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
       slot.persistent = slot.numel <= zero.stage3_param_persistence_threshold() || e->unpartitioned_;
       slot.own_lo = std::min(rank * slot.shard_numel, slot.numel);
       slot.own_hi = std::min((rank + 1) * slot.shard_numel, slot.numel);
-      slot.own_dst = offset;
-      offset += slot.shard_numel;
+      // Trainable chunks first in flat_shards_ (the optimizer's), frozen ones in frozen_shards_.
+      int64_t& next = slot.frozen ? frozen_numel : offset;
+      slot.own_dst = next;
+      next += slot.shard_numel;
     }
     e->owned_numel_ = offset;
   }
@@ -178,6 +189,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   // records its parameter's shape when created, so create them while every
   // parameter is still whole.
   for (size_t i = 0; i < e->slots_.size(); ++i) {
+    if (e->slots_[i].frozen) continue;
     std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(e->slots_[i].param);
     if (e->stage_ >= 1) {
       acc->add_post_hook(std::make_unique<GradReadyHook>(e.get(), i));
@@ -214,10 +226,14 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     const bool offload_param = zero.offload_param() == OFFLOAD_CPU;
     e->flat_shards_ = offload_param ? HostZeros(e->owned_numel_, e->dtype_, pin)
                                     : at::zeros({e->owned_numel_}, options);
+    if (frozen_numel > 0) {
+      e->frozen_shards_ = offload_param ? HostZeros(frozen_numel, model->dtype(), pin)
+                                        : at::zeros({frozen_numel}, options.dtype(model->dtype()));
+    }
     e->parts_.resize(static_cast<size_t>(num_layers) + 2);
     for (size_t i = 0; i < e->slots_.size(); ++i) {
       Slot& slot = e->slots_[i];
-      at::Tensor chunk = e->flat_shards_.narrow(0, slot.own_dst, slot.own_hi - slot.own_lo);
+      at::Tensor chunk = e->ShardsOf(slot).narrow(0, slot.own_dst, slot.own_hi - slot.own_lo);
       if (model->materialized()) {
         chunk.copy_(slot.param.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
       } else {
@@ -227,7 +243,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
         // whole), the rest freed.
         const at::Tensor whole = model->InitialValue(i, e->device_);
         chunk.copy_(whole.view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
-        if (slot.persistent && !e->unpartitioned_) slot.param.set_data(whole.to(e->device_, e->dtype_));
+        if (slot.persistent && !e->unpartitioned_) slot.param.set_data(whole.to(e->device_, slot.param.scalar_type()));
       }
       if (e->unpartitioned_) slot.param.set_data(chunk.view(slot.shape));
       e->parts_[PartOf(slot.name, num_layers) + 1].push_back(i);
@@ -236,8 +252,13 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     // A tied LM head uses the embedding matrix.
     e->tied_head_ = model->spec().tie_word_embeddings() && model->spec().vocab_size() > 0;
     if (e->tied_head_) e->parts_[num_layers + 1].push_back(0);
-    // What DeepSpeed's coordinator keeps gathered from forward to backward.
-    e->retention_ = Stage3RetentionOf(ParameterInventory(model->spec()), e->tied_head_, zero);
+    // What DeepSpeed's coordinator keeps gathered from forward to backward
+    // (a module that runs no backward, e.g. a frozen embedding, is not kept).
+    const std::vector<TensorSpec> inventory = ParameterInventory(model->spec());
+    const SavePolicy saves = SavePolicyFor(config);
+    std::vector<bool> runs_backward;
+    for (const TensorSpec& t : inventory) runs_backward.push_back(RunsBackward(model->spec(), t, saves));
+    e->retention_ = Stage3RetentionOf(inventory, e->tied_head_, zero, runs_backward);
     for (int part = -1; part <= num_layers; ++part) e->Release(part, kReleaseAll);
   }
 
@@ -283,9 +304,9 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
     // grad_partitions_flat_buffer on the offload device).
     tag.emplace(COMPONENT_GRADS);
     if (e->offload_) {
-      e->grad_shard_ = HostZeros(e->owned_numel_, e->dtype_, pin);
+      e->grad_shard_ = HostZeros(e->owned_numel_, e->grad_dtype_, pin);
     } else {
-      e->grad_shard_ = at::zeros({e->owned_numel_}, options);
+      e->grad_shard_ = at::zeros({e->owned_numel_}, options.dtype(e->grad_dtype_));
     }
     e->AllocateBuckets();
     ZeroEngine* engine = e.get();
@@ -325,9 +346,10 @@ absl::Status ZeroEngine::GatherSlot(size_t index) {
   // pinned host shards (offload_param) the copy does not block the host;
   // the collective is ordered after it on the stream, and Step waits
   // before the host writes the shards again.
-  at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
+  at::Tensor full =
+      at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(slot.param.scalar_type()).device(device_));
   full.narrow(0, slot.shard_numel * comm_->rank(), slot.shard_numel)
-      .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel), /*non_blocking=*/true);
+      .copy_(ShardsOf(slot).narrow(0, slot.own_dst, slot.shard_numel), /*non_blocking=*/true);
   ZPLAN_RETURN_IF_ERROR(comm_->AllGatherInPlace(full));
   slot.param.set_data(full.narrow(0, 0, slot.numel).view(slot.shape));
   slot.gathered = true;
@@ -342,7 +364,7 @@ void ZeroEngine::Release(int part, ReleasePoint point) {
     // DeepSpeed keeps what it will use again soon (sharding.h, Stage3Retention).
     if (point == kAfterForward && (head ? retention_.head_kept : retention_.kept_after_forward[index])) continue;
     if (point == kAfterBackward && head && tied_head_ && retention_.embedding_kept) continue;
-    slot.param.set_data(at::empty({0}, at::TensorOptions().dtype(dtype_).device(device_)));
+    slot.param.set_data(at::empty({0}, at::TensorOptions().dtype(slot.param.scalar_type()).device(device_)));
     slot.gathered = false;
   }
 }
@@ -382,7 +404,8 @@ void ZeroEngine::AllocateBuckets() {
   ScopedMemoryTag tag(COMPONENT_BUFFERS);
   // Stage 3 keeps one bucket per gradient dtype (stage3.py, ipg_buckets).
   for (int i = 0; i < (zero.overlap_comm() && stage_ < 3 ? 2 : 1); ++i) {
-    buckets_.push_back(at::empty({zero.reduce_bucket_elements()}, at::TensorOptions().dtype(dtype_).device(device_)));
+    buckets_.push_back(
+        at::empty({zero.reduce_bucket_elements()}, at::TensorOptions().dtype(grad_dtype_).device(device_)));
   }
 }
 
@@ -727,7 +750,7 @@ absl::Status ZeroEngine::RefreshPersistent() {
   if (unpartitioned_) return absl::OkStatus();  // the parameters are their chunks
   const int world = comm_->world_size();
   for (Slot& slot : slots_) {
-    if (!slot.persistent) continue;
+    if (!slot.persistent || slot.frozen) continue;  // frozen ones never change
     at::Tensor full = at::empty({slot.shard_numel * world}, at::TensorOptions().dtype(dtype_).device(device_));
     full.narrow(0, slot.shard_numel * comm_->rank(), slot.shard_numel)
         .copy_(flat_shards_.narrow(0, slot.own_dst, slot.shard_numel));
@@ -832,8 +855,9 @@ CheckpointShard ZeroEngine::SaveState() const {
   shard.set_world_size(comm_->world_size());
   shard.set_stage(stage_);
   shard.set_precision(config_.precision() == PRECISION_FP32 ? "fp32" : fp16_ ? "fp16" : "bf16");
+  // Frozen parameters are rebuilt from the seed: only what trains is saved.
   int64_t total = 0;
-  for (const Slot& slot : slots_) total += slot.numel;
+  for (const Slot& slot : slots_) total += slot.frozen ? 0 : slot.numel;
   shard.set_total_params(total);
   shard.set_loss_scale(loss_scale_);
   shard.set_good_steps(good_steps_);
@@ -844,6 +868,7 @@ CheckpointShard ZeroEngine::SaveState() const {
   *shard.add_tensors() = ToNamed("exp_avg_sq", exp_avg_sq_);
   *shard.add_tensors() = ToNamed("step_count", step_count_.reshape({1}));
   for (const Slot& slot : slots_) {
+    if (slot.frozen) continue;
     OwnedSlice* s = shard.add_slices();
     s->set_param(slot.name);
     for (int64_t d : slot.shape) s->add_shape(d);

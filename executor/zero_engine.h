@@ -35,6 +35,11 @@
 //            (Transformer::Create's `materialize`), each parameter is
 //            created whole, on the host in fp32, only while its chunk is
 //            taken (zero.Init), so no rank ever holds the whole model.
+//            Frozen parameters (LoRA's base model) are partitioned and
+//            gathered with the rest, from a buffer of their own, and have no
+//            gradient or optimizer state; the trainable ones (LoRA's fp32
+//            adapters) reduce through buckets and a gradient partition in the
+//            working dtype, DeepSpeed's communication and accumulation dtype.
 // Mixed precision keeps working-dtype parameters and gradients and fp32
 // master weights; fp16 adds dynamic loss scaling; fp32 updates the
 // parameters directly. Gradients are averaged over ranks and accumulation
@@ -122,6 +127,7 @@ class ZeroEngine {
     // own_dst in the owned buffers (master, Adam states, gradient shard).
     int64_t own_lo = 0, own_hi = 0, own_dst = 0;
     // Stage 3.
+    bool frozen = false;      // no gradient: its chunk is in frozen_shards_
     int64_t shard_numel = 0;  // ceil(numel / world)
     bool persistent = false;  // kept whole on every rank
     bool gathered = false;
@@ -155,6 +161,8 @@ class ZeroEngine {
   absl::Status FinishBackward(bool last_micro_step);
   absl::Status Gather(int part);
   absl::Status GatherSlot(size_t index);
+  // Stage 3: the buffer holding the slot's chunk.
+  const at::Tensor& ShardsOf(const Slot& slot) const { return slot.frozen ? frozen_shards_ : flat_shards_; }
   enum ReleasePoint { kAfterForward, kAfterBackward, kReleaseAll };
   void Release(int part, ReleasePoint point);
   absl::Status GatherWithPrefetch(int part, int next);
@@ -187,10 +195,15 @@ class ZeroEngine {
   bool offload_ = false;
   bool pin_memory_ = false;     // offloaded host buffers are page-locked
   at::Device device_ = at::kCPU;
-  at::ScalarType dtype_ = at::kFloat;
+  at::ScalarType dtype_ = at::kFloat;  // the trainable parameters'
+  // Gradient buckets and partitions: the working dtype (DeepSpeed's
+  // communication_data_type and gradient_accumulation_dtype).
+  at::ScalarType grad_dtype_ = at::kFloat;
+  // Trainable parameters (stage 3: every parameter, in inventory order).
   std::vector<Slot> slots_;
   at::Tensor flat_params_;      // stages 0-2: [padded] working dtype; parameters are views
-  at::Tensor flat_shards_;      // stage 3: [owned] working dtype (host with offload_param)
+  at::Tensor flat_shards_;      // stage 3: [owned] trainable chunks (host with offload_param)
+  at::Tensor frozen_shards_;    // stage 3: the frozen parameters' chunks, in their dtype
   std::vector<std::vector<size_t>> parts_;  // stage 3: slots of part p at index p + 1
   bool tied_head_ = false;      // stage 3: the head's part holds the embedding
   bool unpartitioned_ = false;  // stage 3 on one rank: parameters are views of flat_shards_

@@ -413,12 +413,6 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   absl::Status status = ValidateZrunOptions(options);
   if (status.ok()) status = ReadProtoFile(options.plan_path, &plan);
   if (status.ok()) status = ValidatePlan(plan, options.plan_path);
-  if (status.ok() && plan.model().has_lora() && plan.config().zero().stage() == 3) {
-    // The planner models it against DeepSpeed + peft (docs/deepspeed_agreement.md).
-    status = absl::FailedPreconditionError(absl::StrCat(
-        options.plan_path, ": model.lora: zrun trains LoRA at ZeRO stages 0-2 only so far; plan a lower stage to "
-        "run it, or check the stage-3 plan against DeepSpeed with tools/deepspeed_oracle.py --lora-config"));
-  }
   if (!status.ok()) {
     err << "zrun: " << status.message() << "\n";
     return kExitBadInput;

@@ -235,10 +235,13 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("wide-qwen3-z2-bf16-w2-ckpt-s1024", kWideQwen3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "1", "--seq", "1024"}),
       Case("wide-qwen3-z2-fp32-w1-eager-s1024", kWideQwen3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "fp32", "--gpus", "1", "--attention", "eager", "--micro-batch", "1", "--seq", "1024"}),
       Case("wide-gpt2-z0-bf16-w1-s1024", kWideGpt2, {"--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "1", "--seq", "1024"}),
-      // LoRA on the frozen model (ZeRO-0 to 2: zrun does not train it at stage 3 yet).
+      // LoRA on the frozen model; at ZeRO-3 the frozen chunks are gathered beside fp32 adapters.
       Case("tiny-lora-qv-z0-bf16-w1", kTiny, {"--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "2", "--seq", "256"}),
       Case("tiny-lora-all-z1-bf16-w2-offload", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--micro-batch", "2", "--seq", "128"}),
       Case("qwen3-lora-mlp-z2-bf16-w2-eager", kQwen3, {"--ds-config", ds, "--lora-r", "4", "--lora-targets", "up_proj,down_proj", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-lora-qv-z3-bf16-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3-lora-all-z3-bf16-w2-offload-both-ckpt", kQwen3, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-lora-mlp-z3-fp32-w1", kTiny, {"--lora-r", "4", "--lora-targets", "gate_proj,up_proj,down_proj", "--zero-stage", "3", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "128"}),
       Case("gpt2-lora-qv-z2-fp32-w2-dropout", kGpt2Dropout, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       // transformers' activation_checkpointing_enable(every_n_layers, offload). On CPU ranks the offload is
       // moot (host memory is device memory): planned and run without it, as the ranks do.

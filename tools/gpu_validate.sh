@@ -151,6 +151,9 @@ run_case "$model_8b, rank 15 of 16, ZeRO-3 + ckpt, seq $long_seq" --emulate-rank
 run_case "$backend 1, ZeRO-2 + ckpt every 2, offloaded" -- --gpus 1 --zero-stage 2 --checkpointing true \
   --checkpoint-every 2 --checkpoint-offload true
 run_case "$backend 1, ViT, ZeRO-2 + ckpt" -- "${vit[@]}" --gpus 1 --zero-stage 2 --checkpointing true
+# Liger's fused linear cross-entropy on CUDA: one [chunk, V] buffer, addmm into the weight gradient.
+run_case "$backend 1, $big_model fused loss, ZeRO-2, mb 4" -- --model "$big_model" --seq "$long_seq" \
+  --micro-batch 4 --gpus 1 --zero-stage 2 --loss liger-fused
 
 # Speed: zrun and the PyTorch loops on the same model, batch and device.
 speed_rows=()

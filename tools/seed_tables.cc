@@ -52,6 +52,15 @@ RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c) {
   return config;
 }
 
+RunConfig WithOption(RunConfig config, const SeedOption& o) {
+  if (o.has_zero_stage()) config.mutable_zero()->set_stage(o.zero_stage());
+  if (o.has_offload_optimizer()) config.mutable_zero()->set_offload_optimizer(o.offload_optimizer());
+  if (o.has_offload_param()) config.mutable_zero()->set_offload_param(o.offload_param());
+  if (o.has_checkpoint_offload()) config.set_checkpoint_offload(o.checkpoint_offload());
+  if (o.loss() != LOSS_IMPL_UNSPECIFIED) config.set_loss(o.loss());
+  return config;
+}
+
 // The scenario's model with its LoRA adapters (at `rank` when > 0).
 absl::StatusOr<ModelSpec> ScenarioModel(const SeedScenario& s, const SeedClaim& c, int64_t rank = 0) {
   if (!c.model().empty()) return LoadPreset(c.model());
@@ -175,6 +184,29 @@ struct Row {
   std::string verdict;
 };
 
+// Within the guide's range, or ±kPointTolerance of a point figure.
+bool InClaimedRange(const SeedClaim& c, double v) {
+  return c.low_gb() == c.high_gb() ? std::fabs(v - c.low_gb()) <= kPointTolerance * c.low_gb()
+                                   : v >= c.low_gb() && v <= c.high_gb();
+}
+
+// The rows an option is shown for: whole-GPU and host figures.
+bool ShownWithOptions(const SeedClaim& c) {
+  return (c.quantity() == QUANTITY_DEVICE_PEAK || c.quantity() == QUANTITY_HOST_PER_NODE) &&
+         (c.low_gb() > 0 || c.high_gb() > 0);
+}
+
+// One option's cell for one claim: the figure and whether it lands in the
+// guide's range, or why the option cannot run there.
+absl::StatusOr<std::string> OptionCell(const SeedScenario& s, const SeedClaim& c, const SeedOption& o) {
+  ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, ScenarioModel(s, c));
+  absl::StatusOr<Plan> plan = BuildPlan(model, WithOption(RowConfig(s, c), o), {.record_timeline = false});
+  if (absl::IsInvalidArgument(plan.status())) return std::string("cannot run here");
+  ZPLAN_RETURN_IF_ERROR(plan.status());
+  const double v = Value(*plan, c.quantity());
+  return absl::StrFormat("%.2f%s", v, InClaimedRange(c, v) ? " (agrees)" : "");
+}
+
 absl::StatusOr<Row> Judge(const SeedScenario& s, const SeedClaim& c) {
   Row row;
   if (c.quantity() == QUANTITY_SUM_CHECK) {
@@ -211,8 +243,7 @@ absl::StatusOr<Row> Judge(const SeedScenario& s, const SeedClaim& c) {
     return row;
   }
   const bool point = c.low_gb() == c.high_gb();
-  const bool agrees = point ? std::fabs(v - c.low_gb()) <= kPointTolerance * c.low_gb()
-                            : v >= c.low_gb() && v <= c.high_gb();
+  const bool agrees = InClaimedRange(c, v);
   if (s.has_lora() && c.model().empty() &&
       (c.quantity() == QUANTITY_DEVICE_GRADS || c.quantity() == QUANTITY_DEVICE_OPTIMIZER)) {
     ZPLAN_ASSIGN_OR_RETURN(row.verdict, LoraVerdict(s, c, v, agrees, note));
@@ -277,6 +308,25 @@ absl::StatusOr<std::string> GenerateSeedTables() {
                                                                          : Claimed(claim);
       absl::StrAppend(&out, "| ", Cell(claim.table()), " | ", Cell(claim.row()), " | ", Cell(claim.quote()), " | ",
                       claimed, " | ", row.zplan, " | ", Cell(row.verdict), " |\n");
+    }
+    if (s.options().empty()) continue;
+    absl::StrAppend(&out, "\nOptions, each on top of the row's configuration (GiB; *agrees* as above):\n\n");
+    for (const SeedOption& o : s.options()) absl::StrAppend(&out, "- **", o.label(), "**: ", o.note(), "\n");
+    absl::StrAppend(&out, "\n| table | row | claimed GB | zplan GiB |");
+    for (const SeedOption& o : s.options()) absl::StrAppend(&out, " ", Cell(o.label()), " |");
+    absl::StrAppend(&out, "\n|---|---|---|---|");
+    for (int i = 0; i < s.options_size(); ++i) absl::StrAppend(&out, "---|");
+    absl::StrAppend(&out, "\n");
+    for (const SeedClaim& claim : s.claims()) {
+      if (!ShownWithOptions(claim)) continue;
+      ZPLAN_ASSIGN_OR_RETURN(Row row, Judge(s, claim));
+      absl::StrAppend(&out, "| ", Cell(claim.table()), " | ", Cell(claim.row()), " | ", Claimed(claim), " | ",
+                      row.zplan, " |");
+      for (const SeedOption& o : s.options()) {
+        ZPLAN_ASSIGN_OR_RETURN(std::string cell, OptionCell(s, claim, o));
+        absl::StrAppend(&out, " ", cell, " |");
+      }
+      absl::StrAppend(&out, "\n");
     }
   }
   return out;
