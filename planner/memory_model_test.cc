@@ -315,3 +315,59 @@ TEST(MemoryModelTest, LoraActivationsFollowWhatAutogradKeeps) {
 
 }  // namespace
 }  // namespace zplan
+
+namespace zplan {
+namespace {
+
+// Liger's own example (fused_linear_cross_entropy_forward's comment): BT =
+// 4096 x 4, V = 32000, H = 4096 gives chunks of 2048 tokens; a chunk never
+// exceeds the tokens there are.
+TEST(FusedLossTest, ChunksAsLiger) {
+  EXPECT_EQ(FusedLossChunkTokens(4096 * 4, 32000, 4096), 2048);
+  EXPECT_EQ(FusedLossChunkTokens(512, 2048, 128), 32);   // the oracle's llama tiny row
+  EXPECT_EQ(FusedLossChunkTokens(100, 1000, 4096), 100);  // one chunk: the budget covers them all
+}
+
+// What the fused loss keeps does not grow with b·s·V: a vocabulary four times
+// larger adds only the V·h terms (the head's gradient and the chunk's products),
+// where the full loss adds 3 more fp32 logits' worth.
+TEST(FusedLossTest, LogitsDoNotScaleWithTokensTimesVocabulary) {
+  auto model = LoadPreset("1b");
+  ASSERT_TRUE(model.ok()) << model.status();
+  RunConfig config = Config(2, 8);
+  config.set_micro_batch_size(2);
+  config.set_seq_length(8192);
+  config.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
+  const StepSizes fused = Sizes(*model, config);
+  EXPECT_EQ(fused.loss_chunk, FusedLossChunkTokens(2 * 8192, model->vocab_size(), 2048) * model->vocab_size() * 2);
+  const MemoryBreakdown peak = ClosedFormDevicePeak(fused);
+  config.set_loss(LOSS_IMPL_FULL_LOGITS);
+  const MemoryBreakdown full = ClosedFormDevicePeak(Sizes(*model, config));
+  // The full loss peaks with three fp32 b·s·V tensors; the fused one holds none.
+  EXPECT_GE(full.logits_bytes(), 3 * fused.logits_fp32);
+  EXPECT_LT(peak.logits_bytes(), fused.logits_fp32 / 4);
+  EXPECT_LT(peak.peak_bytes(), full.peak_bytes());
+}
+
+TEST(FusedLossTest, RefusedWhereLigerCannotRun) {
+  auto model = LoadPreset("1b");
+  ASSERT_TRUE(model.ok());
+  RunConfig config = Config(3, 8);
+  config.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
+  const absl::Status stage3 = ValidateRunConfig(config);
+  EXPECT_TRUE(absl::IsInvalidArgument(stage3));
+  EXPECT_NE(stage3.message().find("--loss liger-fused"), std::string::npos) << stage3;
+  EXPECT_NE(stage3.message().find("empty partition"), std::string::npos) << stage3;
+  auto vit = LoadPreset("vit-b-encoder");
+  ASSERT_TRUE(vit.ok());
+  config = Config(2, 8);
+  config.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
+  config.set_seq_length(VisionTokens(*vit));
+  auto gpu = FindGpu(config.cluster().gpu());
+  const auto sizes = ComputeStepSizes(*vit, config, *gpu);
+  EXPECT_TRUE(absl::IsInvalidArgument(sizes.status()));
+  EXPECT_NE(sizes.status().message().find("has none"), std::string::npos) << sizes.status();
+}
+
+}  // namespace
+}  // namespace zplan

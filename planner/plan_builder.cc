@@ -287,11 +287,13 @@ absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const Run
     GridRow row;
     row.option = option;
     row.plan = PlanFor(p, row_options);
-    if (!fused && option.stage < 3 && p.sizes.has_head && p.model.vocab_size() > 0 && !p.model.has_lora()) {
+    if (!fused) {
+      // The same row with the fused loss; where it cannot run (ZeRO-3, no LM
+      // head, LoRA) Prepare says why and the column stays empty.
       RunConfig with_fused = p.config;
       with_fused.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
-      ZPLAN_ASSIGN_OR_RETURN(const Prepared f, Prepare(p.model, with_fused));
-      row.fused_loss_peak_bytes = PlanFor(f, row_options).device_per_rank().peak_bytes();
+      const absl::StatusOr<Prepared> f = Prepare(p.model, with_fused);
+      if (f.ok()) row.fused_loss_peak_bytes = PlanFor(*f, row_options).device_per_rank().peak_bytes();
     }
     if (p.gpu.capacity_bytes() > 0 || options.device_budget_bytes > 0) {
       ZPLAN_ASSIGN_OR_RETURN(row.max_micro_batch, LargestFittingShape(p, options.device_budget_bytes, true));

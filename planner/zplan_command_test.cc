@@ -357,6 +357,34 @@ TEST(ZplanCommandTest, CheckpointEveryAndOffloadMoveActivations) {
   EXPECT_NE(status.message().find("--checkpointing true"), std::string::npos) << status;
 }
 
+// The grid shows each row's peak with Liger's fused loss ('-' at ZeRO-3);
+// --loss liger-fused plans it, leaves ZeRO-3 out of its grid, and a stage-3
+// breakdown or an unknown value is refused naming the flag.
+TEST(ZplanCommandTest, FusedLossColumnAndFlag) {
+  ZplanOptions o = Base();
+  o.micro_batch = "2";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find("fused loss GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("lm_head.weight partitioned"), std::string::npos) << text;
+  o.loss = "liger-fused";
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find("Liger fused loss"), std::string::npos) << text;
+  EXPECT_EQ(text.find("3      none"), std::string::npos) << text;
+  EXPECT_NE(text.find("ZeRO-3 rows left out"), std::string::npos) << text;
+  o.zero_stage = "2";
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  // The loss no longer sets the peak (backward does).
+  EXPECT_EQ(text.find("log-softmax"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU peak at: backward"), std::string::npos) << text;
+  o.zero_stage = "3";
+  absl::Status status = RunCapture(o);
+  EXPECT_NE(status.message().find("--loss liger-fused"), std::string::npos) << status;
+  o.loss = "chunked";
+  status = RunCapture(o);
+  EXPECT_NE(status.message().find("full or liger-fused"), std::string::npos) << status;
+}
+
 // A ViT's image gives its sequence: zplan plans it without --seq, and the
 // max-seq search answers the image's own.
 TEST(ZplanCommandTest, VitTakesItsSequenceFromTheImage) {

@@ -125,6 +125,7 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
   ZPLAN_RETURN_IF_ERROR(ReadProtoFile(report_path, &report));
   row.framework = report.framework().empty() ? "zrun" : report.framework();
   if (report.ranks().empty()) return absl::InternalError(absl::StrCat(c.name, ": report has no ranks"));
+  row.losses.assign(report.ranks(0).losses().begin(), report.ranks(0).losses().end());
   row.host_planned_bytes = row.plan.ranks(0).host().peak_bytes();
   row.device_ok = row.host_ok = true;
   for (const RankReport& r : report.ranks()) {
@@ -241,7 +242,7 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen3-lora-mlp-z2-bf16-w2-eager", kQwen3, {"--ds-config", ds, "--lora-r", "4", "--lora-targets", "up_proj,down_proj", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-lora-qv-z3-bf16-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("qwen3-lora-all-z3-bf16-w2-offload-both-ckpt", kQwen3, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
-      Case("tiny-lora-mlp-z3-fp32-w1", kTiny, {"--lora-r", "4", "--lora-targets", "gate_proj,up_proj,down_proj", "--zero-stage", "3", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-lora-mlp-z3-fp32-w1", kTiny, {"--ds-config", ds, "--lora-r", "4", "--lora-targets", "gate_proj,up_proj,down_proj", "--zero-stage", "3", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "128"}),
       Case("gpt2-lora-qv-z2-fp32-w2-dropout", kGpt2Dropout, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       // transformers' activation_checkpointing_enable(every_n_layers, offload). On CPU ranks the offload is
       // moot (host memory is device memory): planned and run without it, as the ranks do.

@@ -84,6 +84,7 @@ struct AccuracyRow {
   AccuracyCase config;
   Plan plan;
   std::string framework;          // what trained: "zrun" or the Report's framework
+  std::vector<double> losses;     // rank 0's, per optimizer step
   std::vector<RankMeasurement> ranks;
   // Derived: the rank with the largest |device error|, and the largest host miss.
   size_t worst_rank = 0;

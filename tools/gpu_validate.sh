@@ -5,7 +5,7 @@
 #                                    and torch 2.11 in $TORCH_VENV (default /opt/torch/.venv)
 #   tools/gpu_validate.sh --dry-run  the same matrix on CPU ranks (what the test suite runs)
 #
-# Matrix: NCCL world 1 (ZeRO 0, 2, 3; LoRA at ZeRO 0 and 2), Gloo with 2 and 4 processes sharing the
+# Matrix: NCCL world 1 (ZeRO 0, 2, 3; LoRA at ZeRO 0 and 2, and at 3 emulated; Liger's fused loss), Gloo with 2 and 4 processes sharing the
 # GPU, emulated ranks of world 8 and 64, a 70B model built with zero.Init as
 # rank 63 of 64 (twice the GPU's memory in bf16), and seed 000's scenario (1B, seq 8192,
 # ZeRO-3 with optimizer and parameter offload, checkpointing, accumulation 4)
@@ -117,6 +117,9 @@ run_case "$backend 1, ZeRO-0 + LoRA q/v r8" -- --gpus 1 --zero-stage 0 \
   --lora-config "$root/configs/peft/lora-qv-r8.json"
 run_case "$backend 1, ZeRO-2 + LoRA all r16, ckpt" -- --gpus 1 --zero-stage 2 --checkpointing true \
   --lora-config "$root/configs/peft/lora-all-linear-r16-dropout.json"
+# ZeRO-3: frozen chunks gathered beside fp32 adapters, as rank 7 of 8.
+run_case "emulated rank 7 of 8, ZeRO-3 + LoRA q/v" --emulate-rank 7 -- --gpus 8 --zero-stage 3 \
+  --lora-config "$root/configs/peft/lora-qv-r8.json"
 run_case "gloo 2 ranks, ZeRO-3" -- --gpus 2 --zero-stage 3
 # Four processes on one GPU each hold a whole plan: half the sequence fits them.
 run_case "gloo 4 ranks, ZeRO-2 + offload, accum 2" -- --gpus 4 --zero-stage 2 --offload-optimizer cpu --grad-accum 2 \
