@@ -150,9 +150,12 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   // as a pinned host copy, brought back for the recomputation, as
   // save_on_cpu(pin_memory=True) does to what the checkpoint saves (the
   // block's input: the tables and the mask are shared, measured in place).
+  // `checkpointing->deepspeed`: the input is kept as DeepSpeed's checkpoint
+  // keeps it (Checkpointing).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
                             const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
-                            const std::optional<at::Tensor>& mask, const BlockHooks* hooks, bool offload) {
+                            const std::optional<at::Tensor>& mask, const BlockHooks* hooks,
+                            const Checkpointing* checkpointing) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["layer"] = layer;
@@ -165,12 +168,38 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     }  // before the block draws its masks
     const at::Tensor none;
     at::Tensor kept = x;
-    if (offload) {
+    const bool on_cuda = x.device().is_cuda();
+    if (checkpointing->offload && on_cuda) {
       kept = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(true));
       kept.copy_(x);
-      ctx->saved_data["device"] = static_cast<int64_t>(x.device().index());
+    } else if (checkpointing->CopiesInput()) {
+      // partition_activations: the whole input (no model parallelism), cloned.
+      const DeepSpeedCheckpointing& ds = checkpointing->deepspeed;
+      at::Tensor copy = x.detach().contiguous().view(-1).clone();
+      const auto where = ds.cpu_checkpointing() && on_cuda ? at::Device(at::kCPU) : x.device();
+      if (ds.contiguous_memory_optimization()) {
+        c10::List<at::Tensor> buffers = checkpointing->contiguous_buffers;
+        if (buffers.empty()) {  // the first checkpointed block allocates them all
+          for (int i = 0; i < ds.number_checkpoints(); ++i) {
+            buffers.push_back(at::empty_like(copy, copy.options().device(where)));
+          }
+        }
+        // The copies fill the buffers in order (data_offsets).
+        const size_t next = static_cast<size_t>(layer / checkpointing->every);
+        TORCH_CHECK(next < buffers.size(), "number_checkpoints: too few contiguous buffers");
+        copy = buffers.get(next).copy_(copy);
+        ctx->saved_data["buffers"] = buffers;
+      } else if (where != x.device()) {
+        copy = copy.to(where);
+      }
+      kept = copy.view(x.sizes());
     }
-    ctx->save_for_backward({kept, cos.value_or(none), sin.value_or(none), mask.value_or(none)});
+    if (kept.device() != x.device()) {
+      ctx->saved_data["device"] = static_cast<int64_t>(x.device().index());
+      ctx->saved_data["non_blocking"] = checkpointing->offload;
+    }
+    const bool input_stays = checkpointing->CopiesInput() && checkpointing->zero3;
+    ctx->save_for_backward({kept, cos.value_or(none), sin.value_or(none), mask.value_or(none), input_stays ? x : none});
     return BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none), mask.value_or(none));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
@@ -201,11 +230,15 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   const auto* model = reinterpret_cast<const Transformer*>(ctx->saved_data["model"].toInt());
   const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
   const int layer = static_cast<int>(ctx->saved_data["layer"].toInt());
+  // DeepSpeed drops its buffer list first: the spare buffers go.
+  auto buffers = ctx->saved_data.find("buffers");
+  if (buffers != ctx->saved_data.end()) buffers->second.toTensorList().clear();
   auto offloaded = ctx->saved_data.find("device");
+  // save_on_cpu's pinned copy comes back asynchronously, DeepSpeed's with .to().
   at::Tensor x = offloaded == ctx->saved_data.end()
                      ? saved[0].detach()
                      : saved[0].to(at::Device(at::kCUDA, static_cast<at::DeviceIndex>(offloaded->second.toInt())),
-                                   /*non_blocking=*/true);
+                                   ctx->saved_data["non_blocking"].toBool());
   x.requires_grad_(true);
   if (hooks != nullptr && hooks->active()) hooks->before_backward(layer);
   at::Tensor y;
@@ -478,7 +511,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     if (checkpointing.Checkpoints(layer)) {
       auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
       x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), given(cos), given(sin), given(mask), &hooks,
-                                   checkpointing.offload && device_.is_cuda());
+                                   &checkpointing);
     } else if (hooks.active()) {
       x = AfterBackward::apply(x, &hooks, layer);
       x = BeforeBackward::apply(Block(layer, x, cos, sin, mask), &hooks, layer);

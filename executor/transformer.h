@@ -42,6 +42,7 @@
 #include "planner/inventory.h"
 #include "proto/inventory.pb.h"
 #include "proto/model.pb.h"
+#include "proto/run_config.pb.h"
 
 namespace zplan {
 
@@ -66,10 +67,30 @@ struct BlockHooks {
 // `every` are checkpointed (0: none); `offload` keeps their inputs in pinned
 // host memory (torch.autograd.graph.save_on_cpu) on a CUDA device, and is
 // moot on a CPU rank, whose host memory is its device memory.
+//
+// `deepspeed` checkpoints as deepspeed.checkpointing.checkpoint does with
+// the DeepSpeed config's activation_checkpointing block
+// (runtime/activation_checkpointing/checkpointing.py, CheckpointFunction):
+// with partition_activations the kept input is a copy made before the block
+// runs (the input itself goes after it), moved to pageable host memory by
+// cpu_checkpointing on a CUDA device; with contiguous_memory_optimization the
+// copies go into number_checkpoints buffers allocated at the first
+// checkpointed block, of which the first checkpointed backward lets the spare
+// ones go. Under ZeRO-3 the input stays beside its copy until the backward
+// (`zero3`: DeepSpeed's module hooks hand each block a detached view of the
+// last output, parameter_offload.py PreBackwardFunctionForModule, whose base
+// the checkpoint cannot release). cpu_checkpointing alone is moot on a CPU
+// rank (and refused by the planner on CUDA).
 struct Checkpointing {
   int every = 0;
   bool offload = false;
+  DeepSpeedCheckpointing deepspeed;
+  bool zero3 = false;
   bool Checkpoints(int layer) const { return every > 0 && layer % every == 0; }
+  bool CopiesInput() const { return deepspeed.enabled() && deepspeed.partition_activations(); }
+  // DeepSpeed's contiguous_data_buffers of the step in progress (a module
+  // global there); a c10::List is shared by its copies.
+  c10::List<at::Tensor> contiguous_buffers = c10::List<at::Tensor>();
 };
 
 class Transformer {

@@ -59,18 +59,58 @@ void ExpectCheckpointingMatches(Transformer& model, const Batch& batch, double e
     grads.push_back(p.grad().clone());
     p.mutable_grad() = at::Tensor();
   }
-  for (const int every : {1, 2}) {
+  // torch's checkpoint, and DeepSpeed's with partitioned (copied) inputs,
+  // in contiguous buffers too (one spare).
+  DeepSpeedCheckpointing partitioned, contiguous;
+  partitioned.set_enabled(true);
+  partitioned.set_partition_activations(true);
+  contiguous = partitioned;
+  contiguous.set_contiguous_memory_optimization(true);
+  contiguous.set_number_checkpoints(model.spec().num_layers() + 1);
+  for (const Checkpointing& checkpointing :
+       {Checkpointing{1}, Checkpointing{2}, Checkpointing{1, false, partitioned}, Checkpointing{2, false, contiguous}}) {
+    const std::string with = absl::StrCat(what, " every ", checkpointing.every, checkpointing.deepspeed.DebugString());
     at::manual_seed(11);
-    at::Tensor loss_ckpt = model.Loss(batch.ids, batch.targets, Checkpointing{every});
-    EXPECT_DOUBLE_EQ(loss_ckpt.item<double>(), loss.item<double>()) << what << " every " << every;
+    at::Tensor loss_ckpt = model.Loss(batch.ids, batch.targets, checkpointing);
+    EXPECT_DOUBLE_EQ(loss_ckpt.item<double>(), loss.item<double>()) << with;
     loss_ckpt.backward();
     size_t i = 0;
     for (auto& [name, p] : model.mutable_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << what << " " << name;
-      EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << what << " " << name << " every " << every;
+      ASSERT_TRUE(p.grad().defined()) << with << " " << name;
+      EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << with << " " << name;
       p.mutable_grad() = at::Tensor();
     }
+    EXPECT_TRUE(checkpointing.contiguous_buffers.empty()) << with << ": the buffers outlived the backward";
   }
+}
+
+// What DeepSpeed's checkpoint keeps after the forward, measured: a copy of
+// each checkpointed input in place of the input (partition_activations),
+// and in contiguous buffers all number_checkpoints of them, spare ones too.
+TEST(TransformerTest, DeepSpeedCheckpointKeepsCopiesAndContiguousBuffers) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  auto spec = LoadPreset("debug-tiny");
+  spec->set_num_layers(3);
+  auto model = Transformer::Create(*spec, at::kBFloat16, 1, at::kCPU);
+  ASSERT_TRUE(model.ok());
+  const int64_t b = 2, s = 64, block_input = b * s * spec->hidden_size() * 2;
+  const Batch batch = MakeBatch(*spec, b, s);
+  auto kept_after_forward = [&](const Checkpointing& checkpointing) {
+    const int64_t before = GetCpuMemoryStats().current_bytes;
+    at::Tensor loss = model->Loss(batch.ids, batch.targets, checkpointing);
+    const int64_t kept = GetCpuMemoryStats().current_bytes - before;
+    loss.backward();
+    for (auto& [name, p] : model->mutable_parameters()) p.mutable_grad() = at::Tensor();
+    return kept;
+  };
+  DeepSpeedCheckpointing ds;
+  ds.set_enabled(true);
+  ds.set_partition_activations(true);
+  const int64_t torch_kept = kept_after_forward(Checkpointing{2});
+  EXPECT_EQ(kept_after_forward(Checkpointing{2, false, ds}), torch_kept);
+  ds.set_contiguous_memory_optimization(true);
+  ds.set_number_checkpoints(5);  // blocks 0 and 2 checkpointed: three spare
+  EXPECT_EQ(kept_after_forward(Checkpointing{2, false, ds}), torch_kept + 3 * block_input);
 }
 
 TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {

@@ -149,6 +149,32 @@ absl::Status ApplyDeepSpeedConfig(absl::string_view text, absl::string_view sour
     }
   }
 
+  // Read by deepspeed.checkpointing.configure; it applies only where the
+  // model checkpoints through that function (RunConfig.deepspeed_checkpointing).
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> checkpointing, root.Object("activation_checkpointing"));
+  if (checkpointing) {
+    DeepSpeedCheckpointing* ds = config->mutable_deepspeed_checkpointing();
+    struct BoolKey {
+      const char* key;
+      void (DeepSpeedCheckpointing::*set)(bool);
+    };
+    for (const BoolKey& k : {BoolKey{"partition_activations", &DeepSpeedCheckpointing::set_partition_activations},
+                             BoolKey{"cpu_checkpointing", &DeepSpeedCheckpointing::set_cpu_checkpointing},
+                             BoolKey{"contiguous_memory_optimization",
+                                     &DeepSpeedCheckpointing::set_contiguous_memory_optimization}}) {
+      ZPLAN_ASSIGN_OR_RETURN(auto value, checkpointing->Bool(k.key));
+      if (value) (ds->*k.set)(*value);
+    }
+    ZPLAN_ASSIGN_OR_RETURN(auto number, checkpointing->Int("number_checkpoints"));
+    if (number) {
+      if (*number < 0 || *number > kMaxLayers) {
+        return checkpointing->Error("number_checkpoints", absl::StrCat(*number, " is outside 0 .. ", kMaxLayers,
+                                                                       "; give the number of checkpointed blocks"));
+      }
+      ds->set_number_checkpoints(static_cast<int32_t>(*number));
+    }
+  }
+
   ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> zero_json, root.Object("zero_optimization"));
   if (!zero_json) return absl::OkStatus();
   const JsonObject& z = *zero_json;

@@ -9,9 +9,12 @@
 // pin_memory), reduce_bucket_size, allgather_bucket_size, overlap_comm,
 // contiguous_gradients, stage3_prefetch_bucket_size,
 // stage3_param_persistence_threshold, stage3_max_live_parameters,
-// stage3_max_reuse_distance, sub_group_size, memory_efficient_linear, and the
-// deprecated cpu_offload
-// alias. Other keys are ignored (they do not change memory).
+// stage3_max_reuse_distance, sub_group_size, memory_efficient_linear, the
+// deprecated cpu_offload alias, and activation_checkpointing:
+// partition_activations, cpu_checkpointing, contiguous_memory_optimization,
+// number_checkpoints (which matter only where the model checkpoints through
+// deepspeed.checkpointing.checkpoint). Other keys are ignored (they do not
+// change memory).
 //
 // "auto" is resolved the way the Hugging Face integration does
 // (transformers integrations/deepspeed.py): reduce_bucket_size = h * h,

@@ -109,6 +109,21 @@ TEST(DsConfigTest, RejectsMalformedJsonWithLine) {
   EXPECT_EQ(std::string(s.message()), "ds_config.json:2:34: malformed JSON: a trailing comma before '}'; remove it");
 }
 
+TEST(DsConfigTest, ReadsTheActivationCheckpointingBlock) {
+  RunConfig config;
+  ASSERT_TRUE(Apply(R"({"activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
+                       "contiguous_memory_optimization": true, "number_checkpoints": 24}})",
+                    &config)
+                  .ok());
+  const DeepSpeedCheckpointing& ds = config.deepspeed_checkpointing();
+  EXPECT_TRUE(ds.partition_activations() && ds.cpu_checkpointing() && ds.contiguous_memory_optimization());
+  EXPECT_EQ(ds.number_checkpoints(), 24);
+  // The model's code, not the file, decides whether DeepSpeed's checkpoint runs.
+  EXPECT_FALSE(ds.enabled());
+  const absl::Status s = Apply(R"({"activation_checkpointing": {"number_checkpoints": -1}})", &config);
+  EXPECT_NE(s.message().find("activation_checkpointing.number_checkpoints"), std::string::npos) << s;
+}
+
 TEST(DsConfigTest, DeprecatedCpuOffloadAlias) {
   RunConfig config;
   ASSERT_TRUE(Apply(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})", &config).ok());

@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, checkpoint_every, "",
           "with --checkpointing: checkpoint blocks 0, k, 2k, ... only (transformers' every_n_layers; default 1)");
 ABSL_FLAG(std::string, checkpoint_offload, "",
           "with --checkpointing: keep checkpointed blocks' inputs in pinned host memory (transformers' offload)");
+ABSL_FLAG(std::string, checkpoint_function, "",
+          "with --checkpointing: torch (transformers' torch.utils.checkpoint, default) or deepspeed (the blocks call "
+          "deepspeed.checkpointing.checkpoint, which applies the DeepSpeed config's activation_checkpointing block)");
 ABSL_FLAG(std::string, attention, "", "sdpa (default) or eager");
 ABSL_FLAG(std::string, loss, "",
           "full (default: transformers' loss over b x s x V logits) or liger-fused (Liger's fused linear "
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
   o.checkpointing = absl::GetFlag(FLAGS_checkpointing);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.checkpoint_offload = absl::GetFlag(FLAGS_checkpoint_offload);
+  o.checkpoint_function = absl::GetFlag(FLAGS_checkpoint_function);
   o.attention = absl::GetFlag(FLAGS_attention);
   o.loss = absl::GetFlag(FLAGS_loss);
   o.gpu = absl::GetFlag(FLAGS_gpu);

@@ -97,8 +97,16 @@ Moment BestMoment(const StepSizes& s) {
     if (i < 0) return 0;
     if (!s.checkpointing) return s.block_saved * (i + 1) - s.block0_saved_less;
     const int64_t checkpointed = i / s.checkpoint_every + 1;
-    return (s.checkpoint_offload ? 0 : checkpointed * s.block_input) + (i + 1 - checkpointed) * s.block_saved;
+    return checkpointed * s.checkpoint_kept_inputs * s.block_input + (i + 1 - checkpointed) * s.block_saved;
   };
+  // DeepSpeed's contiguous checkpoint buffers that hold no input of blocks
+  // 0..i yet (forward; all exist from block 0), and after the forward the
+  // spare ones, alive until the first checkpointed block's backward.
+  auto empty_slots = [&](int i) -> int64_t {
+    return s.checkpoint_slots > 0 ? (s.checkpoint_slots - (i / s.checkpoint_every + 1)) * s.block_input : 0;
+  };
+  const int last_checkpointed = last - last % s.checkpoint_every;
+  auto spare_slots_in_backward = [&](int i) { return i > last_checkpointed ? empty_slots(last) : 0; };
   // What block i saves, and of that its MLP half (block 0 may keep less).
   auto saved_of = [&](int i) { return s.block_saved - (i == 0 ? s.block0_saved_less : 0); };
   auto saved_mlp_of = [&](int i) { return s.block_saved_mlp - (i == 0 ? s.block0_saved_mlp_less : 0); };
@@ -147,9 +155,10 @@ Moment BestMoment(const StepSizes& s) {
     Live l = base;
     if (!s.checkpointing) l[kActivations] += s.attention_mask;
     l[kParams] += embed_kept + ForwardGather(s, i);
-    l[kActivations] += saved_through(i - 1);
+    l[kActivations] += saved_through(i - 1) + empty_slots(i);
     if (s.Checkpointed(i)) {
-      l[kActivations] += s.block_input;
+      // Its input (and DeepSpeed's copy of it).
+      l[kActivations] += s.block_input * (s.checkpoint_copy_on_device ? 2 : 1);
       l[kTemps] += s.block_nograd_peak;
       consider(l, "forward, layer %d", i);
     } else {
@@ -165,7 +174,8 @@ Moment BestMoment(const StepSizes& s) {
   // The final norm's saved tensors appear while the eager mask is still alive.
   {
     Live l = base;
-    l[kActivations] += saved_through(last) + s.final_norm_saved + (s.checkpointing ? 0 : s.attention_mask);
+    l[kActivations] += saved_through(last) + empty_slots(last) + s.final_norm_saved +
+                       (s.checkpointing ? 0 : s.attention_mask);
     if (s.fused_loss) l[kActivations] += s.block_input;  // its output, which nothing saves
     l[kParams] += embed_kept + KeptThrough(s, last);
     consider(l, "final norm saved");
@@ -175,7 +185,7 @@ Moment BestMoment(const StepSizes& s) {
   // Stage 3: the LM head (a tied one is the embedding) is gathered for its
   // forward, and stays for the loss when kept; it is gathered for its backward.
   Live loss = base;
-  loss[kActivations] += saved_through(last) + s.final_norm_saved;
+  loss[kActivations] += saved_through(last) + empty_slots(last) + s.final_norm_saved;
   loss[kParams] += KeptThrough(s, last) + (s.tied ? 0 : embed_kept);
   const int64_t head_in_loss = s.head_kept || (s.tied && s.embed_kept) ? s.head_gather : 0;
   if (s.has_head && s.fused_loss) {
@@ -218,7 +228,7 @@ Moment BestMoment(const StepSizes& s) {
   // Final norm backward: gradients w.r.t. its output and its input.
   {
     Live l = base;
-    l[kActivations] += saved_through(last) + s.final_norm_saved;
+    l[kActivations] += saved_through(last) + empty_slots(last) + s.final_norm_saved;
     l[kTemps] += 2 * s.act_grad;
     l[kParams] += embed_kept + KeptThrough(s, last);
     l[produced] += s.final_norm_grads;
@@ -240,6 +250,7 @@ Moment BestMoment(const StepSizes& s) {
     const int64_t partition_mlp =
         i == s.grad_partition_from && s.grad_partition_at_attention ? 0 : partition_at(i);
     Live l = base;
+    l[kActivations] += spare_slots_in_backward(i);
     l[kTemps] += s.act_grad;
     l[kParams] += embed_kept + BackwardGather(s, i);
     l[kGrads] += partition_mlp;
@@ -249,8 +260,8 @@ Moment BestMoment(const StepSizes& s) {
       l[kTemps] += s.head_grad;  // held for the embedding's contribution
     }
     if (s.Checkpointed(i)) {
-      // Its input (back from the host when offloaded), then the recompute.
-      l[kActivations] += saved_through(i - 1) + s.block_input;
+      // What it kept of its input (and the copy back from the host), then the recompute.
+      l[kActivations] += saved_through(i - 1) + (s.checkpoint_kept_inputs + s.checkpoint_copy_on_host) * s.block_input;
       Live recompute = l;
       recompute[kActivations] += saved_of(i) - saved_mlp_of(i);
       recompute[kTemps] += s.block_fwd_transient;
@@ -494,9 +505,53 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.tied = model.tie_word_embeddings();
   s.has_head = model.vocab_size() > 0 || model.has_vision();
   s.cpu_ranks = gpu.key() == kCpuDevice;
-  // On CPU ranks save_on_cpu's copy takes the place of the original in the
-  // same RAM: nothing moves.
-  s.checkpoint_offload = s.checkpointing && config.checkpoint_offload() && !s.cpu_ranks;
+  const DeepSpeedCheckpointing& ds = config.deepspeed_checkpointing();
+  const bool ds_function = s.checkpointing && ds.enabled();
+  const int checkpointed = s.NumCheckpointed();
+  if (ds_function && (ds.partition_activations() || ds.cpu_checkpointing()) &&
+      model.attention_impl() == ATTENTION_EAGER && !model.has_vision()) {
+    return absl::InvalidArgumentError(
+        "deepspeed_checkpointing: with partition_activations or cpu_checkpointing DeepSpeed's checkpoint empties "
+        "every floating-point argument after the block's forward (get_partitioned_activations_for_backward), and "
+        "eager attention's mask is one tensor passed to every block, so the next block gets an empty mask; use "
+        "sdpa attention or transformers' checkpointing");
+  }
+  if (ds_function && ds.partition_activations() &&
+      (model.has_vision() || model.position_embedding() == POSITION_LEARNED)) {
+    return absl::InvalidArgumentError(
+        "activation_checkpointing.partition_activations: transformers' GPT-2 and ViT blocks take their mask (and "
+        "cache) as positional arguments, and DeepSpeed's partitioned checkpoint hands the recomputation one more "
+        "than it was given (checkpointing.py, merge_tensors: a TypeError in the first backward); set it false, or "
+        "checkpoint through torch (--checkpoint-function torch)");
+  }
+  if (ds_function && ds.cpu_checkpointing() && !ds.partition_activations() && !s.cpu_ranks) {
+    return absl::InvalidArgumentError(
+        "activation_checkpointing.cpu_checkpointing: without partition_activations DeepSpeed offloads through its "
+        "asynchronous engine (offload_activations.py), which zplan does not model; DeepSpeed documents "
+        "cpu_checkpointing as working only with partition_activations (checkpointing.py, configure): set it true");
+  }
+  if (ds_function && ds.contiguous_memory_optimization() && ds.number_checkpoints() < checkpointed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activation_checkpointing.number_checkpoints: ", ds.number_checkpoints(), " buffers for ", checkpointed,
+        " checkpointed blocks (DeepSpeed fails with an IndexError at the next); set it to at least ", checkpointed));
+  }
+  // On CPU ranks host memory is device memory: save_on_cpu's copy and
+  // cpu_checkpointing's take the place of the original, and DeepSpeed's CPU
+  // accelerator is synchronized (no offload engine).
+  s.checkpoint_copy_on_host =
+      s.checkpointing && !s.cpu_ranks && (ds_function ? ds.cpu_checkpointing() : config.checkpoint_offload());
+  if (ds_function && ds.partition_activations()) {
+    s.checkpoint_copy_on_device = !s.checkpoint_copy_on_host;
+    s.checkpoint_kept_inputs = (s.stage == 3 ? 1 : 0) + (s.checkpoint_copy_on_device ? 1 : 0);
+    if (ds.contiguous_memory_optimization() && s.checkpoint_copy_on_device) s.checkpoint_slots = ds.number_checkpoints();
+  } else if (s.checkpoint_copy_on_host) {
+    s.checkpoint_kept_inputs = 0;
+  }
+  if (s.checkpoint_copy_on_host) {
+    // DeepSpeed's .cpu() copies and buffers are pageable.
+    s.host_checkpoint_pinned = !ds_function;
+    s.host_checkpoint_blocks = ds_function && ds.contiguous_memory_optimization() ? ds.number_checkpoints() : checkpointed;
+  }
   if (s.offload_optimizer && s.stage == 0) {
     return absl::InvalidArgumentError(
         "zero.offload_optimizer (--offload-optimizer): optimizer offload needs ZeRO stage >= 1");
@@ -880,11 +935,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block0_saved_less = s.block_saved - saved_block0_.Bytes(b, seq);
   s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
   s.block_input = tokens * h * w;
-  if (s.checkpoint_offload) {
-    const int64_t checkpointed = (s.num_layers + s.checkpoint_every - 1) / s.checkpoint_every;
-    s.host_checkpoints = checkpointed * s.block_input;
-    s.host_checkpoints_pinned = checkpointed * RoundUpToPowerOfTwo(s.block_input);
-  }
+  s.host_checkpoints = s.host_checkpoint_blocks * s.block_input;
+  if (s.host_checkpoint_pinned) s.host_checkpoints_pinned = s.host_checkpoint_blocks * RoundUpToPowerOfTwo(s.block_input);
   const KernelDevice device = KernelDeviceOf(s);
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   // Under no_grad a block frees each intermediate after its last use; the FFN
@@ -1064,8 +1116,8 @@ MemoryBreakdown HostPerRank(const StepSizes& s) {
   b.set_pinned_bytes(s.host_pinned + s.host_grad_accumulation_pinned + s.host_checkpoints_pinned);
   const int64_t accumulation_rounding =
       s.host_grad_accumulation_pinned > 0 ? s.host_grad_accumulation_pinned - s.host_grad_accumulation : 0;
-  b.set_allocator_bytes(s.host_pinned_rounding + accumulation_rounding + s.host_checkpoints_pinned -
-                        s.host_checkpoints);
+  const int64_t checkpoints_rounding = s.host_checkpoint_pinned ? s.host_checkpoints_pinned - s.host_checkpoints : 0;
+  b.set_allocator_bytes(s.host_pinned_rounding + accumulation_rounding + checkpoints_rounding);
   b.set_peak_bytes(LiveTensorBytes(b) + b.runtime_bytes() + b.allocator_bytes());
   b.set_peak_event("steady state");
   return b;

@@ -64,8 +64,27 @@ struct StepSizes {
   bool mixed = true;                 // bf16/fp16 with fp32 master
   bool checkpointing = false;
   int checkpoint_every = 1;          // with checkpointing: blocks 0, k, 2k, ... (RunConfig)
-  bool checkpoint_offload = false;   // their inputs in pinned host memory (CUDA ranks)
   bool Checkpointed(int layer) const { return checkpointing && layer % checkpoint_every == 0; }
+  int NumCheckpointed() const { return checkpointing ? (num_layers + checkpoint_every - 1) / checkpoint_every : 0; }
+  // What a checkpointed block keeps of its input, in copies of b·s·h on the
+  // device after its forward: 1 as torch.utils.checkpoint; 0 when it went to
+  // the host (transformers' offload: save_on_cpu). deepspeed.checkpointing.
+  // checkpoint with partition_activations keeps a copy made before the block
+  // runs (checkpointing.py, partition_activations) and releases the input
+  // after it -- except under ZeRO-3, whose module hooks hand each block a
+  // detached view of the last output (parameter_offload.py,
+  // PreBackwardFunctionForModule) whose base stays: then the input stays too.
+  int checkpoint_kept_inputs = 1;
+  bool checkpoint_copy_on_device = false;  // DeepSpeed's copy: +1 while the block runs
+  bool checkpoint_copy_on_host = false;    // offloaded: +1 once brought back for the backward
+  // DeepSpeed's contiguous_memory_optimization: the copies go into this many
+  // buffers (number_checkpoints), all allocated at the first checkpointed
+  // block; the spare ones go at the first checkpointed backward.
+  int checkpoint_slots = 0;
+  // The host copies, and whether pinned (transformers' save_on_cpu) or
+  // pageable (DeepSpeed's .cpu() copies and contiguous buffers).
+  int host_checkpoint_blocks = 0;
+  bool host_checkpoint_pinned = false;
   bool offload_optimizer = false;
   bool offload_param = false;
   bool pin_memory = true;

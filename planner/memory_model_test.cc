@@ -349,6 +349,72 @@ TEST(FusedLossTest, LogitsDoNotScaleWithTokensTimesVocabulary) {
   EXPECT_LT(peak.peak_bytes(), full.peak_bytes());
 }
 
+// deepspeed.checkpointing.checkpoint (checkpointing.py): per checkpointed
+// block a copy of its input, in place of the input -- beside it under ZeRO-3
+// -- or on the host with cpu_checkpointing (pageable); contiguous buffers
+// hold number_checkpoints copies from the first block on.
+TEST(DeepSpeedCheckpointingTest, CopiesBesideOrInPlaceOfInputs) {
+  auto model = LoadPreset("1b");
+  ASSERT_TRUE(model.ok());
+  auto with = [&](int stage, bool to_cpu, int contiguous) {
+    RunConfig config = Config(stage, 8);
+    config.set_activation_checkpointing(true);
+    DeepSpeedCheckpointing* ds = config.mutable_deepspeed_checkpointing();
+    ds->set_enabled(true);
+    ds->set_partition_activations(true);
+    ds->set_cpu_checkpointing(to_cpu);
+    ds->set_contiguous_memory_optimization(contiguous > 0);
+    ds->set_number_checkpoints(contiguous);
+    return Sizes(*model, config);
+  };
+  const StepSizes z2 = with(2, false, 0), z3 = with(3, false, 0), z2_cpu = with(2, true, 0), z3_cpu = with(3, true, 0);
+  EXPECT_EQ(z2.checkpoint_kept_inputs, 1);
+  EXPECT_TRUE(z2.checkpoint_copy_on_device);
+  EXPECT_EQ(z3.checkpoint_kept_inputs, 2);
+  EXPECT_EQ(z2_cpu.checkpoint_kept_inputs, 0);
+  EXPECT_EQ(z3_cpu.checkpoint_kept_inputs, 1);
+  EXPECT_TRUE(z3_cpu.checkpoint_copy_on_host);
+  // 16 blocks' copies in pageable host memory.
+  EXPECT_EQ(z2_cpu.host_checkpoints, 16 * z2_cpu.block_input);
+  EXPECT_EQ(z2_cpu.host_checkpoints_pinned, 0);
+  EXPECT_EQ(HostPerRank(z2_cpu).allocator_bytes(), HostPerRank(with(2, false, 0)).allocator_bytes());
+  EXPECT_EQ(with(2, true, 20).host_checkpoints, 20 * z2_cpu.block_input);
+  // Four spare buffers on the device through the loss.
+  const StepSizes slots = with(2, false, 20);
+  EXPECT_EQ(slots.checkpoint_slots, 20);
+  EXPECT_EQ(ClosedFormPeakBytes(slots) - ClosedFormPeakBytes(z2), 4 * z2.block_input);
+}
+
+TEST(DeepSpeedCheckpointingTest, RefusedWhereDeepSpeedFailsOrIsNotModelled) {
+  RunConfig config = Config(2, 8);
+  config.set_activation_checkpointing(true);
+  DeepSpeedCheckpointing* ds = config.mutable_deepspeed_checkpointing();
+  ds->set_enabled(true);
+  ds->set_partition_activations(true);
+  auto refusal = [&](const ModelSpec& model) {
+    auto gpu = FindGpu(config.cluster().gpu());
+    return ComputeStepSizes(model, config, *gpu).status();
+  };
+  auto gpt2 = LoadPreset("gpt2");
+  ASSERT_TRUE(gpt2.ok());
+  EXPECT_NE(refusal(*gpt2).message().find("merge_tensors"), std::string::npos) << refusal(*gpt2);
+  auto llama = LoadPreset("1b");
+  ASSERT_TRUE(llama.ok());
+  llama->set_attention_impl(ATTENTION_EAGER);
+  EXPECT_NE(refusal(*llama).message().find("empty mask"), std::string::npos) << refusal(*llama);
+  llama->set_attention_impl(ATTENTION_SDPA);
+  ds->set_contiguous_memory_optimization(true);
+  ds->set_number_checkpoints(15);
+  EXPECT_NE(refusal(*llama).message().find("at least 16"), std::string::npos) << refusal(*llama);
+  ds->set_contiguous_memory_optimization(false);
+  ds->set_partition_activations(false);
+  ds->set_cpu_checkpointing(true);
+  EXPECT_NE(refusal(*llama).message().find("asynchronous engine"), std::string::npos) << refusal(*llama);
+  // Without partitioning, contiguous buffers are DeepSpeed's assertion.
+  ds->set_contiguous_memory_optimization(true);
+  EXPECT_NE(ValidateRunConfig(config).message().find("only with partition_activations"), std::string::npos);
+}
+
 TEST(FusedLossTest, RefusedWhereLigerCannotRun) {
   auto model = LoadPreset("1b");
   ASSERT_TRUE(model.ok());

@@ -90,6 +90,31 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
         "checkpoint_offload (--checkpoint-offload): offloads checkpointed blocks' inputs, but checkpointing is off; "
         "add --checkpointing true or drop --checkpoint-offload");
   }
+  const DeepSpeedCheckpointing& ds = config.deepspeed_checkpointing();
+  if (ds.enabled() && !config.activation_checkpointing()) {
+    return absl::InvalidArgumentError(
+        "deepspeed_checkpointing.enabled (--checkpoint-function deepspeed): names the function that checkpoints, "
+        "but checkpointing is off; add --checkpointing true or drop --checkpoint-function");
+  }
+  if (ds.enabled() && config.checkpoint_offload()) {
+    return absl::InvalidArgumentError(
+        "checkpoint_offload (--checkpoint-offload): transformers' offload wraps torch.utils.checkpoint, not "
+        "deepspeed.checkpointing.checkpoint; drop it and set activation_checkpointing.cpu_checkpointing in the "
+        "DeepSpeed config instead");
+  }
+  // deepspeed.checkpointing.configure asserts both.
+  if (ds.contiguous_memory_optimization() && !ds.partition_activations()) {
+    return absl::InvalidArgumentError(
+        "activation_checkpointing.contiguous_memory_optimization: DeepSpeed allows it only with "
+        "partition_activations (\"Contiguous Checkpointing is only available with partitioned activations\"); "
+        "set partition_activations true or drop it");
+  }
+  if (ds.contiguous_memory_optimization() && ds.number_checkpoints() <= 0) {
+    return absl::InvalidArgumentError(
+        "activation_checkpointing.number_checkpoints: contiguous_memory_optimization allocates this many buffers "
+        "(DeepSpeed: \"Must specify the number of layers with contiguous memory checkpointing\"); set it to the "
+        "number of checkpointed blocks");
+  }
   const ZeroConfig& zero = config.zero();
   if (zero.stage() < 0 || zero.stage() > 3) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -154,17 +154,40 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Per block: the attention half's saved tensors, then the MLP half's
   // (with checkpointing only the block input, in the first).
   std::vector<int> saved_attn(s.num_layers), saved_mlp(s.num_layers), kept_gather(s.num_layers);
+  std::vector<int> input_copy(s.num_layers, -1);  // DeepSpeed's, beside the input
+  std::vector<int> slots;  // DeepSpeed's contiguous checkpoint buffers
   for (int i = 0; i < s.num_layers; ++i) {
     const std::string layer = absl::StrCat("forward, layer ", i);
     kept_gather[i] = r.Alloc(COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i, layer + ", parameters gathered (kept)");
     const int gather = r.Alloc(COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
                                layer + ", parameters gathered");
     if (s.Checkpointed(i)) {
-      saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, layer + ", checkpointed input");
+      const int input = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, layer + ", checkpointed input");
+      // DeepSpeed's copy of it, in a contiguous buffer (all allocated here, at the first) or its own.
+      if (s.checkpoint_slots > 0 && slots.empty()) {
+        for (int j = 0; j < s.checkpoint_slots; ++j) {
+          slots.push_back(r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+                                  layer + ", contiguous checkpoint buffers"));
+        }
+      }
+      const int copy = !s.checkpoint_copy_on_device ? -1
+                       : s.checkpoint_slots > 0
+                           ? slots[i / s.checkpoint_every]
+                           : r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+                                     layer + ", copy of the checkpointed input");
       saved_mlp[i] = r.Alloc(COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, layer);
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, layer);
       r.Free(t, PHASE_FORWARD, i, layer + ", intermediates freed");
-      if (s.checkpoint_offload) r.Free(saved_attn[i], PHASE_FORWARD, i, layer + ", checkpointed input to the host");
+      // What stays of the input and its copy (StepSizes::checkpoint_kept_inputs).
+      saved_attn[i] = input;
+      if (copy >= 0 && s.checkpoint_kept_inputs == 2) {
+        input_copy[i] = copy;
+      } else if (copy >= 0) {
+        r.Free(input, PHASE_FORWARD, i, layer + ", checkpointed input released (its copy is kept)");
+        saved_attn[i] = copy;
+      } else if (s.checkpoint_kept_inputs == 0) {
+        r.Free(input, PHASE_FORWARD, i, layer + ", checkpointed input to the host");
+      }
     } else {
       saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_FORWARD, i, layer);
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, layer);
@@ -266,9 +289,15 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     const int gather = r.Alloc(COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i, layer + ", parameters gathered");
     int recomputed_attn = -1, recomputed_mlp = -1;
     if (s.Checkpointed(i)) {
-      if (s.checkpoint_offload) {
-        saved_attn[i] = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
-                                layer + ", checkpointed input back from the host");
+      // CheckpointFunction.backward drops its buffer list first: the spare ones go.
+      for (size_t j = s.NumCheckpointed(); j < slots.size(); ++j) {
+        r.Free(slots[j], PHASE_BACKWARD, i, layer + ", spare contiguous checkpoint buffer released");
+      }
+      slots.clear();
+      if (s.checkpoint_copy_on_host) {
+        const int back = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
+                                 layer + ", checkpointed input back from the host");
+        (s.checkpoint_kept_inputs == 0 ? saved_attn[i] : input_copy[i]) = back;
       }
       recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_BACKWARD, i,
                                 layer + ", recompute");
@@ -309,6 +338,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     r.Free(attn_transient, PHASE_BACKWARD, i, layer + ", attention activation gradients freed");
     if (recomputed_attn >= 0) r.Free(recomputed_attn, PHASE_BACKWARD, i, layer + ", recomputed activations freed");
     r.Free(saved_attn[i], PHASE_BACKWARD, i, layer + ", attention activations freed");
+    if (input_copy[i] >= 0) r.Free(input_copy[i], PHASE_BACKWARD, i, layer + ", copy of the checkpointed input freed");
     r.Free(gather, PHASE_BACKWARD, i, layer + ", parameters released");
     r.Free(kept_gather[i], PHASE_BACKWARD, i, layer + ", kept parameters released");
   }

@@ -23,6 +23,9 @@ struct Case {
   int64_t grad_accum, micro_batch, seq, gpus;
   AttentionImpl attention;
   bool fused_loss = false;  // Liger's fused linear cross-entropy
+  // deepspeed.checkpointing.checkpoint: 1 partitioned, 2 and to the CPU, 3
+  // in contiguous buffers (three spare).
+  int deepspeed_checkpointing = 0;
 };
 
 std::string Describe(const Case& c) {
@@ -33,7 +36,8 @@ std::string Describe(const Case& c) {
          " prec " + std::to_string(c.precision) + " ga " + std::to_string(c.grad_accum) + " b " +
          std::to_string(c.micro_batch) + " s " + std::to_string(c.seq) + " n " +
          std::to_string(c.gpus) + (c.attention == ATTENTION_EAGER ? " eager" : " sdpa") +
-         (c.fused_loss ? " fused loss" : "");
+         (c.fused_loss ? " fused loss" : "") +
+         (c.deepspeed_checkpointing > 0 ? " deepspeed ckpt " + std::to_string(c.deepspeed_checkpointing) : "");
 }
 
 std::vector<Case> AllCases() {
@@ -55,14 +59,22 @@ std::vector<Case> AllCases() {
             for (int64_t ga : {1, 4}) {
               for (int64_t seq : {128, 4096}) {
                 for (AttentionImpl attention : {ATTENTION_SDPA, ATTENTION_EAGER}) {
-                  cases.push_back({model, stage, offload >= 1, offload == 2, ckpt, every, ckpt_mode == 2, precision, ga,
-                                   seq == 128 ? 4 : 1, seq, stage == 0 ? 1 : 8, attention});
-                  // The fused loss where it runs: language models at stages 0-2, without LoRA.
+                  const Case base{model, stage, offload >= 1, offload == 2, ckpt, every, ckpt_mode == 2, precision, ga,
+                                  seq == 128 ? 4 : 1, seq, stage == 0 ? 1 : 8, attention};
+                  cases.push_back(base);
                   const std::string name = model;
+                  // The fused loss where it runs: language models at stages 0-2, without LoRA.
                   if (stage < 3 && name.find("lora") == std::string::npos && name.find("vit") == std::string::npos &&
                       name != "gpt2-novocab") {
-                    cases.push_back(cases.back());
+                    cases.push_back(base);
                     cases.back().fused_loss = true;
+                  }
+                  // DeepSpeed's checkpoint where it runs (not GPT-2's or a ViT's blocks, not eager).
+                  if (ckpt && attention == ATTENTION_SDPA && name.find("gpt2") == std::string::npos &&
+                      name.find("vit") == std::string::npos) {
+                    cases.push_back(base);
+                    cases.back().checkpoint_offload = false;
+                    cases.back().deepspeed_checkpointing = ckpt_mode;
                   }
                 }
               }
@@ -113,6 +125,14 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
     config.set_activation_checkpointing(c.checkpointing);
     config.set_checkpoint_every_n_layers(c.checkpoint_every);
     config.set_checkpoint_offload(c.checkpoint_offload);
+    if (c.deepspeed_checkpointing > 0) {
+      DeepSpeedCheckpointing* ds = config.mutable_deepspeed_checkpointing();
+      ds->set_enabled(true);
+      ds->set_partition_activations(true);
+      ds->set_cpu_checkpointing(c.deepspeed_checkpointing == 2);
+      ds->set_contiguous_memory_optimization(c.deepspeed_checkpointing == 3);
+      if (c.deepspeed_checkpointing == 3) ds->set_number_checkpoints(model->num_layers() + 3);
+    }
     if (c.fused_loss) config.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
     config.set_precision(c.precision);
     config.set_gradient_accumulation_steps(c.grad_accum);

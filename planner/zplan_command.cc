@@ -249,6 +249,12 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     ZPLAN_ASSIGN_OR_RETURN(bool offload, ParseBool("checkpoint-offload", o.checkpoint_offload));
     c.set_checkpoint_offload(offload);
   }
+  if (!o.checkpoint_function.empty()) {
+    const std::string f = absl::AsciiStrToLower(o.checkpoint_function);
+    if (f == "deepspeed") c.mutable_deepspeed_checkpointing()->set_enabled(true);
+    else if (f == "torch") c.mutable_deepspeed_checkpointing()->set_enabled(false);
+    else return FlagError("checkpoint-function", o.checkpoint_function, "torch or deepspeed");
+  }
   if (!o.loss.empty()) {
     const std::string l = absl::AsciiStrToLower(o.loss);
     if (l == "full") c.set_loss(LOSS_IMPL_FULL_LOGITS);
@@ -286,6 +292,13 @@ std::string Header(const Plan& plan) {
     checkpointing = ", activation checkpointing";
     if (c.checkpoint_every_n_layers() > 1) absl::StrAppend(&checkpointing, " every ", c.checkpoint_every_n_layers(), " blocks");
     if (c.checkpoint_offload()) absl::StrAppend(&checkpointing, ", inputs offloaded");
+    const DeepSpeedCheckpointing& ds = c.deepspeed_checkpointing();
+    if (ds.enabled()) {
+      absl::StrAppend(&checkpointing, " (deepspeed.checkpointing",
+                      ds.partition_activations() ? ", partitioned" : "", ds.cpu_checkpointing() ? ", to CPU" : "",
+                      ds.contiguous_memory_optimization() ? absl::StrCat(", ", ds.number_checkpoints(), " contiguous buffers") : "",
+                      ")");
+    }
   }
   if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) absl::StrAppend(&checkpointing, ", Liger fused loss");
   return absl::StrFormat(

@@ -63,6 +63,7 @@ struct ZplanOptions {
   std::string checkpointing;    // "true" | "false"
   std::string checkpoint_every;   // k: checkpoint blocks 0, k, 2k, ... (default 1)
   std::string checkpoint_offload; // "true" | "false"
+  std::string checkpoint_function;  // "torch" | "deepspeed" (deepspeed.checkpointing.checkpoint)
   std::string attention;        // "sdpa" | "eager"
   std::string loss;             // "full" | "liger-fused"
   std::string gpu;              // catalog key; default h100-80gb

@@ -357,6 +357,39 @@ TEST(ZplanCommandTest, CheckpointEveryAndOffloadMoveActivations) {
   EXPECT_NE(status.message().find("--checkpointing true"), std::string::npos) << status;
 }
 
+// --checkpoint-function deepspeed applies the DeepSpeed config's
+// activation_checkpointing block; without it the block changes nothing.
+TEST(ZplanCommandTest, CheckpointFunctionAppliesTheDeepSpeedBlock) {
+  const std::string ds_config = TempPath("ds_checkpointing.json");
+  ASSERT_TRUE(WriteFileAtomically(
+                  ds_config, R"({"bf16": {"enabled": true},
+                                 "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true}})")
+                  .ok());
+  ZplanOptions o = Base();
+  o.zero_stage = "2";
+  o.gpus = "1";
+  o.checkpointing = "true";
+  o.ds_config = ds_config;
+  o.out = TempPath("torch.pb");
+  ASSERT_TRUE(RunCapture(o).ok());
+  auto torch = ReadProtoFile<Plan>(o.out);
+  o.checkpoint_function = "deepspeed";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find("(deepspeed.checkpointing, partitioned, to CPU)"), std::string::npos) << text;
+  auto deepspeed = ReadProtoFile<Plan>(o.out);
+  ASSERT_TRUE(torch.ok() && deepspeed.ok());
+  // 16 inputs of 1 x 8192 x 2048 bf16 (32 MiB) in pageable host memory.
+  EXPECT_EQ(torch->host_per_node().activations_bytes(), 0);
+  EXPECT_EQ(deepspeed->host_per_node().activations_bytes(), 16 * (int64_t{32} << 20));
+  EXPECT_EQ(deepspeed->host_per_node().pinned_bytes(), torch->host_per_node().pinned_bytes());
+  EXPECT_LT(LiveTensorBytes(deepspeed->device_per_rank()), LiveTensorBytes(torch->device_per_rank()));
+  o.checkpoint_function = "megatron";
+  const absl::Status status = RunCapture(o);
+  EXPECT_NE(status.message().find("--checkpoint-function"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("torch or deepspeed"), std::string::npos) << status;
+}
+
 // The grid shows each row's peak with Liger's fused loss ('-' at ZeRO-3);
 // --loss liger-fused plans it, leaves ZeRO-3 out of its grid, and a stage-3
 // breakdown or an unknown value is refused naming the flag.

@@ -5,7 +5,7 @@ export ZPLAN="$TEST_SRCDIR/zplan/planner/zplan" ZRUN="$TEST_SRCDIR/zplan/executo
 export OUT="$TEST_TMPDIR/gpu_out"
 bash "$TEST_SRCDIR/zplan/tools/gpu_validate.sh" --dry-run || exit 1
 rows=$(grep -c "exit " "$OUT/table.txt")
-[[ $rows == 23 ]] || { echo "FAIL: $rows of 23 rows"; exit 1; }
+[[ $rows == 24 ]] || { echo "FAIL: $rows of 24 rows"; exit 1; }
 if grep -E "exit [12]|no report|failed" "$OUT/table.txt"; then echo "FAIL: a case failed"; exit 1; fi
 python3 - "$OUT/table.txt" <<'PY'
 import re, sys

@@ -170,10 +170,17 @@ std::string Describe(const AccuracyRow& row) {
   if (z.offload_optimizer() == OFFLOAD_CPU) parts.push_back("offload opt");
   if (z.offload_param() == OFFLOAD_CPU) parts.push_back("offload param");
   if (c.activation_checkpointing()) {
-    parts.push_back(absl::StrCat("ckpt", c.checkpoint_every_n_layers() > 1
-                                             ? absl::StrCat(" every ", c.checkpoint_every_n_layers())
-                                             : "",
-                                 c.checkpoint_offload() ? " offloaded" : ""));
+    const DeepSpeedCheckpointing& ds = c.deepspeed_checkpointing();
+    parts.push_back(absl::StrCat(
+        "ckpt", c.checkpoint_every_n_layers() > 1 ? absl::StrCat(" every ", c.checkpoint_every_n_layers()) : "",
+        c.checkpoint_offload() ? " offloaded" : "",
+        ds.enabled() ? absl::StrCat(" (DeepSpeed's", ds.partition_activations() ? " partitioned" : "",
+                                    ds.cpu_checkpointing() ? " to CPU" : "",
+                                    ds.contiguous_memory_optimization()
+                                        ? absl::StrCat(" in ", ds.number_checkpoints(), " contiguous buffers")
+                                        : "",
+                                    ")")
+                     : ""));
   }
   parts.push_back(c.precision() == PRECISION_FP32 ? "fp32" : c.precision() == PRECISION_FP16 ? "fp16" : "bf16");
   parts.push_back(row.plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "sdpa");
@@ -262,6 +269,11 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("gpt2-z2-fp16-w2-fused-loss-ga2", kGpt2, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "2", "--precision", "fp16", "--gpus", "2", "--grad-accum", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-z2-bf16-w2-fused-loss-ckpt-b4-s256", kTiny, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "4", "--seq", "256"}),
       Case("wide-qwen3-z1-bf16-w2-fused-loss-s1024", kWideQwen3, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "1", "--seq", "1024"}),
+      // deepspeed.checkpointing.checkpoint with the config's activation_checkpointing block: copies in
+      // contiguous buffers (spare ones too) under ZeRO-3, where each input stays beside its copy;
+      // partitioned copies every 2nd block (cpu_checkpointing is moot on CPU ranks).
+      Case("tiny-z3-bf16-w2-ds-ckpt-contiguous-s512", kTiny, {"--ds-config", "configs/ds/checkpoint_contiguous.json", "--checkpoint-function", "deepspeed", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2", kQwen3, {"--ds-config", "configs/ds/checkpoint_partitioned_cpu.json", "--checkpoint-function", "deepspeed", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "2", "--seq", "256"}),
   };
 }
 
@@ -286,6 +298,14 @@ AccuracyCase WithCheckpointing(AccuracyCase c, int every, bool offload) {
                                            offload ? "true" : "false"});
   c.oracle_args.insert(c.oracle_args.end(), {"--checkpoint-every", absl::StrCat(every)});
   if (offload) c.oracle_args.push_back("--checkpoint-offload");
+  return c;
+}
+
+AccuracyCase WithDeepSpeedCheckpointing(AccuracyCase c, const std::string& block) {
+  c.ds_config_json = absl::StrCat("{\n  \"activation_checkpointing\": {", block, "},", c.ds_config_json.substr(1));
+  for (std::vector<std::string>* args : {&c.zplan_args, &c.oracle_args}) {
+    args->insert(args->end(), {"--checkpoint-function", "deepspeed"});
+  }
   return c;
 }
 
@@ -454,6 +474,21 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithLora(DeepSpeedCase("lora-z3-bf16-qwen3-offload-both-all-linear", qwen3,
                              DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 256),
                lora_all),
+      // deepspeed.checkpointing.checkpoint in place of torch's, with the config's activation_checkpointing
+      // block: partitioned copies (under ZeRO-3 beside the inputs), contiguous buffers with spare ones,
+      // cpu_checkpointing (moot on CPU ranks) every 2nd block.
+      WithDeepSpeedCheckpointing(DeepSpeedCase("ds-ckpt-partitioned-z2-bf16", llama,
+                                               DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+                                 "\"partition_activations\": true"),
+      WithDeepSpeedCheckpointing(DeepSpeedCase("ds-ckpt-contiguous-z3-bf16-mistral-s512", mistral,
+                                               DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512, "sdpa", true),
+                                 "\"partition_activations\": true, \"contiguous_memory_optimization\": true, "
+                                 "\"number_checkpoints\": 12"),
+      WithCheckpointing(
+          WithDeepSpeedCheckpointing(DeepSpeedCase("ds-ckpt-partitioned-cpu-z1-fp32-qwen3-every2", qwen3,
+                                                   DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+                                     "\"partition_activations\": true, \"cpu_checkpointing\": true"),
+          2, false),
   };
 }
 

@@ -68,6 +68,10 @@ AccuracyCase WithFusedLoss(AccuracyCase c);
 // arguments: every `every`-th block, inputs offloaded or not.
 AccuracyCase WithCheckpointing(AccuracyCase c, int every, bool offload);
 
+// `c` (checkpointed) through deepspeed.checkpointing.checkpoint, configured by
+// this activation_checkpointing block (the JSON object's members).
+AccuracyCase WithDeepSpeedCheckpointing(AccuracyCase c, const std::string& block);
+
 // The DeepSpeed agreement matrix: stages 0-3, offloads, checkpointing,
 // fp32/bf16, SDPA/eager, world 1, 2 and 4, default and small buckets, the
 // stage-3 knobs, the optimizer implementations, five model types, LoRA

@@ -68,6 +68,10 @@ def parse_args(argv):
                    help="with --checkpointing: checkpoint every k-th block (transformers' every_n_layers)")
     p.add_argument("--checkpoint-offload", action="store_true",
                    help="with --checkpointing: checkpointed inputs to pinned host memory (transformers' offload)")
+    p.add_argument("--checkpoint-function", choices=("torch", "deepspeed"), default="torch",
+                   help="with --checkpointing: the blocks checkpoint through torch.utils.checkpoint (transformers) "
+                        "or deepspeed.checkpointing.checkpoint, configured from the DeepSpeed config's "
+                        "activation_checkpointing block")
     p.add_argument("--lora-config", default="", help="a PEFT adapter_config.json: train LoRA adapters on the frozen model")
     p.add_argument("--loss", default="full", choices=["full", "liger-fused"],
                    help="full: transformers' loss over the logits; liger-fused: Liger's fused linear "
@@ -411,6 +415,14 @@ def run_rank(args):
             model = peft.get_peft_model(model, peft.get_peft_config(json.load(f)))
     if args.checkpointing:
         model.activation_checkpointing_enable(every_n_layers=args.checkpoint_every, offload=args.checkpoint_offload)
+    if args.checkpointing and args.checkpoint_function == "deepspeed":
+        # As a Megatron-style model does: DeepSpeed's checkpoint, configured
+        # from the config's activation_checkpointing block, in place of
+        # torch's (the layers transformers marked keep their every-k choice).
+        deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
+        for module in model.modules():
+            if isinstance(module, transformers.modeling_layers.GradientCheckpointingLayer):
+                module._gradient_checkpointing_func = deepspeed.checkpointing.checkpoint
     model.train()
     alloc.tag(BUFFERS)
     # As the Trainer's create_optimizer: the optimizer gets the trainable parameters only.

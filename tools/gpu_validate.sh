@@ -5,7 +5,8 @@
 #                                    and torch 2.11 in $TORCH_VENV (default /opt/torch/.venv)
 #   tools/gpu_validate.sh --dry-run  the same matrix on CPU ranks (what the test suite runs)
 #
-# Matrix: NCCL world 1 (ZeRO 0, 2, 3; LoRA at ZeRO 0 and 2, and at 3 emulated; Liger's fused loss), Gloo with 2 and 4 processes sharing the
+# Matrix: NCCL world 1 (ZeRO 0, 2, 3; LoRA at ZeRO 0 and 2, and at 3 emulated; Liger's fused loss;
+# checkpoint offload, transformers' and DeepSpeed's), Gloo with 2 and 4 processes sharing the
 # GPU, emulated ranks of world 8 and 64, a 70B model built with zero.Init as
 # rank 63 of 64 (twice the GPU's memory in bf16), and seed 000's scenario (1B, seq 8192,
 # ZeRO-3 with optimizer and parameter offload, checkpointing, accumulation 4)
@@ -154,6 +155,9 @@ run_case "$model_8b, rank 15 of 16, ZeRO-3 + ckpt, seq $long_seq" --emulate-rank
 run_case "$backend 1, ZeRO-2 + ckpt every 2, offloaded" -- --gpus 1 --zero-stage 2 --checkpointing true \
   --checkpoint-every 2 --checkpoint-offload true
 run_case "$backend 1, ViT, ZeRO-2 + ckpt" -- "${vit[@]}" --gpus 1 --zero-stage 2 --checkpointing true
+# deepspeed.checkpointing.checkpoint with partition_activations and cpu_checkpointing: pageable host copies.
+run_case "$backend 1, ZeRO-2 + DeepSpeed ckpt to CPU" -- --gpus 1 --zero-stage 2 --checkpointing true \
+  --ds-config "$root/configs/ds/checkpoint_partitioned_cpu.json" --precision bf16 --checkpoint-function deepspeed
 # Liger's fused linear cross-entropy on CUDA: one [chunk, V] buffer, addmm into the weight gradient.
 run_case "$backend 1, $big_model fused loss, ZeRO-2, mb 4" -- --model "$big_model" --seq "$long_seq" \
   --micro-batch 4 --gpus 1 --zero-stage 2 --loss liger-fused
