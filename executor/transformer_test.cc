@@ -67,8 +67,8 @@ void ExpectCheckpointingMatches(Transformer& model, const Batch& batch, double e
   contiguous = partitioned;
   contiguous.set_contiguous_memory_optimization(true);
   contiguous.set_number_checkpoints(model.spec().num_layers() + 1);
-  for (const Checkpointing& checkpointing :
-       {Checkpointing{1}, Checkpointing{2}, Checkpointing{1, false, partitioned}, Checkpointing{2, false, contiguous}}) {
+  for (const Checkpointing& checkpointing : {Checkpointing{1}, Checkpointing{2}, Checkpointing{1, false, partitioned},
+                                             Checkpointing{2, false, contiguous}}) {
     const std::string with = absl::StrCat(what, " every ", checkpointing.every, checkpointing.deepspeed.DebugString());
     at::manual_seed(11);
     at::Tensor loss_ckpt = model.Loss(batch.ids, batch.targets, checkpointing);

@@ -543,14 +543,17 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (ds_function && ds.partition_activations()) {
     s.checkpoint_copy_on_device = !s.checkpoint_copy_on_host;
     s.checkpoint_kept_inputs = (s.stage == 3 ? 1 : 0) + (s.checkpoint_copy_on_device ? 1 : 0);
-    if (ds.contiguous_memory_optimization() && s.checkpoint_copy_on_device) s.checkpoint_slots = ds.number_checkpoints();
+    if (ds.contiguous_memory_optimization() && s.checkpoint_copy_on_device) {
+      s.checkpoint_slots = ds.number_checkpoints();
+    }
   } else if (s.checkpoint_copy_on_host) {
     s.checkpoint_kept_inputs = 0;
   }
   if (s.checkpoint_copy_on_host) {
     // DeepSpeed's .cpu() copies and buffers are pageable.
     s.host_checkpoint_pinned = !ds_function;
-    s.host_checkpoint_blocks = ds_function && ds.contiguous_memory_optimization() ? ds.number_checkpoints() : checkpointed;
+    s.host_checkpoint_blocks =
+        ds_function && ds.contiguous_memory_optimization() ? ds.number_checkpoints() : checkpointed;
   }
   if (s.offload_optimizer && s.stage == 0) {
     return absl::InvalidArgumentError(
@@ -936,7 +939,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
   s.block_input = tokens * h * w;
   s.host_checkpoints = s.host_checkpoint_blocks * s.block_input;
-  if (s.host_checkpoint_pinned) s.host_checkpoints_pinned = s.host_checkpoint_blocks * RoundUpToPowerOfTwo(s.block_input);
+  if (s.host_checkpoint_pinned) {
+    s.host_checkpoints_pinned = s.host_checkpoint_blocks * RoundUpToPowerOfTwo(s.block_input);
+  }
   const KernelDevice device = KernelDeviceOf(s);
   s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   // Under no_grad a block frees each intermediate after its last use; the FFN

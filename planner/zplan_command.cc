@@ -294,10 +294,11 @@ std::string Header(const Plan& plan) {
     if (c.checkpoint_offload()) absl::StrAppend(&checkpointing, ", inputs offloaded");
     const DeepSpeedCheckpointing& ds = c.deepspeed_checkpointing();
     if (ds.enabled()) {
-      absl::StrAppend(&checkpointing, " (deepspeed.checkpointing",
-                      ds.partition_activations() ? ", partitioned" : "", ds.cpu_checkpointing() ? ", to CPU" : "",
-                      ds.contiguous_memory_optimization() ? absl::StrCat(", ", ds.number_checkpoints(), " contiguous buffers") : "",
-                      ")");
+      const std::string buffers = ds.contiguous_memory_optimization()
+                                      ? absl::StrCat(", ", ds.number_checkpoints(), " contiguous buffers")
+                                      : "";
+      absl::StrAppend(&checkpointing, " (deepspeed.checkpointing", ds.partition_activations() ? ", partitioned" : "",
+                      ds.cpu_checkpointing() ? ", to CPU" : "", buffers, ")");
     }
   }
   if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) absl::StrAppend(&checkpointing, ", Liger fused loss");

@@ -362,8 +362,8 @@ TEST(ZplanCommandTest, CheckpointEveryAndOffloadMoveActivations) {
 TEST(ZplanCommandTest, CheckpointFunctionAppliesTheDeepSpeedBlock) {
   const std::string ds_config = TempPath("ds_checkpointing.json");
   ASSERT_TRUE(WriteFileAtomically(
-                  ds_config, R"({"bf16": {"enabled": true},
-                                 "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true}})")
+                  ds_config, R"({"bf16": {"enabled": true}, "activation_checkpointing":
+                                 {"partition_activations": true, "cpu_checkpointing": true}})")
                   .ok());
   ZplanOptions o = Base();
   o.zero_stage = "2";
