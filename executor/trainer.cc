@@ -207,7 +207,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   ZPLAN_ASSIGN_OR_RETURN(BatchSource data, BatchSource::Open(options.data_path, plan.model(), config.seq_length()));
   const Checkpointing checkpointing = config.activation_checkpointing()
                                           ? Checkpointing{CheckpointEveryNLayers(config), config.checkpoint_offload(),
-                                                          config.deepspeed_checkpointing(), config.zero().stage() == 3}
+                                                          config.deepspeed_checkpointing()}
                                           : Checkpointing{};
   const BlockHooks hooks = AttributedHooks(engine->hooks(), checkpointing, static_cast<int>(plan.model().num_layers()));
 

@@ -198,8 +198,7 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
       ctx->saved_data["device"] = static_cast<int64_t>(x.device().index());
       ctx->saved_data["non_blocking"] = checkpointing->offload;
     }
-    const bool input_stays = checkpointing->CopiesInput() && checkpointing->zero3;
-    ctx->save_for_backward({kept, cos.value_or(none), sin.value_or(none), mask.value_or(none), input_stays ? x : none});
+    ctx->save_for_backward({kept, cos.value_or(none), sin.value_or(none), mask.value_or(none)});
     return BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none), mask.value_or(none));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);

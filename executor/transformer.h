@@ -76,16 +76,12 @@ struct BlockHooks {
 // cpu_checkpointing on a CUDA device; with contiguous_memory_optimization the
 // copies go into number_checkpoints buffers allocated at the first
 // checkpointed block, of which the first checkpointed backward lets the spare
-// ones go. Under ZeRO-3 the input stays beside its copy until the backward
-// (`zero3`: DeepSpeed's module hooks hand each block a detached view of the
-// last output, parameter_offload.py PreBackwardFunctionForModule, whose base
-// the checkpoint cannot release). cpu_checkpointing alone is moot on a CPU
+// ones go. cpu_checkpointing alone is moot on a CPU
 // rank (and refused by the planner on CUDA).
 struct Checkpointing {
   int every = 0;
   bool offload = false;
   DeepSpeedCheckpointing deepspeed;
-  bool zero3 = false;
   bool Checkpoints(int layer) const { return every > 0 && layer % every == 0; }
   bool CopiesInput() const { return deepspeed.enabled() && deepspeed.partition_activations(); }
   // DeepSpeed's contiguous_data_buffers of the step in progress (a module

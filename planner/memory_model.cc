@@ -542,7 +542,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
       s.checkpointing && !s.cpu_ranks && (ds_function ? ds.cpu_checkpointing() : config.checkpoint_offload());
   if (ds_function && ds.partition_activations()) {
     s.checkpoint_copy_on_device = !s.checkpoint_copy_on_host;
-    s.checkpoint_kept_inputs = (s.stage == 3 ? 1 : 0) + (s.checkpoint_copy_on_device ? 1 : 0);
+    s.checkpoint_kept_inputs = s.checkpoint_copy_on_device ? 1 : 0;
     if (ds.contiguous_memory_optimization() && s.checkpoint_copy_on_device) {
       s.checkpoint_slots = ds.number_checkpoints();
     }

@@ -71,9 +71,7 @@ struct StepSizes {
   // the host (transformers' offload: save_on_cpu). deepspeed.checkpointing.
   // checkpoint with partition_activations keeps a copy made before the block
   // runs (checkpointing.py, partition_activations) and releases the input
-  // after it -- except under ZeRO-3, whose module hooks hand each block a
-  // detached view of the last output (parameter_offload.py,
-  // PreBackwardFunctionForModule) whose base stays: then the input stays too.
+  // after it (get_partitioned_activations_for_backward).
   int checkpoint_kept_inputs = 1;
   bool checkpoint_copy_on_device = false;  // DeepSpeed's copy: +1 while the block runs
   bool checkpoint_copy_on_host = false;    // offloaded: +1 once brought back for the backward

@@ -350,8 +350,7 @@ TEST(FusedLossTest, LogitsDoNotScaleWithTokensTimesVocabulary) {
 }
 
 // deepspeed.checkpointing.checkpoint (checkpointing.py): per checkpointed
-// block a copy of its input, in place of the input -- beside it under ZeRO-3
-// -- or on the host with cpu_checkpointing (pageable); contiguous buffers
+// block a copy of its input, in place of the input, or on the host with cpu_checkpointing (pageable); contiguous buffers
 // hold number_checkpoints copies from the first block on.
 TEST(DeepSpeedCheckpointingTest, CopiesBesideOrInPlaceOfInputs) {
   auto model = LoadPreset("1b");
@@ -370,9 +369,9 @@ TEST(DeepSpeedCheckpointingTest, CopiesBesideOrInPlaceOfInputs) {
   const StepSizes z2 = with(2, false, 0), z3 = with(3, false, 0), z2_cpu = with(2, true, 0), z3_cpu = with(3, true, 0);
   EXPECT_EQ(z2.checkpoint_kept_inputs, 1);
   EXPECT_TRUE(z2.checkpoint_copy_on_device);
-  EXPECT_EQ(z3.checkpoint_kept_inputs, 2);
+  EXPECT_EQ(z3.checkpoint_kept_inputs, 1);
   EXPECT_EQ(z2_cpu.checkpoint_kept_inputs, 0);
-  EXPECT_EQ(z3_cpu.checkpoint_kept_inputs, 1);
+  EXPECT_EQ(z3_cpu.checkpoint_kept_inputs, 0);
   EXPECT_TRUE(z3_cpu.checkpoint_copy_on_host);
   // 16 blocks' copies in pageable host memory.
   EXPECT_EQ(z2_cpu.host_checkpoints, 16 * z2_cpu.block_input);

@@ -154,7 +154,6 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Per block: the attention half's saved tensors, then the MLP half's
   // (with checkpointing only the block input, in the first).
   std::vector<int> saved_attn(s.num_layers), saved_mlp(s.num_layers), kept_gather(s.num_layers);
-  std::vector<int> input_copy(s.num_layers, -1);  // DeepSpeed's, beside the input
   std::vector<int> slots;  // DeepSpeed's contiguous checkpoint buffers
   for (int i = 0; i < s.num_layers; ++i) {
     const std::string layer = absl::StrCat("forward, layer ", i);
@@ -180,9 +179,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
       r.Free(t, PHASE_FORWARD, i, layer + ", intermediates freed");
       // What stays of the input and its copy (StepSizes::checkpoint_kept_inputs).
       saved_attn[i] = input;
-      if (copy >= 0 && s.checkpoint_kept_inputs == 2) {
-        input_copy[i] = copy;
-      } else if (copy >= 0) {
+      if (copy >= 0) {
         r.Free(input, PHASE_FORWARD, i, layer + ", checkpointed input released (its copy is kept)");
         saved_attn[i] = copy;
       } else if (s.checkpoint_kept_inputs == 0) {
@@ -297,7 +294,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
       if (s.checkpoint_copy_on_host) {
         const int back = r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
                                  layer + ", checkpointed input back from the host");
-        (s.checkpoint_kept_inputs == 0 ? saved_attn[i] : input_copy[i]) = back;
+        saved_attn[i] = back;
       }
       recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_BACKWARD, i,
                                 layer + ", recompute");
@@ -338,7 +335,6 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     r.Free(attn_transient, PHASE_BACKWARD, i, layer + ", attention activation gradients freed");
     if (recomputed_attn >= 0) r.Free(recomputed_attn, PHASE_BACKWARD, i, layer + ", recomputed activations freed");
     r.Free(saved_attn[i], PHASE_BACKWARD, i, layer + ", attention activations freed");
-    if (input_copy[i] >= 0) r.Free(input_copy[i], PHASE_BACKWARD, i, layer + ", copy of the checkpointed input freed");
     r.Free(gather, PHASE_BACKWARD, i, layer + ", parameters released");
     r.Free(kept_gather[i], PHASE_BACKWARD, i, layer + ", kept parameters released");
   }

@@ -182,6 +182,7 @@ std::string Describe(const AccuracyRow& row) {
                                     ")")
                      : ""));
   }
+  if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) parts.push_back("Liger fused loss");
   parts.push_back(c.precision() == PRECISION_FP32 ? "fp32" : c.precision() == PRECISION_FP16 ? "fp16" : "bf16");
   parts.push_back(row.plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "sdpa");
   parts.push_back(absl::StrCat("b", c.micro_batch_size(), " s", c.seq_length()));
@@ -270,7 +271,7 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("tiny-z2-bf16-w2-fused-loss-ckpt-b4-s256", kTiny, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "4", "--seq", "256"}),
       Case("wide-qwen3-z1-bf16-w2-fused-loss-s1024", kWideQwen3, {"--ds-config", ds, "--loss", "liger-fused", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "1", "--seq", "1024"}),
       // deepspeed.checkpointing.checkpoint with the config's activation_checkpointing block: copies in
-      // contiguous buffers (spare ones too) under ZeRO-3, where each input stays beside its copy;
+      // contiguous buffers (spare ones too) under ZeRO-3;
       // partitioned copies every 2nd block (cpu_checkpointing is moot on CPU ranks).
       Case("tiny-z3-bf16-w2-ds-ckpt-contiguous-s512", kTiny, {"--ds-config", "configs/ds/checkpoint_contiguous.json", "--checkpoint-function", "deepspeed", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2", kQwen3, {"--ds-config", "configs/ds/checkpoint_partitioned_cpu.json", "--checkpoint-function", "deepspeed", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "2", "--seq", "256"}),
@@ -475,7 +476,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                              DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 256),
                lora_all),
       // deepspeed.checkpointing.checkpoint in place of torch's, with the config's activation_checkpointing
-      // block: partitioned copies (under ZeRO-3 beside the inputs), contiguous buffers with spare ones,
+      // block: partitioned copies, contiguous buffers with spare ones at ZeRO-3,
       // cpu_checkpointing (moot on CPU ranks) every 2nd block.
       WithDeepSpeedCheckpointing(DeepSpeedCase("ds-ckpt-partitioned-z2-bf16", llama,
                                                DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
