@@ -6,6 +6,7 @@
 #include <ATen/SDPBackend.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 
 #include "absl/strings/match.h"
@@ -262,7 +263,12 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
     }
   }
   if (hooks != nullptr && hooks->after_recompute) hooks->after_recompute(layer);
-  torch::autograd::backward({y}, {grads[0]});
+  // Backward from y's graph without y: torch.utils.checkpoint(use_reentrant=
+  // False), which transformers uses, keeps no recomputed output.
+  const torch::autograd::Edge root = torch::autograd::impl::gradient_edge(y);
+  y.reset();
+  torch::autograd::Engine::get_default_engine().execute({root}, {grads[0]}, /*keep_graph=*/false,
+                                                        /*create_graph=*/false, /*accumulate_grad=*/true);
   if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
   return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 }
@@ -417,9 +423,16 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
                                             /*scale=*/std::nullopt, /*enable_gqa=*/kv != a);
   }
   at::Tensor out = linear(attn.transpose(1, 2).reshape({b, s, a * d}), p + "attn.o_proj", spec_.attention_out_bias());
+  // What transformers' attention module returns with: its locals are gone
+  // (what autograd saved stays).
+  q.reset();
+  k.reset();
+  v.reset();
+  attn.reset();
   const double residual_dropout = spec_.residual_dropout();
   if (residual_dropout > 0) out = at::dropout(out, residual_dropout, /*train=*/true);
   at::Tensor h = x + out;
+  out.reset();
 
   const at::Tensor n2 = norm(h, p + "mlp_norm");
   const bool mlp_bias = spec_.mlp_bias();

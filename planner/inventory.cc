@@ -438,17 +438,28 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   const int64_t branches = spec.ffn_type() == FFN_GELU ? 1 : 2;
   t.mlp_bytes = (1 + branches - (down_input_saved ? 1 : 0)) * bs * spec.ffn_hidden_size() * w;
   const int64_t scores = b * spec.num_attention_heads() * s * s;
+  // At the half's end: the gradients of q, k, v.
+  const int64_t qkv_end =
+      residual_grads + bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * spec.head_dim() * w;
   if (SdpaRunsMath(spec, device)) {
-    // grad of probabilities and grad of scores, each [b,a,s,s] in fp32.
-    t.attention_bytes = residual_grads + 2 * scores * 4;
+    // The math path (attention.cpp, _scaled_dot_product_attention_math)
+    // peaks in its second matmul's backward, before softmax's: the fp32
+    // gradients of the dropped probabilities [b,a,s,s] and of v (expanded
+    // to every head), beside the output's gradient upcast to fp32, whose
+    // 16-bit original is then freed. The saved tensors go after it.
+    const int64_t heads_tokens = bs * spec.num_attention_heads() * spec.head_dim();
+    t.attention_bytes = std::max(scores * 4 + heads_tokens * 4 + (w < 4 ? heads_tokens * (4 - w) : 0), qkv_end);
   } else if (spec.attention_impl() == ATTENTION_EAGER) {
     t.attention_bytes = residual_grads + 2 * scores * w;
   } else {
-    // grads of q, k, v.
-    t.attention_bytes =
-        residual_grads + bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * spec.head_dim() * w;
+    t.attention_bytes = qkv_end;
   }
   return t;
+}
+
+bool IsBlockInputItself(const TensorSpec& saved, DType dtype) {
+  return saved.dtype() == dtype && saved.layer() >= 0 &&
+         (absl::EndsWith(saved.name(), ".attn_norm.input") || absl::EndsWith(saved.name(), ".attn_norm.input_fp32"));
 }
 
 bool IsMlpTensor(const TensorSpec& tensor) { return tensor.name().find(".mlp") != std::string::npos; }

@@ -125,6 +125,12 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
                                               DType dtype, int layer, KernelDevice device,
                                               const SavePolicy& saves = {});
 
+// Whether a tensor of BlockSavedActivations is the block's input itself, not
+// a copy: its first norm's saved input (LayerNorm keeps its input; RMSNorm's
+// fp32 upcast is a no-op on fp32 input). A checkpointed block's recompute
+// saves the input it kept, so it allocates this tensor no second time.
+bool IsBlockInputItself(const TensorSpec& saved, DType dtype);
+
 // The final norm's saved tensors (as a block's norms save) and its output,
 // which the LM head keeps (LinearSaves; not with the fused loss); layer -1.
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,

@@ -263,10 +263,10 @@ Moment BestMoment(const StepSizes& s) {
       // What it kept of its input (and the copy back from the host), then the recompute.
       l[kActivations] += saved_through(i - 1) + (s.checkpoint_kept_inputs + s.checkpoint_copy_on_host) * s.block_input;
       Live recompute = l;
-      recompute[kActivations] += saved_of(i) - saved_mlp_of(i);
+      recompute[kActivations] += saved_of(i) - saved_mlp_of(i) - s.RecomputeReusedInput(i);
       recompute[kTemps] += s.block_fwd_transient;
       consider(recompute, "backward, layer %d, recompute", i);
-      l[kActivations] += saved_of(i);
+      l[kActivations] += saved_of(i) - s.RecomputeReusedInput(i);
     } else {
       l[kActivations] += saved_through(i);
     }
@@ -279,6 +279,18 @@ Moment BestMoment(const StepSizes& s) {
       mlp[kGrads] += s.block_grads_down;  // the rest come once down_proj's input gradient is freed
     } else {
       mlp[kTemps] += s.block_max_mlp_grad;
+    }
+    if (i == s.grad_partition_from && s.grad_partition_at_down_proj_hook) {
+      // Before the hook, without the partition; at it, down_proj's saved
+      // input (as large as the GELU MLP's transient) is freed; then the
+      // weight gradient goes.
+      Live before = mlp;
+      before[kGrads] -= s.grad_partition;
+      consider(before, "backward, layer %d, MLP gradients", i);
+      Live at_hook = mlp;
+      at_hook[kTemps] -= s.block_bwd_mlp_transient;
+      consider(at_hook, "backward, layer %d, gradient partition", i);
+      mlp[kTemps] -= s.block_max_mlp_grad;
     }
     consider(mlp, "backward, layer %d, MLP gradients", i);
     if (s.grads_kept_on_production) {
@@ -381,15 +393,22 @@ int64_t AdamTemporariesPerElement(AdamImplementation impl, bool cpu_tensors) {
 // gradient that would overflow a non-empty bucket reduces it first, one
 // larger than the bucket fills it alone; the epilogue reduces the rest).
 // Gradient hooks fire in reverse parameter order, a tied embedding's last.
+// `gelu_mlp`: the MLP's widest moment comes before down_proj's hooks (a GELU
+// MLP whose down_proj keeps its input: BlockBackwardTransientBytes), and
+// there the partition misses down_proj's weight gradient if that went into
+// the bucket; one larger than the bucket stays until the next reduction.
 struct PartitionStart {
   int part = StepSizes::kAtEpilogue;
-  bool at_attention = false;  // a block's attention half
+  bool at_attention = false;       // a block's attention half
+  bool at_down_proj_hook = false;  // StepSizes::grad_partition_at_down_proj_hook
 };
 std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpec>& params,
                                                      const std::vector<FlatPartition>& partitions, int num_layers,
-                                                     int64_t bucket_elements) {
+                                                     int64_t bucket_elements, bool gelu_mlp) {
   std::vector<PartitionStart> from(partitions.size());
   std::vector<bool> seen(partitions.size(), false);
+  bool down_weights_fit = true;
+  for (const TensorSpec& t : params) down_weights_fit &= !IsDownProjTensor(t) || NumElements(t) <= bucket_elements;
   // A reduction of the bucket holding parameters [lo, hi] at parameter i's
   // hook. The closed form's moment of an attention half is its first
   // gradient's (the widest point), so a partition made at a later hook of
@@ -400,6 +419,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
     PartitionStart start;
     start.part = t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers;
     start.at_attention = t.layer() >= 0 && !IsMlpTensor(t);
+    start.at_down_proj_hook = gelu_mlp && down_weights_fit && IsDownProjTensor(t);
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
                                IsMlpTensor(params[i + 1]) != IsMlpTensor(t);
     const bool before_moment = first_of_half || IsDownProjTensor(t);
@@ -649,7 +669,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     } else if (stage1_epilogue) {
       from.assign(partitions.size(), PartitionStart{StepSizes::kAtEpilogue});
     } else {
-      from = FirstReductionPartByRank(trainable, partitions, s.num_layers, zero.reduce_bucket_elements());
+      // Every down_proj keeps its input unless LoRA freezes it.
+      from = FirstReductionPartByRank(trainable, partitions, s.num_layers, zero.reduce_bucket_elements(),
+                                      model.ffn_type() == FFN_GELU && !model.has_lora());
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
       RankVariant v;
@@ -664,6 +686,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
         v.grad_partition = partitions[r].params_elements * w;
         v.grad_partition_from = from[r].part;
         v.grad_partition_at_attention = from[r].at_attention;
+        v.grad_partition_at_down_proj_hook = from[r].at_down_proj_hook;
         v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
       }
       auto it = std::find(sizer.variants_.begin(), sizer.variants_.end(), v);
@@ -715,6 +738,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     ZPLAN_CHECK(saved(3, 5) == f.Bytes(3, 5));
     for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
       if (IsMlpTensor(t)) f.mlp_per_token += TensorBytes(t);
+      if (IsBlockInputItself(t, dtype)) f.input_per_token += TensorBytes(t);
     }
     return f;
   };
@@ -896,6 +920,7 @@ void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
   s->grad_partition = v.grad_partition;
   s->grad_partition_from = v.grad_partition_from;
   s->grad_partition_at_attention = v.grad_partition_at_attention;
+  s->grad_partition_at_down_proj_hook = v.grad_partition_at_down_proj_hook;
   s->step_norm_copy = v.step_norm_copy;
   s->host_grad_accumulation = v.host_grad_accumulation;
   s->host_grad_accumulation_pinned = v.host_grad_accumulation_pinned;
@@ -937,6 +962,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block_saved_mlp = saved_.mlp_per_token * tokens;
   s.block0_saved_less = s.block_saved - saved_block0_.Bytes(b, seq);
   s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
+  s.block_saved_input = saved_.input_per_token * tokens;
+  s.block0_saved_input = saved_block0_.input_per_token * tokens;
   s.block_input = tokens * h * w;
   s.host_checkpoints = s.host_checkpoint_blocks * s.block_input;
   if (s.host_checkpoint_pinned) {

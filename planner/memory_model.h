@@ -133,6 +133,9 @@ struct StepSizes {
   int64_t grad_partition = 0;
   int grad_partition_from = kAtEpilogue;
   bool grad_partition_at_attention = false;  // in that block's attention half, not its MLP's
+  // In its MLP half at down_proj's hook, past a GELU MLP's widest moment:
+  // down_proj's saved input is freed by then, its weight gradient not yet.
+  bool grad_partition_at_down_proj_hook = false;
   int kBeforeForward() const { return num_layers + 1; }
 
   // The backward part whose gradient hook fires first, where the IPG
@@ -152,6 +155,12 @@ struct StepSizes {
   // which block0_saved_mlp_less in its MLP half.
   int64_t block0_saved_less = 0;
   int64_t block0_saved_mlp_less = 0;
+  // Of block_saved (block 0's), the block's input itself (IsBlockInputItself):
+  // a checkpointed block's recompute saves the input on the device (kept, or
+  // brought back from the host) and allocates this no second time.
+  int64_t block_saved_input = 0;
+  int64_t block0_saved_input = 0;
+  int64_t RecomputeReusedInput(int layer) const { return layer == 0 ? block0_saved_input : block_saved_input; }
   int64_t block_input = 0;           // b·s·h in the working dtype
   int64_t block_fwd_transient = 0;   // extra inside forward with grad
   int64_t block_nograd_peak = 0;     // checkpointed forward: live intermediates
@@ -290,12 +299,14 @@ class StepSizer {
     int64_t grad_partition = 0;
     int grad_partition_from = StepSizes::kAtEpilogue;
     bool grad_partition_at_attention = false;
+    bool grad_partition_at_down_proj_hook = false;
     int64_t step_norm_copy = 0;
     int64_t host_grad_accumulation = 0;
     int64_t host_grad_accumulation_pinned = 0;
     bool operator==(const RankVariant& o) const {
       return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
-             grad_partition_at_attention == o.grad_partition_at_attention && step_norm_copy == o.step_norm_copy &&
+             grad_partition_at_attention == o.grad_partition_at_attention &&
+             grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook && step_norm_copy == o.step_norm_copy &&
              host_grad_accumulation == o.host_grad_accumulation &&
              host_grad_accumulation_pinned == o.host_grad_accumulation_pinned;
     }
@@ -318,6 +329,7 @@ class StepSizer {
     int64_t per_token_sq = 0;
     int64_t per_seq_sq = 0;
     int64_t mlp_per_token = 0;
+    int64_t input_per_token = 0;     // IsBlockInputItself
     int64_t Bytes(int64_t b, int64_t seq) const {
       return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq;
     }

@@ -1,7 +1,9 @@
 #include "planner/memory_model.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
@@ -241,6 +243,79 @@ TEST(MemoryModelTest, CheckpointingKeepsOnlyBlockInputs) {
   config.set_activation_checkpointing(false);
   const MemoryBreakdown without = ClosedFormDevicePeak(Sizes(*model, config));
   EXPECT_LT(with.activations_bytes() * 3, without.activations_bytes());
+}
+
+// LayerNorm saves its input itself, and so does RMSNorm's fp32 upcast of an
+// fp32 input: a checkpointed block's recompute saves the input it kept. The
+// bf16 upcast is a new tensor. An offloaded input is brought back first.
+TEST(MemoryModelTest, CheckpointedRecomputeSavesItsKeptInputNoSecondTime) {
+  auto sizes = [](const char* preset, Precision precision, bool offload) {
+    auto model = LoadPreset(preset);
+    EXPECT_TRUE(model.ok());
+    RunConfig config = Config(2, 8);
+    config.set_precision(precision);
+    config.set_activation_checkpointing(true);
+    config.set_checkpoint_offload(offload);
+    return Sizes(*model, config);
+  };
+  const StepSizes gpt2 = sizes("gpt2", PRECISION_BF16, false), llama_bf16 = sizes("1b", PRECISION_BF16, false),
+                  llama_fp32 = sizes("1b", PRECISION_FP32, false), offloaded = sizes("gpt2", PRECISION_BF16, true);
+  EXPECT_EQ(gpt2.block_saved_input, gpt2.block_input);
+  EXPECT_EQ(gpt2.RecomputeReusedInput(0), gpt2.block_input);
+  EXPECT_EQ(llama_bf16.block_saved_input, 0);
+  EXPECT_EQ(llama_fp32.block_saved_input, llama_fp32.block_input);
+  EXPECT_TRUE(offloaded.checkpoint_copy_on_host);
+  EXPECT_EQ(offloaded.RecomputeReusedInput(1), offloaded.block_input);
+  // The simulator allocates the recompute as the closed form counts it.
+  for (const StepSizes& s : {gpt2, llama_fp32, offloaded}) {
+    EXPECT_EQ(SimulateStep(s).peak.peak_bytes(), ClosedFormPeakBytes(s));
+  }
+}
+
+// DeepSpeed reduces a bucket at the hook that overflows it. When that is
+// down_proj's in a GELU MLP (a ViT's), its saved input is already freed:
+// the partition is not counted beside the widest moment's weight gradient.
+TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
+  auto vit = LoadPreset("vit-b-encoder");
+  ASSERT_TRUE(vit.ok());
+  RunConfig config = Config(2, 2);
+  config.set_seq_length(VisionTokens(*vit));
+  config.set_micro_batch_size(8);
+  auto gpu = FindGpu(config.cluster().gpu());
+  // Buckets that the last block's down_proj weight overflows first: one it
+  // then fills, and one smaller than it.
+  auto probe = StepSizer::Create(*vit, config, *gpu);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  int64_t after_down_elements = 0, down_elements = 0;
+  for (auto it = probe->parameters().rbegin(); down_elements == 0; ++it) {
+    if (absl::EndsWith(it->name(), "mlp.down_proj.weight")) down_elements = NumElements(*it);
+    else after_down_elements += NumElements(*it);
+  }
+  ASSERT_LT(after_down_elements, down_elements);
+  auto rank1_with_bucket = [&](int64_t bucket_elements) {
+    config.mutable_zero()->set_reduce_bucket_elements(bucket_elements);
+    auto sizer = StepSizer::Create(*vit, config, *gpu);
+    EXPECT_TRUE(sizer.ok()) << sizer.status();
+    return sizer->ForRank(8, VisionTokens(*vit), 1);
+  };
+  // Larger than the bucket, the weight gradient stays until the next reduction.
+  EXPECT_FALSE(rank1_with_bucket(after_down_elements + 1).grad_partition_at_down_proj_hook);
+  const StepSizes rank1 = rank1_with_bucket(down_elements);
+  EXPECT_EQ(rank1.grad_partition_from, vit->num_layers() - 1);
+  ASSERT_TRUE(rank1.grad_partition_at_down_proj_hook);
+  EXPECT_EQ(SimulateStep(rank1).peak.peak_bytes(), ClosedFormPeakBytes(rank1));
+  // Counted before that MLP half instead, the partition would meet the
+  // weight gradient of down_proj: that much more.
+  StepSizes before = rank1;
+  before.grad_partition_at_down_proj_hook = false;
+  EXPECT_EQ(ClosedFormPeakBytes(before) - ClosedFormPeakBytes(rank1),
+            std::min({rank1.block_max_mlp_grad, rank1.grad_partition, rank1.block_bwd_mlp_transient}));
+  // SwiGLU's widest moment comes after down_proj's hooks.
+  auto llama = LoadPreset("debug-tiny");
+  config.set_seq_length(128);
+  auto swiglu = StepSizer::Create(*llama, config, *gpu);
+  ASSERT_TRUE(swiglu.ok());
+  for (int rank : {0, 1}) EXPECT_FALSE(swiglu->ForRank(2, 128, rank).grad_partition_at_down_proj_hook);
 }
 
 TEST(MemoryModelTest, LogitsDominateLongSequencesWithLargeVocabularies) {

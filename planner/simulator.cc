@@ -277,7 +277,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
   // Blocks, last to first.
   for (int i = last; i >= 0; --i) {
     const std::string layer = absl::StrCat("backward, layer ", i);
-    if (!s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
+    if (!s.grad_partition_at_attention && !s.grad_partition_at_down_proj_hook) partition_from(i, PHASE_BACKWARD);
     // A kept block is still gathered (DeepSpeed prefetches past it while
     // anything below is partitioned); another is gathered again.
     const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
@@ -296,21 +296,31 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
                                  layer + ", checkpointed input back from the host");
         saved_attn[i] = back;
       }
-      recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_BACKWARD, i,
-                                layer + ", recompute");
+      recomputed_attn = r.Alloc(COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.RecomputeReusedInput(i),
+                                PHASE_BACKWARD, i, layer + ", recompute");
       const int t = r.Alloc(COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i, layer + ", recompute");
       r.Free(t, PHASE_BACKWARD, i, layer + ", recompute scores freed");
       recomputed_mlp = r.Alloc(COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_BACKWARD, i, layer + ", recomputed");
     }
     // MLP half: its gradients, then what it saved is freed.
     const std::string mlp = layer + ", MLP gradients";
-    const int mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    int mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
     buckets_at(i, false, i, mlp);
     if (kept) {
       kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp));
     } else {
       const int g = r.Alloc(COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
+      const bool partition_here = s.grad_partition_at_down_proj_hook && s.grad_partition_from == i;
+      if (partition_here) {
+        // down_proj's saved input is freed before its hook; the transient,
+        // as large, stands for it and comes back as GELU's input gradient.
+        r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", down_proj's saved input freed");
+        partition_from(i, PHASE_BACKWARD);
+      }
       r.Free(g, PHASE_BACKWARD, i, layer + ", MLP weight gradients into reduce bucket");
+      if (partition_here) {
+        mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+      }
     }
     r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", MLP activation gradients freed");
     if (kept) {
