@@ -289,7 +289,7 @@ Moment BestMoment(const StepSizes& s) {
       consider(before, "backward, layer %d, MLP gradients", i);
       Live at_hook = mlp;
       at_hook[kTemps] -= s.block_bwd_mlp_transient;
-      consider(at_hook, "backward, layer %d, gradient partition", i);
+      consider(at_hook, "gradient partition", i);
       mlp[kTemps] -= s.block_max_mlp_grad;
     }
     consider(mlp, "backward, layer %d, MLP gradients", i);

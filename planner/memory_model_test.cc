@@ -288,8 +288,11 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   ASSERT_TRUE(probe.ok()) << probe.status();
   int64_t after_down_elements = 0, down_elements = 0;
   for (auto it = probe->parameters().rbegin(); down_elements == 0; ++it) {
-    if (absl::EndsWith(it->name(), "mlp.down_proj.weight")) down_elements = NumElements(*it);
-    else after_down_elements += NumElements(*it);
+    if (absl::EndsWith(it->name(), "mlp.down_proj.weight")) {
+      down_elements = NumElements(*it);
+    } else {
+      after_down_elements += NumElements(*it);
+    }
   }
   ASSERT_LT(after_down_elements, down_elements);
   auto rank1_with_bucket = [&](int64_t bucket_elements) {
@@ -304,6 +307,7 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   EXPECT_EQ(rank1.grad_partition_from, vit->num_layers() - 1);
   ASSERT_TRUE(rank1.grad_partition_at_down_proj_hook);
   EXPECT_EQ(SimulateStep(rank1).peak.peak_bytes(), ClosedFormPeakBytes(rank1));
+  EXPECT_EQ(SimulateStep(rank1).peak.peak_event(), ClosedFormDevicePeak(rank1).peak_event());
   // Counted before that MLP half instead, the partition would meet the
   // weight gradient of down_proj: that much more.
   StepSizes before = rank1;
