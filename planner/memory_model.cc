@@ -186,7 +186,8 @@ Moment BestMoment(const StepSizes& s) {
   // forward, and stays for the loss when kept; it is gathered for its backward.
   Live loss = base;
   loss[kActivations] += saved_through(last) + empty_slots(last) + s.final_norm_saved;
-  loss[kParams] += KeptThrough(s, last) + (s.tied ? 0 : embed_kept);
+  // (A kept tied embedding is the head, below, with the learned positions.)
+  loss[kParams] += KeptThrough(s, last) + (s.tied && s.embed_kept ? s.embed_gather - s.head_gather : embed_kept);
   const int64_t head_in_loss = s.head_kept || (s.tied && s.embed_kept) ? s.head_gather : 0;
   if (s.has_head && s.fused_loss) {
     // The final norm's output, the labels, both gradients, the per-token
@@ -819,6 +820,12 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     if (trains("embed_tokens")) s.embed_grad = vocab * h * w;
     if (s.stage == 3 && s.world_size > 1 && vocab * h > zero.stage3_param_persistence_threshold()) {
       s.embed_gather = s.head_gather = vocab * h * w;
+    }
+    // Learned positions (GPT-2's wpe) are gathered, and kept, with it.
+    const int64_t positions =
+        model.position_embedding() == POSITION_LEARNED ? model.max_position_embeddings() * h : 0;
+    if (s.stage == 3 && s.world_size > 1 && positions > zero.stage3_param_persistence_threshold()) {
+      s.embed_gather += positions * w;
     }
   }
   if (trains("embed_positions")) s.pos_grad = model.max_position_embeddings() * h * w;

@@ -198,7 +198,7 @@ struct StepSizes {
   int64_t head_grad = 0;             // V·h (the tied embedding's, or lm_head's)
   int64_t embed_grad = 0;            // V·h: the embedding's contribution
   int64_t pos_grad = 0;              // learned positions
-  int64_t embed_gather = 0;          // stage 3: the embedding gathered
+  int64_t embed_gather = 0;          // stage 3: the embedding (and learned positions) gathered
   int64_t head_gather = 0;           // stage 3: the head gathered (a tied one is the embedding)
   int64_t logits_working = 0;        // b·s·V in the working dtype (a ViT: b·labels)
   int64_t logits_fp32 = 0;           // b·s·V·4
