@@ -306,8 +306,8 @@ class StepSizer {
     bool operator==(const RankVariant& o) const {
       return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
              grad_partition_at_attention == o.grad_partition_at_attention &&
-             grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook && step_norm_copy == o.step_norm_copy &&
-             host_grad_accumulation == o.host_grad_accumulation &&
+             grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook &&
+             step_norm_copy == o.step_norm_copy && host_grad_accumulation == o.host_grad_accumulation &&
              host_grad_accumulation_pinned == o.host_grad_accumulation_pinned;
     }
   };
