@@ -76,8 +76,8 @@ struct BlockHooks {
 // cpu_checkpointing on a CUDA device; with contiguous_memory_optimization the
 // copies go into number_checkpoints buffers allocated at the first
 // checkpointed block, of which the first checkpointed backward lets the spare
-// ones go. cpu_checkpointing alone is moot on a CPU
-// rank (and refused by the planner on CUDA).
+// ones go. cpu_checkpointing alone is moot on a CPU rank (and refused by the
+// planner on CUDA).
 struct Checkpointing {
   int every = 0;
   bool offload = false;
