@@ -558,7 +558,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     if (hooks.active()) out = BeforeBackward::apply(out, &hooks, head_part);
     return out.to(at::kFloat).pow(2).mean();
   }
-  const at::Tensor& head = spec_.tie_word_embeddings() ? Param("embed_tokens.weight") : Param("lm_head.weight");
+  const at::Tensor& head = Param(LmHeadWeightName(spec_));
   if (saves_.fused_loss) {
     // LigerForCausalLMLoss: the labels padded by one and copied shifted (zrun's
     // targets come shifted: the copy is of their first s, the same bytes),

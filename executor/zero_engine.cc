@@ -246,7 +246,8 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
         if (slot.persistent && !e->unpartitioned_) slot.param.set_data(whole.to(e->device_, slot.param.scalar_type()));
       }
       if (e->unpartitioned_) slot.param.set_data(chunk.view(slot.shape));
-      e->parts_[PartOf(slot.name, num_layers) + 1].push_back(i);
+      // A modules_to_save original is never called: never gathered.
+      if (!IsUnusedOriginal(slot.name)) e->parts_[PartOf(slot.name, num_layers) + 1].push_back(i);
       slot.gathered = true;
     }
     // A tied LM head uses the embedding matrix.

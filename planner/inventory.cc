@@ -48,11 +48,12 @@ void AddBlockLinear(const ModelSpec& spec, const std::string& prefix, const std:
   }
 }
 
-// With LoRA only the adapters train.
+// With LoRA only the adapters and the copies of modules_to_save train.
 void MarkFrozen(const ModelSpec& spec, std::vector<TensorSpec>* params) {
   if (!spec.has_lora()) return;
-  for (TensorSpec& t : *params) t.set_frozen(!IsLoraAdapter(t));
+  for (TensorSpec& t : *params) t.set_frozen(!IsLoraAdapter(t) && !absl::StrContains(t.name(), kSavedModuleName));
 }
+
 
 }  // namespace
 
@@ -122,7 +123,10 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   }
   AddNorm(spec, "final_norm", h, -1, &out);
   if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) {
-    out.push_back(Param("lm_head.weight", {spec.vocab_size(), h}, -1));
+    if (SavesHead(spec)) {
+      out.push_back(Param(absl::StrCat("lm_head", kOriginalModuleName, ".weight"), {spec.vocab_size(), h}, -1));
+    }
+    out.push_back(Param(LmHeadWeightName(spec), {spec.vocab_size(), h}, -1));
   }
   if (spec.has_vision()) AddLinear("classifier", h, spec.vision().num_labels(), /*bias=*/true, -1, &out);
   MarkFrozen(spec, &out);
@@ -137,7 +141,21 @@ std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& param
   return out;
 }
 
+bool SavesHead(const ModelSpec& spec) {
+  return spec.has_lora() && !spec.lora().modules_to_save().empty();  // ValidateLora: only the head
+}
+
+std::string LmHeadWeightName(const ModelSpec& spec) {
+  if (spec.tie_word_embeddings()) return "embed_tokens.weight";
+  return SavesHead(spec) ? absl::StrCat("lm_head", kSavedModuleName, ".weight") : "lm_head.weight";
+}
+
+bool IsUnusedOriginal(absl::string_view parameter_name) {
+  return absl::StrContains(parameter_name, kOriginalModuleName);
+}
+
 bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves) {
+  if (IsUnusedOriginal(param.name())) return false;
   if (!spec.has_lora() || !param.frozen()) return true;
   const std::string& name = param.name();
   if (absl::StartsWith(name, "embed_")) return false;
@@ -395,7 +413,7 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
   const int64_t h = spec.hidden_size();
   AppendNormSaved(spec, "final_norm", {b, s, h}, dtype, device, -1, &out);
   // The LM head keeps its input for its own gradient, or always (LinearSaves).
-  if (!saves.fused_loss && (BaseWeightsTrain(spec) || saves.linear == LinearSaves::kAlways)) {
+  if (!saves.fused_loss && (BaseWeightsTrain(spec) || SavesHead(spec) || saves.linear == LinearSaves::kAlways)) {
     out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));
   }
   return out;

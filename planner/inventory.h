@@ -19,6 +19,7 @@
 #define ZPLAN_PLANNER_INVENTORY_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -86,6 +87,22 @@ inline constexpr char kLoraBName[] = ".lora_B";
 // ("q_proj", or with its path, "attn.q_proj").
 bool IsLoraTarget(const ModelSpec& spec, absl::string_view module);
 bool IsLoraAdapter(const TensorSpec& tensor);
+
+// peft's modules_to_save (LoraSpec.modules_to_save, the LM head): its
+// ModulesToSaveWrapper holds the frozen original, "lm_head.original_module.weight",
+// never called in forward, then the trainable copy it calls,
+// "lm_head.modules_to_save.default.weight" (peft/utils/other.py,
+// ModulesToSaveWrapper.update: copy.deepcopy, original requires_grad_(False)).
+inline constexpr char kOriginalModuleName[] = ".original_module";
+inline constexpr char kSavedModuleName[] = ".modules_to_save.default";
+// Whether the spec trains a copy of the LM head (modules_to_save).
+bool SavesHead(const ModelSpec& spec);
+// The weight the LM head computes with: the tied embedding, the trainable
+// copy, or lm_head.weight.
+std::string LmHeadWeightName(const ModelSpec& spec);
+// A parameter no forward ever uses (a modules_to_save original): ZeRO-3
+// partitions it and never gathers it.
+bool IsUnusedOriginal(absl::string_view parameter_name);
 
 // The parameters that train (not frozen), in inventory order: what the
 // optimizer, the gradients and ZeRO-1/2's flat partition hold.

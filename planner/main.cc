@@ -24,6 +24,7 @@ ABSL_FLAG(std::string, ffn, "", "explicit dimension: FFN inner width (elements)"
 ABSL_FLAG(std::string, vocab, "", "explicit dimension: vocabulary (tokens; 0 = no embedding or head)");
 ABSL_FLAG(std::string, lora_config, "", "PEFT adapter_config.json: train LoRA adapters on the frozen model");
 ABSL_FLAG(std::string, lora_r, "", "LoRA rank r (default: --lora-config's, else PEFT's 8); implies LoRA");
+ABSL_FLAG(std::string, lora_modules_to_save, "", "modules trained whole beside LoRA (peft's modules_to_save): lm_head (default: --lora-config's); implies LoRA");
 ABSL_FLAG(std::string, lora_targets, "", "LoRA target modules, e.g. q_proj,v_proj or all-linear (default: --lora-config's, else q_proj,v_proj); implies LoRA");
 ABSL_FLAG(std::string, ds_config, "", "DeepSpeed ds_config.json; the flags below override it");
 ABSL_FLAG(std::string, seq, "", "sequence length in tokens (default 2048; list in sweep)");
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
   o.lora_config = absl::GetFlag(FLAGS_lora_config);
   o.lora_r = absl::GetFlag(FLAGS_lora_r);
   o.lora_targets = absl::GetFlag(FLAGS_lora_targets);
+  o.lora_modules_to_save = absl::GetFlag(FLAGS_lora_modules_to_save);
   o.ds_config = absl::GetFlag(FLAGS_ds_config);
   o.seq = absl::GetFlag(FLAGS_seq);
   o.micro_batch = absl::GetFlag(FLAGS_micro_batch);

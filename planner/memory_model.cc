@@ -506,6 +506,11 @@ SavePolicy SavePolicyFor(const RunConfig& config) {
   return saves;
 }
 
+bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config) {
+  return SavesHead(model) && config.zero().stage() == 3 && config.zero().zero_init() &&
+         config.precision() != PRECISION_FP32;
+}
+
 absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
                                             const GpuSpec& gpu) {
   StepSizer sizer;
@@ -591,6 +596,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
       return absl::InvalidArgumentError(
           "loss (--loss liger-fused): the fused loss with LoRA is not modelled yet; drop --loss or the LoRA config");
     }
+  }
+  if (Stage3MixesPartitionDtypes(model, config)) {
+    return absl::InvalidArgumentError(
+        "model.lora.modules_to_save: at ZeRO-3 with zero.Init and bf16/fp16, DeepSpeed's partition of peft's "
+        "fp32 adapters and the LM head's copy fails (one dtype per partition); use fp32, or stage <= 2");
   }
   // Stage 1 reduces in its gradient hooks only with overlap_comm, and then
   // only at the accumulation boundary (stage_1_and_2.py, process_gradients);

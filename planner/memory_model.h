@@ -350,6 +350,13 @@ class StepSizer {
 // must be resolved.
 SavePolicy SavePolicyFor(const RunConfig& config);
 
+// True where DeepSpeed cannot start: ZeRO-3 under zero.Init in bf16/fp16
+// partitions peft's fp32 adapters (SavePolicyFor) with a modules_to_save
+// copy in the working dtype, and stage3.py's
+// _create_fp16_partitions_with_defragmentation asserts one dtype (DeepSpeed
+// 0.19.8). StepSizer::Create refuses it; the stage grid leaves the row out.
+bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config);
+
 // Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).
 absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,
                                            const GpuSpec& gpu);

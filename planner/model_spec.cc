@@ -80,6 +80,23 @@ absl::Status ValidateLora(const ModelSpec& spec) {
                                                      " is listed twice"));
     }
   }
+  seen.clear();
+  for (const std::string& module : lora.modules_to_save()) {
+    if (module != kLoraSavedHead) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.lora.modules_to_save: ", QuoteInput(module), " is not modelled; zplan plans \"", kLoraSavedHead,
+          "\" (an untied LM head trained whole); remove it"));
+    }
+    if (spec.vocab_size() == 0 || spec.has_vision() || spec.tie_word_embeddings()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.lora.modules_to_save: \"", kLoraSavedHead, "\" needs a language model with an untied LM head; "
+          "with tied embeddings peft's copy unties it from the frozen embedding, which is not modelled; remove it"));
+    }
+    if (!seen.insert(module).second) {
+      return absl::InvalidArgumentError(absl::StrCat("model.lora.modules_to_save: ", QuoteInput(module),
+                                                     " is listed twice"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -414,7 +431,7 @@ absl::Status ApplyLoraConfig(absl::string_view text, absl::string_view source, M
   }
   // Absent, null, {} and [] leave PEFT's defaults.
   for (absl::string_view key :
-       {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform", "target_parameters"}) {
+       {"rank_pattern", "alpha_pattern", "layers_to_transform", "target_parameters"}) {
     const google::protobuf::Value* value = config.Find(key);
     const bool unset = value == nullptr || value->has_null_value() ||
                        (value->has_list_value() && value->list_value().values().empty()) ||
@@ -422,6 +439,20 @@ absl::Status ApplyLoraConfig(absl::string_view text, absl::string_view source, M
     if (!unset) {
       return config.Error(key, "not modelled: zplan plans one r on every targeted block linear, with every "
                                "other parameter frozen; remove it");
+    }
+  }
+  lora.clear_modules_to_save();
+  if (const google::protobuf::Value* saved = config.Find("modules_to_save");
+      saved != nullptr && !saved->has_null_value()) {
+    if (!saved->has_list_value()) {
+      return config.Error("modules_to_save", absl::StrCat("expected a list of module names, got a ",
+                                                          JsonTypeName(*saved)));
+    }
+    for (const google::protobuf::Value& v : saved->list_value().values()) {
+      if (!v.has_string_value()) {
+        return config.Error("modules_to_save", absl::StrCat("expected module names, got a ", JsonTypeName(v)));
+      }
+      lora.add_modules_to_save(v.string_value());
     }
   }
   const std::vector<std::string> known = LoraTargetNames(*spec);

@@ -260,7 +260,9 @@ TEST(ModelSpecTest, LoraRejectsWhatIsNotModelledByName) {
       {R"({"peft_type": "IA3"})", "peft_type"},
       {R"({"use_dora": true})", "use_dora"},
       {R"({"bias": "all"})", "bias"},
-      {R"({"modules_to_save": ["lm_head"]})", "modules_to_save"},
+      {R"({"modules_to_save": ["embed_tokens"]})", "modules_to_save"},
+      {R"({"modules_to_save": ["lm_head", "lm_head"]})", "modules_to_save"},
+      {R"({"modules_to_save": "lm_head"})", "modules_to_save"},
       {R"({"rank_pattern": {"q_proj": 16}})", "rank_pattern"},
       {R"({"layers_to_transform": [0, 1]})", "layers_to_transform"},
       {R"({"target_modules": ".*q_proj"})", "target_modules"},
@@ -280,9 +282,46 @@ TEST(ModelSpecTest, LoraRejectsWhatIsNotModelledByName) {
     EXPECT_NE(status.message().find(field), std::string::npos) << json << ": " << status.message();
     EXPECT_NE(status.message().find("adapter_config.json"), std::string::npos) << status.message();
   }
-  // gate_proj exists only in SwiGLU blocks.
+  // gate_proj exists only in SwiGLU blocks; GPT-2's head is tied.
   auto gpt2 = LoadPreset("gpt2");
   EXPECT_FALSE(ApplyLoraConfig(R"({"target_modules": ["gate_proj"]})", "a.json", &*gpt2).ok());
+  const absl::Status tied = ApplyLoraConfig(R"({"modules_to_save": ["lm_head"]})", "a.json", &*gpt2);
+  EXPECT_NE(tied.message().find("tied"), std::string::npos) << tied.message();
+}
+
+// modules_to_save ["lm_head"]: peft's wrapper keeps the frozen original and
+// trains a copy, both [vocab, h] where the head was (debug-tiny: 2048 x 256).
+TEST(ModelSpecTest, ModulesToSaveTrainsACopyOfTheHeadBesideItsFrozenOriginal) {
+  auto spec = LoadPreset("debug-tiny");
+  ASSERT_TRUE(spec.ok());
+  const int64_t base = CountParameters(*spec);
+  ASSERT_TRUE(ApplyLoraConfig(R"({"modules_to_save": ["lm_head"]})", "adapter_config.json", &*spec).ok());
+  EXPECT_EQ(CountParameters(*spec), base + 4 * 7168 + 2048 * 256);
+  const std::vector<TensorSpec> params = ParameterInventory(*spec);
+  const TensorSpec& original = params[params.size() - 2];
+  const TensorSpec& copy = params.back();
+  EXPECT_EQ(original.name(), "lm_head.original_module.weight");
+  EXPECT_TRUE(original.frozen());
+  EXPECT_TRUE(IsUnusedOriginal(original.name()));
+  EXPECT_EQ(copy.name(), "lm_head.modules_to_save.default.weight");
+  EXPECT_EQ(LmHeadWeightName(*spec), copy.name());
+  EXPECT_FALSE(copy.frozen());
+  EXPECT_EQ(NumElements(copy), 2048 * 256);
+  EXPECT_FALSE(RunsBackward(*spec, original, {}));
+  EXPECT_TRUE(RunsBackward(*spec, copy, {}));
+  int64_t trainable = 0;
+  for (const TensorSpec& t : TrainableParameters(params)) trainable += NumElements(t);
+  EXPECT_EQ(trainable, 4 * 7168 + 2048 * 256);
+  // The head now keeps the final norm's output for its weight gradient.
+  auto plain = LoadPreset("debug-tiny");
+  ASSERT_TRUE(ApplyLoraConfig("{}", "adapter_config.json", &*plain).ok());
+  auto bytes = [](const std::vector<TensorSpec>& saved) {
+    int64_t sum = 0;
+    for (const TensorSpec& t : saved) sum += TensorBytes(t);
+    return sum;
+  };
+  EXPECT_EQ(bytes(FinalNormSavedActivations(*spec, 2, 16, DTYPE_BF16, KernelDevice::kCpu)),
+            bytes(FinalNormSavedActivations(*plain, 2, 16, DTYPE_BF16, KernelDevice::kCpu)) + 2 * 16 * 256 * 2);
 }
 
 }  // namespace

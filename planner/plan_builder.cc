@@ -282,8 +282,9 @@ absl::StatusOr<std::vector<GridRow>> StageGrid(const ModelSpec& model, const Run
   row_options.record_timeline = false;
   const bool fused = config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR;
   for (const StageOption& option : StageOptions()) {
-    if (fused && option.stage == 3) continue;
-    ZPLAN_ASSIGN_OR_RETURN(const Prepared p, Prepare(model, WithStageOption(config, option)));
+    const RunConfig row_config = WithStageOption(config, option);
+    if (option.stage == 3 && (fused || Stage3MixesPartitionDtypes(model, ResolveRunConfig(row_config)))) continue;
+    ZPLAN_ASSIGN_OR_RETURN(const Prepared p, Prepare(model, row_config));
     GridRow row;
     row.option = option;
     row.plan = PlanFor(p, row_options);

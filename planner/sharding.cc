@@ -62,11 +62,13 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
   const int n = static_cast<int>(parameters.size());
   std::vector<int64_t> numel(n);
   for (int p = 0; p < n; ++p) numel[p] = NumElements(parameters[p]);
-  // Modules in forward order (parameters of one module are adjacent).
+  // Modules in forward order (parameters of one module are adjacent); a
+  // module that never runs is in no trace.
   auto module_of = [&](int p) { return parameters[p].name().substr(0, parameters[p].name().rfind('.')); };
   std::vector<std::vector<int>> modules;
   for (int p = 0; p < n; ++p) {
-    if (p == 0 || module_of(p) != module_of(p - 1)) modules.emplace_back();
+    if (IsUnusedOriginal(parameters[p].name())) continue;
+    if (modules.empty() || module_of(p) != module_of(modules.back().back())) modules.emplace_back();
     modules.back().push_back(p);
   }
   // The embedding's matrix: the token embedding, or a ViT's patch projection.

@@ -101,12 +101,14 @@ absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
 }
 
 absl::Status ApplyLora(const ZplanOptions& o, ModelSpec* spec) {
-  if (o.lora_config.empty() && o.lora_r.empty() && o.lora_targets.empty()) return absl::OkStatus();
+  if (o.lora_config.empty() && o.lora_r.empty() && o.lora_targets.empty() && o.lora_modules_to_save.empty()) {
+    return absl::OkStatus();
+  }
   *spec = ResolveModelSpec(std::move(*spec));
   if (!o.lora_config.empty()) {
     ZPLAN_RETURN_IF_ERROR(LoadLoraConfig(o.lora_config, spec));
   } else {
-    ZPLAN_RETURN_IF_ERROR(ApplyLoraConfig("{}", "--lora-r/--lora-targets", spec));
+    ZPLAN_RETURN_IF_ERROR(ApplyLoraConfig("{}", "--lora-r/--lora-targets/--lora-modules-to-save", spec));
   }
   LoraSpec& lora = *spec->mutable_lora();
   if (!o.lora_r.empty()) {
@@ -123,13 +125,25 @@ absl::Status ApplyLora(const ZplanOptions& o, ModelSpec* spec) {
       }
     }
   }
+  if (!o.lora_modules_to_save.empty()) {
+    lora.clear_modules_to_save();
+    for (absl::string_view name : absl::StrSplit(o.lora_modules_to_save, ',')) {
+      lora.add_modules_to_save(std::string(absl::StripAsciiWhitespace(name)));
+    }
+  }
   spec->set_name(absl::StrCat(spec->name(), "+lora-r", lora.rank()));
   spec->set_source(absl::StrCat(spec->source(), " LoRA r ", lora.rank(), " on ",
-                                absl::StrJoin(lora.target_modules(), ", "), ", the rest frozen."));
+                                absl::StrJoin(lora.target_modules(), ", "),
+                                lora.modules_to_save().empty()
+                                    ? ""
+                                    : absl::StrCat("; ", absl::StrJoin(lora.modules_to_save(), ", "), " trained whole"),
+                                ", the rest frozen."));
   const absl::Status valid = ValidateModelSpec(*spec);
-  if (!valid.ok() && !o.lora_targets.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--lora-targets: ", valid.message()));
+  if (valid.ok()) return valid;
+  if (!o.lora_modules_to_save.empty() && absl::StrContains(valid.message(), "modules_to_save")) {
+    return absl::InvalidArgumentError(absl::StrCat("--lora-modules-to-save: ", valid.message()));
   }
+  if (!o.lora_targets.empty()) return absl::InvalidArgumentError(absl::StrCat("--lora-targets: ", valid.message()));
   return valid;
 }
 
@@ -357,6 +371,9 @@ void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
            "logits); '-' where it cannot run (ZeRO-3 leaves lm_head.weight partitioned for it).\n";
   } else if (!rows.empty() && rows.front().plan.config().loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) {
     out << "ZeRO-3 rows left out: Liger's fused loss reads lm_head.weight as ZeRO-3's empty partition.\n";
+  } else if (!rows.empty() && rows.back().option.stage != 3 && SavesHead(rows.front().plan.model())) {
+    out << "ZeRO-3 rows left out: DeepSpeed cannot partition peft's fp32 adapters with the bf16/fp16 copy of a\n"
+           "module to save (one dtype per partition); fp32 can.\n";
   }
   const int best = RecommendedRow(rows);
   if (best >= 0) {

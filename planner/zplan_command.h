@@ -47,8 +47,9 @@ struct ZplanOptions {
   std::string layers, hidden, heads, kv_heads, head_dim, ffn, vocab;
   // LoRA on the frozen model (ModelSpec.lora): a PEFT adapter_config.json,
   // then the rank and the target modules (comma-separated, or "all-linear")
-  // on top; either flag alone means LoRA with PEFT's defaults for the rest.
-  std::string lora_config, lora_r, lora_targets;
+  // and modules_to_save (comma-separated) on top; any flag alone means LoRA
+  // with PEFT's defaults for the rest.
+  std::string lora_config, lora_r, lora_targets, lora_modules_to_save;
   // Run configuration; empty = not given.
   std::string ds_config;        // DeepSpeed JSON, applied before the flags below
   std::string seq;              // tokens per sequence (list in sweep mode)

@@ -288,6 +288,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"lora_r_wider_than_model", [](ZplanOptions* o) { o->lora_r = "4096"; }, "--lora-r: 4096 is outside"},
         BadInput{"lora_unknown_target", [](ZplanOptions* o) { o->lora_targets = "q_proj,c_attn"; },
                  "--lora-targets: model.lora.target_modules: \"c_attn\" is not a block linear"},
+        BadInput{"lora_save_unknown_module", [](ZplanOptions* o) { o->lora_modules_to_save = "embed_tokens"; },
+                 "--lora-modules-to-save: model.lora.modules_to_save: \"embed_tokens\" is not modelled"},
+        BadInput{"lora_save_tied_head", [](ZplanOptions* o) { o->lora_modules_to_save = "lm_head"; },
+                 "--lora-modules-to-save: model.lora.modules_to_save: \"lm_head\" needs a language model with an "
+                 "untied LM head"},
+        BadInput{"lora_save_head_zero3_bf16",
+                 [](ZplanOptions* o) {
+                   o->model = "debug-tiny";
+                   o->lora_modules_to_save = "lm_head";
+                   o->zero_stage = "3";
+                 },
+                 "model.lora.modules_to_save: at ZeRO-3 with zero.Init and bf16/fp16"},
         BadInput{"lora_missing_config", [](ZplanOptions* o) { o->lora_config = "/no/such/adapter_config.json"; },
                  "/no/such/adapter_config.json"},
         // ViT (issue 11): the image fixes the sequence; shapes it cannot plan are named.
@@ -321,6 +333,23 @@ TEST(ZplanCommandTest, LoraFlagsPlanTheAdaptersOnly) {
   o.format = "table";
   ASSERT_TRUE(RunCapture(o, &lora).ok());
   EXPECT_NE(lora.find(" trainable), seq 8192"), std::string::npos) << lora;
+}
+
+// modules_to_save lm_head: the grid leaves out the ZeRO-3 rows DeepSpeed
+// cannot start in bf16 and says why; in fp32 they are planned.
+TEST(ZplanCommandTest, LoraHeadCopyLeavesOutZero3OnlyWhereDeepSpeedFails) {
+  ZplanOptions o = Base();
+  o.model = "debug-tiny";
+  o.seq = "256";
+  o.lora_modules_to_save = "lm_head";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find(" trainable), seq 256"), std::string::npos) << text;
+  EXPECT_EQ(text.find("\n3      "), std::string::npos) << text;
+  EXPECT_NE(text.find("ZeRO-3 rows left out: DeepSpeed cannot partition peft's fp32 adapters"), std::string::npos);
+  o.precision = "fp32";
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find("\n3      optimizer+params"), std::string::npos) << text;
 }
 
 // transformers' activation_checkpointing_enable(every_n_layers=2,

@@ -371,7 +371,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
-                    lora_all = "configs/peft/lora-all-linear-r16-dropout.json";
+                    lora_all = "configs/peft/lora-all-linear-r16-dropout.json",
+                    lora_head = "configs/peft/lora-qv-r8-lm-head.json";
   return {
       // ZeRO-0.
       DeepSpeedCase("z0-bf16-fused-adam", llama, DsConfig(0, "bf16", 2, 1), 1, 128),
@@ -473,6 +474,16 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithLora(DeepSpeedCase("lora-z3-bf16-qwen3-offload-both-all-linear", qwen3,
                              DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 256),
                lora_all),
+      // The same with the LM head trained whole (modules_to_save): ZeRO-3 in fp32, where DeepSpeed can
+      // partition peft's fp32 adapters with the copy.
+      WithLora(DeepSpeedCase("lora-head-z0-bf16", llama, DsConfig(0, "bf16", 2, 1), 1, 256), lora_head),
+      WithLora(DeepSpeedCase("lora-head-z1-bf16-offload", mistral,
+                             DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})), 2, 256),
+               lora_head),
+      WithLora(DeepSpeedCase("lora-head-z2-bf16-eager-ckpt", llama, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256,
+                             "eager", true),
+               lora_head),
+      WithLora(DeepSpeedCase("lora-head-z3-fp32", llama, DsConfig(3, "fp32", 2, 1, "", kSmall3), 2, 256), lora_head),
       // deepspeed.checkpointing.checkpoint in place of torch's, with the config's activation_checkpointing
       // block: partitioned copies, contiguous buffers with spare ones at ZeRO-3,
       // cpu_checkpointing (moot on CPU ranks) every 2nd block.
