@@ -185,6 +185,7 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
   constexpr char kQv[] = R"({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]})";
   constexpr char kAll[] = R"({"r": 4, "lora_dropout": 0.1, "target_modules": "all-linear"})";
   constexpr char kMlp[] = R"({"r": 4, "target_modules": ["up_proj", "down_proj"]})";
+  constexpr char kHead[] = R"({"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]})";
   for (const Case& c : std::vector<Case>{{"debug-tiny", ATTENTION_SDPA, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16},
@@ -203,6 +204,8 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kQv},
                                          {"qwen3-0.6b", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kAll},
                                          {"gpt2", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0, kMlp},
+                                         // The LM head's trainable copy keeps the final norm's output.
+                                         {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kHead},
                                          {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kQv, true},
                                          {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kAll,
                                           true}}) {

@@ -251,6 +251,10 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("tiny-lora-qv-z3-bf16-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("qwen3-lora-all-z3-bf16-w2-offload-both-ckpt", kQwen3, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-lora-mlp-z3-fp32-w1", kTiny, {"--ds-config", ds, "--lora-r", "4", "--lora-targets", "gate_proj,up_proj,down_proj", "--zero-stage", "3", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "128"}),
+      // The LM head trained whole beside the adapters (peft's modules_to_save).
+      Case("tiny-lora-head-z1-bf16-w2-offload-ckpt", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8-lm-head.json", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-lora-head-z2-bf16-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8-lm-head.json", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("tiny-lora-head-z3-fp32-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8-lm-head.json", "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("gpt2-lora-qv-z2-fp32-w2-dropout", kGpt2Dropout, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       // transformers' activation_checkpointing_enable(every_n_layers, offload). On CPU ranks the offload is
       // moot (host memory is device memory): planned and run without it, as the ranks do.
