@@ -165,7 +165,10 @@ std::string Describe(const AccuracyRow& row) {
   if (row.plan.model().has_lora()) {
     const LoraSpec& lora = row.plan.model().lora();
     parts.push_back(absl::StrCat("LoRA r", lora.rank(), " on ", absl::StrJoin(lora.target_modules(), "+"),
-                                 lora.dropout() > 0 ? absl::StrCat(" dropout ", lora.dropout()) : ""));
+                                 lora.dropout() > 0 ? absl::StrCat(" dropout ", lora.dropout()) : "",
+                                 lora.modules_to_save().empty()
+                                     ? ""
+                                     : absl::StrCat(", ", absl::StrJoin(lora.modules_to_save(), "+"), " whole")));
   }
   if (z.offload_optimizer() == OFFLOAD_CPU) parts.push_back("offload opt");
   if (z.offload_param() == OFFLOAD_CPU) parts.push_back("offload param");
