@@ -489,7 +489,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     x = at::cat({Param("embed_patches.cls_token").expand({b, -1, -1}), patches}, 1) +
         Param("embed_patches.position_embeddings");
   } else if (spec_.vocab_size() > 0) {
-    x = at::embedding(Param("embed_tokens.weight"), inputs);
+    x = at::embedding(Param(EmbeddingWeightName(spec_)), inputs);
   } else {
     // Continuous inputs (e.g. patch embeddings); requires_grad so that
     // checkpointed blocks still run their backward.

@@ -186,6 +186,7 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
   constexpr char kAll[] = R"({"r": 4, "lora_dropout": 0.1, "target_modules": "all-linear"})";
   constexpr char kMlp[] = R"({"r": 4, "target_modules": ["up_proj", "down_proj"]})";
   constexpr char kHead[] = R"({"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]})";
+  constexpr char kEmbed[] = R"({"r": 4, "target_modules": ["up_proj"], "modules_to_save": ["embed_tokens"]})";
   for (const Case& c : std::vector<Case>{{"debug-tiny", ATTENTION_SDPA, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kFloat},
                                          {"debug-tiny", ATTENTION_EAGER, at::kBFloat16},
@@ -206,6 +207,8 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
                                          {"gpt2", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0, kMlp},
                                          // The LM head's trainable copy keeps the final norm's output.
                                          {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kHead},
+                                         // The embedding's copy trains: block 0 keeps what the others keep.
+                                         {"debug-tiny", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1, kEmbed},
                                          {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kQv, true},
                                          {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kAll,
                                           true}}) {

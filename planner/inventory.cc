@@ -108,7 +108,12 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
 std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   std::vector<TensorSpec> out;
   const int64_t h = spec.hidden_size();
-  if (spec.vocab_size() > 0) out.push_back(Param("embed_tokens.weight", {spec.vocab_size(), h}, -1));
+  if (spec.vocab_size() > 0) {
+    if (SavesModule(spec, "embed_tokens")) {
+      out.push_back(Param(absl::StrCat("embed_tokens", kOriginalModuleName, ".weight"), {spec.vocab_size(), h}, -1));
+    }
+    out.push_back(Param(EmbeddingWeightName(spec), {spec.vocab_size(), h}, -1));
+  }
   if (spec.has_vision()) {
     const VisionSpec& v = spec.vision();
     out.push_back(Param("embed_patches.cls_token", {1, 1, h}, -1));
@@ -123,7 +128,7 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   }
   AddNorm(spec, "final_norm", h, -1, &out);
   if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) {
-    if (SavesHead(spec)) {
+    if (SavesModule(spec, "lm_head")) {
       out.push_back(Param(absl::StrCat("lm_head", kOriginalModuleName, ".weight"), {spec.vocab_size(), h}, -1));
     }
     out.push_back(Param(LmHeadWeightName(spec), {spec.vocab_size(), h}, -1));
@@ -141,13 +146,24 @@ std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& param
   return out;
 }
 
-bool SavesHead(const ModelSpec& spec) {
-  return spec.has_lora() && !spec.lora().modules_to_save().empty();  // ValidateLora: only the head
+bool SavesModule(const ModelSpec& spec, absl::string_view module) {
+  if (!spec.has_lora()) return false;
+  const auto& saved = spec.lora().modules_to_save();
+  return std::find(saved.begin(), saved.end(), module) != saved.end();
+}
+
+std::string EmbeddingWeightName(const ModelSpec& spec) {
+  return SavesModule(spec, "embed_tokens") ? absl::StrCat("embed_tokens", kSavedModuleName, ".weight")
+                                           : "embed_tokens.weight";
 }
 
 std::string LmHeadWeightName(const ModelSpec& spec) {
-  if (spec.tie_word_embeddings()) return "embed_tokens.weight";
-  return SavesHead(spec) ? absl::StrCat("lm_head", kSavedModuleName, ".weight") : "lm_head.weight";
+  if (spec.tie_word_embeddings()) return EmbeddingWeightName(spec);
+  return SavesModule(spec, "lm_head") ? absl::StrCat("lm_head", kSavedModuleName, ".weight") : "lm_head.weight";
+}
+
+bool EmbeddingOutputRequiresGrad(const ModelSpec& spec, const SavePolicy& saves) {
+  return !spec.has_lora() || SavesModule(spec, "embed_tokens") || saves.embedding_output_requires_grad;
 }
 
 bool IsUnusedOriginal(absl::string_view parameter_name) {
@@ -159,7 +175,7 @@ bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePoli
   if (!spec.has_lora() || !param.frozen()) return true;
   const std::string& name = param.name();
   if (absl::StartsWith(name, "embed_")) return false;
-  if (param.layer() != 0 || saves.embedding_output_requires_grad) return true;
+  if (param.layer() != 0 || EmbeddingOutputRequiresGrad(spec, saves)) return true;
   for (const char* norm : {"q_norm", "k_norm"}) {
     if (absl::StrContains(name, absl::StrCat("attn.", norm))) {
       return IsLoraTarget(spec, norm[0] == 'q' ? "q_proj" : "k_proj");
@@ -304,7 +320,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   };
   // Whether the block input requires grad: not block 0's when the embedding
   // is frozen, unless its output is made to (SavePolicy).
-  const bool input_grad = !lora || layer > 0 || saves.embedding_output_requires_grad;
+  const bool input_grad = layer > 0 || EmbeddingOutputRequiresGrad(spec, saves);
   const bool q_grad = input_grad || targeted({"q_proj"});
   const bool k_grad = input_grad || targeted({"k_proj"});
   const bool v_grad = input_grad || targeted({"v_proj"});
@@ -413,7 +429,8 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
   const int64_t h = spec.hidden_size();
   AppendNormSaved(spec, "final_norm", {b, s, h}, dtype, device, -1, &out);
   // The LM head keeps its input for its own gradient, or always (LinearSaves).
-  if (!saves.fused_loss && (BaseWeightsTrain(spec) || SavesHead(spec) || saves.linear == LinearSaves::kAlways)) {
+  if (!saves.fused_loss &&
+      (BaseWeightsTrain(spec) || SavesModule(spec, "lm_head") || saves.linear == LinearSaves::kAlways)) {
     out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));
   }
   return out;
@@ -428,7 +445,7 @@ std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t
                        ROLE_ACTIVATION, -1));
   }
   // Dropout keeps its mask only when its input requires grad.
-  if (spec.embedding_dropout() > 0 && (BaseWeightsTrain(spec) || saves.embedding_output_requires_grad)) {
+  if (spec.embedding_dropout() > 0 && EmbeddingOutputRequiresGrad(spec, saves)) {
     out.push_back(Make("embed.dropout_mask", {b, s, spec.hidden_size()}, DropoutSavedDType(dtype, device),
                        ROLE_ACTIVATION, -1));
   }

@@ -88,18 +88,24 @@ inline constexpr char kLoraBName[] = ".lora_B";
 bool IsLoraTarget(const ModelSpec& spec, absl::string_view module);
 bool IsLoraAdapter(const TensorSpec& tensor);
 
-// peft's modules_to_save (LoraSpec.modules_to_save, the LM head): its
-// ModulesToSaveWrapper holds the frozen original, "lm_head.original_module.weight",
-// never called in forward, then the trainable copy it calls,
-// "lm_head.modules_to_save.default.weight" (peft/utils/other.py,
-// ModulesToSaveWrapper.update: copy.deepcopy, original requires_grad_(False)).
+// peft's modules_to_save (LoraSpec.modules_to_save: embed_tokens, lm_head):
+// each ModulesToSaveWrapper holds the frozen original, e.g.
+// "lm_head.original_module.weight", never called in forward, then the
+// trainable copy it calls, "lm_head.modules_to_save.default.weight"
+// (peft/utils/other.py, ModulesToSaveWrapper.update: copy.deepcopy, the
+// original requires_grad_(False)).
 inline constexpr char kOriginalModuleName[] = ".original_module";
 inline constexpr char kSavedModuleName[] = ".modules_to_save.default";
-// Whether the spec trains a copy of the LM head (modules_to_save).
-bool SavesHead(const ModelSpec& spec);
-// The weight the LM head computes with: the tied embedding, the trainable
-// copy, or lm_head.weight.
+// Whether the spec trains a copy of `module` (modules_to_save).
+bool SavesModule(const ModelSpec& spec, absl::string_view module);
+// The weights the embedding and the LM head compute with: the trainable
+// copy or the module's own (a tied head: the embedding's).
+std::string EmbeddingWeightName(const ModelSpec& spec);
 std::string LmHeadWeightName(const ModelSpec& spec);
+// Whether the token embedding's output requires grad, so that block 0 keeps
+// what the others keep: a trainable embedding (full fine-tuning, or its
+// copy in modules_to_save), or SavePolicy's checkpointing rule.
+bool EmbeddingOutputRequiresGrad(const ModelSpec& spec, const SavePolicy& saves);
 // A parameter no forward ever uses (a modules_to_save original): ZeRO-3
 // partitions it and never gathers it.
 bool IsUnusedOriginal(absl::string_view parameter_name);

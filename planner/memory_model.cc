@@ -507,7 +507,7 @@ SavePolicy SavePolicyFor(const RunConfig& config) {
 }
 
 bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config) {
-  return SavesHead(model) && config.zero().stage() == 3 && config.zero().zero_init() &&
+  return model.has_lora() && !model.lora().modules_to_save().empty() && config.zero().stage() == 3 && config.zero().zero_init() &&
          config.precision() != PRECISION_FP32;
 }
 
@@ -841,7 +841,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (trains("embed_positions")) s.pos_grad = model.max_position_embeddings() * h * w;
   // A frozen embedding (LoRA) runs no backward: nothing is gathered for it.
   s.embed_backward = (s.has_head || model.position_embedding() == POSITION_LEARNED) && !params.empty() &&
-                     RunsBackward(model, params.front(), saves);
+                     RunsBackward(model, params[IsUnusedOriginal(params.front().name()) ? 1 : 0], saves);
 
   // Stage 0 reduces gradients after backward through one flat bucket.
   if (s.stage == 0) s.reduce_temp = std::min(zero.reduce_bucket_elements(), trained) * w;

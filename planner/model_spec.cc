@@ -82,15 +82,16 @@ absl::Status ValidateLora(const ModelSpec& spec) {
   }
   seen.clear();
   for (const std::string& module : lora.modules_to_save()) {
-    if (module != kLoraSavedHead) {
+    if (std::find(std::begin(kLoraSavableModules), std::end(kLoraSavableModules), module) ==
+        std::end(kLoraSavableModules)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model.lora.modules_to_save: ", QuoteInput(module), " is not modelled; zplan plans \"", kLoraSavedHead,
-          "\" (an untied LM head trained whole); remove it"));
+          "model.lora.modules_to_save: ", QuoteInput(module), " is not modelled; zplan plans ",
+          absl::StrJoin(kLoraSavableModules, " and "), " trained whole (untied); remove it"));
     }
     if (spec.vocab_size() == 0 || spec.has_vision() || spec.tie_word_embeddings()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model.lora.modules_to_save: \"", kLoraSavedHead, "\" needs a language model with an untied LM head; "
-          "with tied embeddings peft's copy unties it from the frozen embedding, which is not modelled; remove it"));
+          "model.lora.modules_to_save: ", QuoteInput(module), " needs a language model with untied embeddings; "
+          "with tied ones peft's copy unties the head from the frozen embedding, which is not modelled; remove it"));
     }
     if (!seen.insert(module).second) {
       return absl::InvalidArgumentError(absl::StrCat("model.lora.modules_to_save: ", QuoteInput(module),

@@ -59,13 +59,13 @@ std::vector<std::string> LoraTargetNames(const ModelSpec& spec);
 inline constexpr int64_t kPeftDefaultLoraRank = 8;
 inline constexpr double kPeftDefaultLoraAlpha = 8;
 inline constexpr const char* kPeftDefaultLoraTargets[] = {"q_proj", "v_proj"};
-// The module LoraSpec.modules_to_save may name: the LM head, by
-// transformers' name in Llama, Mistral and Qwen.
-inline constexpr char kLoraSavedHead[] = "lm_head";
+// The modules LoraSpec.modules_to_save may name, by transformers' names in
+// Llama, Mistral and Qwen: the token embedding and the (untied) LM head.
+inline constexpr const char* kLoraSavableModules[] = {"embed_tokens", "lm_head"};
 
 // Reads a PEFT adapter_config.json (peft_type "LORA": r, lora_alpha,
 // lora_dropout, target_modules as a list or "all-linear") into spec->lora.
-// modules_to_save may name kLoraSavedHead (an untied LM head). What would
+// modules_to_save may name kLoraSavableModules (untied). What would
 // change the memory and is not modelled -- DoRA, rank or alpha patterns,
 // layers_to_transform, trainable biases, other modules_to_save, regex
 // targets, adapters on embeddings or the LM head -- is refused by name.

@@ -260,7 +260,7 @@ TEST(ModelSpecTest, LoraRejectsWhatIsNotModelledByName) {
       {R"({"peft_type": "IA3"})", "peft_type"},
       {R"({"use_dora": true})", "use_dora"},
       {R"({"bias": "all"})", "bias"},
-      {R"({"modules_to_save": ["embed_tokens"]})", "modules_to_save"},
+      {R"({"modules_to_save": ["score"]})", "modules_to_save"},
       {R"({"modules_to_save": ["lm_head", "lm_head"]})", "modules_to_save"},
       {R"({"modules_to_save": "lm_head"})", "modules_to_save"},
       {R"({"rank_pattern": {"q_proj": 16}})", "rank_pattern"},
@@ -322,6 +322,33 @@ TEST(ModelSpecTest, ModulesToSaveTrainsACopyOfTheHeadBesideItsFrozenOriginal) {
   };
   EXPECT_EQ(bytes(FinalNormSavedActivations(*spec, 2, 16, DTYPE_BF16, KernelDevice::kCpu)),
             bytes(FinalNormSavedActivations(*plain, 2, 16, DTYPE_BF16, KernelDevice::kCpu)) + 2 * 16 * 256 * 2);
+}
+
+// modules_to_save ["embed_tokens"]: the copy comes first, after its frozen
+// original; its output requires grad, so block 0 keeps what the others keep.
+TEST(ModelSpecTest, ModulesToSaveEmbeddingMakesBlockZeroKeepWhatOthersKeep) {
+  auto spec = LoadPreset("debug-tiny");
+  ASSERT_TRUE(ApplyLoraConfig(R"({"modules_to_save": ["embed_tokens", "lm_head"]})", "a.json", &*spec).ok());
+  const std::vector<TensorSpec> params = ParameterInventory(*spec);
+  EXPECT_EQ(params[0].name(), "embed_tokens.original_module.weight");
+  EXPECT_TRUE(params[0].frozen());
+  EXPECT_EQ(params[1].name(), EmbeddingWeightName(*spec));
+  EXPECT_EQ(params[1].name(), "embed_tokens.modules_to_save.default.weight");
+  EXPECT_FALSE(params[1].frozen());
+  EXPECT_FALSE(RunsBackward(*spec, params[0], {}));
+  EXPECT_TRUE(RunsBackward(*spec, params[1], {}));
+  EXPECT_TRUE(EmbeddingOutputRequiresGrad(*spec, {}));
+  auto bytes = [&](const ModelSpec& m, int layer) {
+    int64_t sum = 0;
+    for (const TensorSpec& t : BlockSavedActivations(m, 2, 16, DTYPE_BF16, layer, KernelDevice::kCpu)) {
+      sum += TensorBytes(t);
+    }
+    return sum;
+  };
+  EXPECT_EQ(bytes(*spec, 0), bytes(*spec, 1));
+  auto head_only = LoadPreset("debug-tiny");
+  ASSERT_TRUE(ApplyLoraConfig(R"({"modules_to_save": ["lm_head"]})", "a.json", &*head_only).ok());
+  EXPECT_LT(bytes(*head_only, 0), bytes(*head_only, 1));
 }
 
 }  // namespace

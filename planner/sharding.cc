@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "planner/inventory.h"
 #include "planner/units.h"
 
@@ -75,7 +76,8 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
   int embedding = -1;
   for (int p = 0; p < n && embedding < 0; ++p) {
     const std::string& name = parameters[p].name();
-    if (name == "embed_tokens.weight" || name == "embed_patches.projection.weight") embedding = p;
+    const bool token_embedding = absl::StartsWith(name, "embed_tokens.") && !IsUnusedOriginal(name);
+    if (token_embedding || name == "embed_patches.projection.weight") embedding = p;
   }
   const bool has_embedding = embedding >= 0;
   int head = -1;  // the head module's index in `modules`

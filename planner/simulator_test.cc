@@ -48,7 +48,7 @@ std::vector<Case> AllCases() {
   // IPG buckets appear inside the last block.
   for (const char* model : {"debug-tiny", "gpt2", "gpt2-novocab", "1b", "qwen3-0.6b", "vit-b-encoder", "llama3-8b",
                             "debug-tiny+lora-qv", "qwen3-0.6b+lora-all-dropout", "1b+lora-mlp",
-                            "debug-tiny+lora-head"}) {
+                            "debug-tiny+lora-head", "debug-tiny+lora-embed-head"}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int offload = 0; offload <= (stage == 3 ? 2 : stage >= 1 ? 1 : 0); ++offload) {
         // Checkpointing: off, every block, every 2nd with its inputs
@@ -63,8 +63,8 @@ std::vector<Case> AllCases() {
                   const Case base{model, stage, offload >= 1, offload == 2, ckpt, every, ckpt_mode == 2, precision, ga,
                                   seq == 128 ? 4 : 1, seq, stage == 0 ? 1 : 8, attention};
                   const std::string name = model;
-                  // DeepSpeed cannot start a head copy at ZeRO-3 in bf16 (Stage3MixesPartitionDtypes).
-                  if (name.find("lora-head") != std::string::npos && stage == 3 && precision != PRECISION_FP32) continue;
+                  // DeepSpeed cannot start a module copy at ZeRO-3 in bf16 (Stage3MixesPartitionDtypes).
+                  if (name.find("head") != std::string::npos && stage == 3 && precision != PRECISION_FP32) continue;
                   cases.push_back(base);
                   // The fused loss where it runs: language models at stages 0-2, without LoRA.
                   if (stage < 3 && name.find("lora") == std::string::npos && name.find("vit") == std::string::npos &&
@@ -93,7 +93,7 @@ std::vector<Case> AllCases() {
 // "preset+lora-qv" (r 8 on q and v), "+lora-all-dropout" (r 16 on every
 // block linear, dropout 0.05), "+lora-mlp" (r 4 on the MLP only: block 0's
 // attention keeps nothing), "+lora-head" (r 8 on q and v, the LM head
-// trained whole: modules_to_save).
+// trained whole: modules_to_save), "+lora-embed-head" (the embedding too).
 absl::StatusOr<ModelSpec> LoadCaseModel(const std::string& name) {
   const size_t plus = name.find("+lora-");
   auto model = LoadPreset(plus == std::string::npos ? name : name.substr(0, plus));
@@ -101,6 +101,8 @@ absl::StatusOr<ModelSpec> LoadCaseModel(const std::string& name) {
   const std::string kind = name.substr(plus + 6);
   const char* json = kind == "qv"    ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"]})"
                      : kind == "head" ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]})"
+                     : kind == "embed-head"
+                         ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["embed_tokens", "lm_head"]})"
                      : kind == "mlp" ? R"({"r": 4, "target_modules": ["gate_proj", "up_proj", "down_proj"]})"
                                      : R"({"r": 16, "lora_dropout": 0.05, "target_modules": "all-linear"})";
   if (absl::Status s = ApplyLoraConfig(json, name, &*model); !s.ok()) return s;

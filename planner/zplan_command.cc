@@ -371,7 +371,8 @@ void PrintGrid(const std::vector<GridRow>& rows, std::ostream& out) {
            "logits); '-' where it cannot run (ZeRO-3 leaves lm_head.weight partitioned for it).\n";
   } else if (!rows.empty() && rows.front().plan.config().loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) {
     out << "ZeRO-3 rows left out: Liger's fused loss reads lm_head.weight as ZeRO-3's empty partition.\n";
-  } else if (!rows.empty() && rows.back().option.stage != 3 && SavesHead(rows.front().plan.model())) {
+  } else if (!rows.empty() && rows.back().option.stage != 3 &&
+             rows.front().plan.model().lora().modules_to_save_size() > 0) {
     out << "ZeRO-3 rows left out: DeepSpeed cannot partition peft's fp32 adapters with the bf16/fp16 copy of a\n"
            "module to save (one dtype per partition); fp32 can.\n";
   }

@@ -288,11 +288,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"lora_r_wider_than_model", [](ZplanOptions* o) { o->lora_r = "4096"; }, "--lora-r: 4096 is outside"},
         BadInput{"lora_unknown_target", [](ZplanOptions* o) { o->lora_targets = "q_proj,c_attn"; },
                  "--lora-targets: model.lora.target_modules: \"c_attn\" is not a block linear"},
-        BadInput{"lora_save_unknown_module", [](ZplanOptions* o) { o->lora_modules_to_save = "embed_tokens"; },
-                 "--lora-modules-to-save: model.lora.modules_to_save: \"embed_tokens\" is not modelled"},
+        BadInput{"lora_save_unknown_module", [](ZplanOptions* o) { o->lora_modules_to_save = "score"; },
+                 "--lora-modules-to-save: model.lora.modules_to_save: \"score\" is not modelled"},
         BadInput{"lora_save_tied_head", [](ZplanOptions* o) { o->lora_modules_to_save = "lm_head"; },
-                 "--lora-modules-to-save: model.lora.modules_to_save: \"lm_head\" needs a language model with an "
-                 "untied LM head"},
+                 "--lora-modules-to-save: model.lora.modules_to_save: \"lm_head\" needs a language model with "
+                 "untied embeddings"},
         BadInput{"lora_save_head_zero3_bf16",
                  [](ZplanOptions* o) {
                    o->model = "debug-tiny";

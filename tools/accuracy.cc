@@ -257,6 +257,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       // The LM head trained whole beside the adapters (peft's modules_to_save).
       Case("tiny-lora-head-z1-bf16-w2-offload-ckpt", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8-lm-head.json", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-lora-head-z2-bf16-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8-lm-head.json", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("tiny-lora-embed-head-z2-bf16-w2-ckpt", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8-embed-head.json", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "128"}),
+      Case("tiny-lora-embed-z3-fp32-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-mlp-r16-dropout-embed.json", "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-lora-head-z3-fp32-w2", kTiny, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8-lm-head.json", "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("gpt2-lora-qv-z2-fp32-w2-dropout", kGpt2Dropout, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "2", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       // transformers' activation_checkpointing_enable(every_n_layers, offload). On CPU ranks the offload is
@@ -379,7 +381,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
                     lora_all = "configs/peft/lora-all-linear-r16-dropout.json",
-                    lora_head = "configs/peft/lora-qv-r8-lm-head.json";
+                    lora_head = "configs/peft/lora-qv-r8-lm-head.json",
+                    lora_embed_head = "configs/peft/lora-qv-r8-embed-head.json",
+                    lora_mlp_embed = "configs/peft/lora-mlp-r16-dropout-embed.json";
   return {
       // ZeRO-0.
       DeepSpeedCase("z0-bf16-fused-adam", llama, DsConfig(0, "bf16", 2, 1), 1, 128),
@@ -491,6 +495,15 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                              "eager", true),
                lora_head),
       WithLora(DeepSpeedCase("lora-head-z3-fp32", llama, DsConfig(3, "fp32", 2, 1, "", kSmall3), 2, 256), lora_head),
+      // The embedding trained whole too (new tokens), and alone beside MLP adapters with dropout.
+      WithLora(DeepSpeedCase("lora-embed-head-z1-bf16", mistral, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 256),
+               lora_embed_head),
+      WithLora(DeepSpeedCase("lora-embed-head-z3-fp32-offload", llama,
+                             DsConfig(3, "fp32", 2, 1, "", With({kSmall3, kOffload})), 2, 128),
+               lora_embed_head),
+      WithLora(DeepSpeedCase("lora-embed-z2-bf16-mlp-dropout-ckpt", llama, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                             256, "sdpa", true),
+               lora_mlp_embed),
       // deepspeed.checkpointing.checkpoint in place of torch's, with the config's activation_checkpointing
       // block: partitioned copies, contiguous buffers with spare ones at ZeRO-3,
       // cpu_checkpointing (moot on CPU ranks) every 2nd block.
