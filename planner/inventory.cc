@@ -54,7 +54,6 @@ void MarkFrozen(const ModelSpec& spec, std::vector<TensorSpec>* params) {
   for (TensorSpec& t : *params) t.set_frozen(!IsLoraAdapter(t) && !absl::StrContains(t.name(), kSavedModuleName));
 }
 
-
 }  // namespace
 
 int64_t VisionTokens(const ModelSpec& spec) {

@@ -24,7 +24,9 @@ ABSL_FLAG(std::string, ffn, "", "explicit dimension: FFN inner width (elements)"
 ABSL_FLAG(std::string, vocab, "", "explicit dimension: vocabulary (tokens; 0 = no embedding or head)");
 ABSL_FLAG(std::string, lora_config, "", "PEFT adapter_config.json: train LoRA adapters on the frozen model");
 ABSL_FLAG(std::string, lora_r, "", "LoRA rank r (default: --lora-config's, else PEFT's 8); implies LoRA");
-ABSL_FLAG(std::string, lora_modules_to_save, "", "modules trained whole beside LoRA (peft's modules_to_save): lm_head (default: --lora-config's); implies LoRA");
+ABSL_FLAG(std::string, lora_modules_to_save, "",
+          "modules trained whole beside LoRA (peft's modules_to_save): embed_tokens,lm_head of an untied model "
+          "(default: --lora-config's); implies LoRA");
 ABSL_FLAG(std::string, lora_targets, "", "LoRA target modules, e.g. q_proj,v_proj or all-linear (default: --lora-config's, else q_proj,v_proj); implies LoRA");
 ABSL_FLAG(std::string, ds_config, "", "DeepSpeed ds_config.json; the flags below override it");
 ABSL_FLAG(std::string, seq, "", "sequence length in tokens (default 2048; list in sweep)");

@@ -507,8 +507,8 @@ SavePolicy SavePolicyFor(const RunConfig& config) {
 }
 
 bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config) {
-  return model.has_lora() && !model.lora().modules_to_save().empty() && config.zero().stage() == 3 && config.zero().zero_init() &&
-         config.precision() != PRECISION_FP32;
+  return model.has_lora() && !model.lora().modules_to_save().empty() && config.zero().stage() == 3 &&
+         config.zero().zero_init() && config.precision() != PRECISION_FP32;
 }
 
 absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
@@ -600,7 +600,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   if (Stage3MixesPartitionDtypes(model, config)) {
     return absl::InvalidArgumentError(
         "model.lora.modules_to_save: at ZeRO-3 with zero.Init and bf16/fp16, DeepSpeed's partition of peft's "
-        "fp32 adapters and the LM head's copy fails (one dtype per partition); use fp32, or stage <= 2");
+        "fp32 adapters and the modules' copies fails (one dtype per partition); use fp32, or stage <= 2");
   }
   // Stage 1 reduces in its gradient hooks only with overlap_comm, and then
   // only at the accumulation boundary (stage_1_and_2.py, process_gradients);
@@ -840,8 +840,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   }
   if (trains("embed_positions")) s.pos_grad = model.max_position_embeddings() * h * w;
   // A frozen embedding (LoRA) runs no backward: nothing is gathered for it.
-  s.embed_backward = (s.has_head || model.position_embedding() == POSITION_LEARNED) && !params.empty() &&
-                     RunsBackward(model, params[IsUnusedOriginal(params.front().name()) ? 1 : 0], saves);
+  // (A modules_to_save embedding's copy follows its original.)
+  const size_t embedding = !params.empty() && IsUnusedOriginal(params.front().name()) ? 1 : 0;
+  s.embed_backward = (s.has_head || model.position_embedding() == POSITION_LEARNED) && embedding < params.size() &&
+                     RunsBackward(model, params[embedding], saves);
 
   // Stage 0 reduces gradients after backward through one flat bucket.
   if (s.stage == 0) s.reduce_temp = std::min(zero.reduce_bucket_elements(), trained) * w;

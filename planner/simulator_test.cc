@@ -100,9 +100,11 @@ absl::StatusOr<ModelSpec> LoadCaseModel(const std::string& name) {
   if (!model.ok() || plus == std::string::npos) return model;
   const std::string kind = name.substr(plus + 6);
   const char* json = kind == "qv"    ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"]})"
-                     : kind == "head" ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]})"
+                     : kind == "head"
+                         ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]})"
                      : kind == "embed-head"
-                         ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["embed_tokens", "lm_head"]})"
+                         ? R"({"r": 8, "target_modules": ["q_proj", "v_proj"],
+                              "modules_to_save": ["embed_tokens", "lm_head"]})"
                      : kind == "mlp" ? R"({"r": 4, "target_modules": ["gate_proj", "up_proj", "down_proj"]})"
                                      : R"({"r": 16, "lora_dropout": 0.05, "target_modules": "all-linear"})";
   if (absl::Status s = ApplyLoraConfig(json, name, &*model); !s.ok()) return s;
