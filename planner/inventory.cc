@@ -48,6 +48,18 @@ void AddBlockLinear(const ModelSpec& spec, const std::string& prefix, const std:
   }
 }
 
+// The weight a module computes with: its own, or its modules_to_save copy.
+std::string WeightOf(const ModelSpec& spec, absl::string_view module) {
+  return absl::StrCat(module, SavesModule(spec, module) ? kSavedModuleName : "", ".weight");
+}
+
+// A [vocab, h] module's weight, after its frozen original when it is copied.
+void AddVocabWeight(const ModelSpec& spec, absl::string_view module, std::vector<TensorSpec>* out) {
+  const std::vector<int64_t> shape = {spec.vocab_size(), spec.hidden_size()};
+  if (SavesModule(spec, module)) out->push_back(Param(absl::StrCat(module, kOriginalModuleName, ".weight"), shape, -1));
+  out->push_back(Param(WeightOf(spec, module), shape, -1));
+}
+
 // With LoRA only the adapters and the copies of modules_to_save train.
 void MarkFrozen(const ModelSpec& spec, std::vector<TensorSpec>* params) {
   if (!spec.has_lora()) return;
@@ -107,12 +119,7 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
 std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   std::vector<TensorSpec> out;
   const int64_t h = spec.hidden_size();
-  if (spec.vocab_size() > 0) {
-    if (SavesModule(spec, "embed_tokens")) {
-      out.push_back(Param(absl::StrCat("embed_tokens", kOriginalModuleName, ".weight"), {spec.vocab_size(), h}, -1));
-    }
-    out.push_back(Param(EmbeddingWeightName(spec), {spec.vocab_size(), h}, -1));
-  }
+  if (spec.vocab_size() > 0) AddVocabWeight(spec, "embed_tokens", &out);
   if (spec.has_vision()) {
     const VisionSpec& v = spec.vision();
     out.push_back(Param("embed_patches.cls_token", {1, 1, h}, -1));
@@ -126,12 +133,7 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
     for (TensorSpec& t : BlockParameters(spec, layer)) out.push_back(std::move(t));
   }
   AddNorm(spec, "final_norm", h, -1, &out);
-  if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) {
-    if (SavesModule(spec, "lm_head")) {
-      out.push_back(Param(absl::StrCat("lm_head", kOriginalModuleName, ".weight"), {spec.vocab_size(), h}, -1));
-    }
-    out.push_back(Param(LmHeadWeightName(spec), {spec.vocab_size(), h}, -1));
-  }
+  if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) AddVocabWeight(spec, "lm_head", &out);
   if (spec.has_vision()) AddLinear("classifier", h, spec.vision().num_labels(), /*bias=*/true, -1, &out);
   MarkFrozen(spec, &out);
   return out;
@@ -151,14 +153,10 @@ bool SavesModule(const ModelSpec& spec, absl::string_view module) {
   return std::find(saved.begin(), saved.end(), module) != saved.end();
 }
 
-std::string EmbeddingWeightName(const ModelSpec& spec) {
-  return SavesModule(spec, "embed_tokens") ? absl::StrCat("embed_tokens", kSavedModuleName, ".weight")
-                                           : "embed_tokens.weight";
-}
+std::string EmbeddingWeightName(const ModelSpec& spec) { return WeightOf(spec, "embed_tokens"); }
 
 std::string LmHeadWeightName(const ModelSpec& spec) {
-  if (spec.tie_word_embeddings()) return EmbeddingWeightName(spec);
-  return SavesModule(spec, "lm_head") ? absl::StrCat("lm_head", kSavedModuleName, ".weight") : "lm_head.weight";
+  return WeightOf(spec, spec.tie_word_embeddings() ? "embed_tokens" : "lm_head");
 }
 
 bool EmbeddingOutputRequiresGrad(const ModelSpec& spec, const SavePolicy& saves) {
