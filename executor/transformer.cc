@@ -68,9 +68,14 @@ at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
 // y = x W^T + b that saves the weight *parameter* itself (at::linear saves a
 // transposed view, which would keep a ZeRO-3-released weight's storage alive
 // until backward). The input is saved as usual; memory is otherwise the same.
+// The bias comes before the weight so that autograd finishes its gradient
+// first, as it does for at::linear (whose bias gradient reaches AccumulateGrad
+// directly, the weight's through the transpose's backward): DeepSpeed's hooks
+// see them in that order, which decides whether a weight gradient larger than
+// a bucket is still waiting when the bias's reduction makes the partition.
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& weight) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["bias"] = bias.has_value();
     return bias.has_value() ? at::linear(x, weight, *bias) : at::linear(x, weight);
@@ -83,9 +88,11 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const int64_t out_features = weight.size(0), in_features = weight.size(1);
     at::Tensor grad_x, grad_w, grad_b;
     if (ctx->needs_input_grad(0)) grad_x = at::matmul(g, weight);
-    if (ctx->needs_input_grad(1)) grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_b = g.reshape({-1, out_features}).sum(0);
-    return {grad_x, grad_w, grad_b};
+    // needs_input_grad counts tensor inputs only: no bias, no edge.
+    const bool has_bias = ctx->saved_data["bias"].toBool();
+    if (has_bias && ctx->needs_input_grad(1)) grad_b = g.reshape({-1, out_features}).sum(0);
+    if (ctx->needs_input_grad(has_bias ? 2 : 1)) grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
+    return {grad_x, grad_b, grad_w};
   }
 };
 
@@ -106,7 +113,7 @@ struct FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFunct
 // A linear layer as the plan's SavePolicy has it keep its input.
 at::Tensor ApplyLinear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        LinearSaves saves) {
-  if (weight.requires_grad() || saves == LinearSaves::kAlways) return LinearFunction::apply(x, weight, bias);
+  if (weight.requires_grad() || saves == LinearSaves::kAlways) return LinearFunction::apply(x, bias, weight);
   return FrozenLinearFunction::apply(x, weight, bias);
 }
 
@@ -368,8 +375,8 @@ at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, boo
   const at::Tensor& lora_a = parameters_[a->second].second;
   at::Tensor in = x.to(lora_a.scalar_type());
   if (lora.dropout() > 0) in = at::dropout(in, lora.dropout(), /*train=*/true);
-  const at::Tensor low = LinearFunction::apply(in, lora_a, std::nullopt);
-  const at::Tensor update = LinearFunction::apply(low, Param(name + kLoraBName + ".weight"), std::nullopt);
+  const at::Tensor low = LinearFunction::apply(in, std::nullopt, lora_a);
+  const at::Tensor update = LinearFunction::apply(low, std::nullopt, Param(name + kLoraBName + ".weight"));
   return (out + update * (lora.alpha() / static_cast<double>(lora.rank()))).to(out.scalar_type());
 }
 

@@ -5,8 +5,13 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "executor/counting_allocator.h"
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
@@ -147,6 +152,65 @@ TEST(TransformerTest, VitTrainsEveryParameterAndCheckpointingMatches) {
   EXPECT_TRUE(model->CheckAgainstInventory(ParameterInventory(*spec)).ok());
   EXPECT_TRUE(model->CheckAttentionKernel(VisionTokens(*spec)).ok());
   ExpectCheckpointingMatches(*model, MakeImages(*spec, 4), std::log(5.0), "ViT");  // the CLS token and positions too
+}
+
+// Records the order in which AccumulateGrad finishes each parameter's
+// gradient: the moments DeepSpeed's (and zrun's) gradient hooks run.
+class HookOrder : public torch::autograd::FunctionPostHook {
+ public:
+  HookOrder(std::vector<std::string>* order, std::string name) : order_(order), name_(std::move(name)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    order_->push_back(name_);
+    return outputs;
+  }
+
+ private:
+  std::vector<std::string>* order_;
+  std::string name_;
+};
+
+// The blocks' and the head's hooks fire in the order torch's own modules
+// give DeepSpeed: reverse parameter order (as the planner assumes:
+// memory_model.cc, FirstReductionPartByRank), so a linear's bias before its
+// weight, but a LayerNorm's weight before its bias (native_layer_norm_backward
+// makes both; AccumulateGrad takes them in output order). The order decides
+// whether a weight gradient larger than a bucket is still waiting when its
+// bias's reduction makes the gradient partition. (The embeddings run ATen's
+// own ops in zrun too.)
+TEST(TransformerTest, GradientHooksFireInTheOrderOfTorchModules) {
+  auto vit = ModelSpecFromHfConfig(kVitConfig, "vit.json");
+  ASSERT_TRUE(vit.ok()) << vit.status();
+  auto gpt2 = LoadPreset("gpt2");
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  gpt2->set_num_layers(2);
+  gpt2->set_hidden_size(64);
+  gpt2->set_num_attention_heads(4);
+  gpt2->set_num_kv_heads(4);
+  gpt2->set_head_dim(16);
+  gpt2->set_ffn_hidden_size(256);
+  gpt2->set_vocab_size(128);
+  for (const auto& [spec, batch] : {std::pair{*vit, MakeImages(*vit, 2)}, std::pair{*gpt2, MakeBatch(*gpt2, 2, 8)}}) {
+    auto model = Transformer::Create(spec, at::kFloat, 1, at::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto in_blocks_or_head = [](const std::string& name) { return name.rfind("embed", 0) != 0; };
+    std::vector<std::string> order, expected;
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+    for (auto it = model->parameters().rbegin(); it != model->parameters().rend(); ++it) {
+      const std::string& name = it->first;
+      if (!in_blocks_or_head(name)) continue;
+      accumulators.push_back(torch::autograd::impl::grad_accumulator(it->second));
+      accumulators.back()->add_post_hook(std::make_unique<HookOrder>(&order, name));
+      const bool after_its_bias = absl::StrContains(name, "norm.weight") && !expected.empty();
+      expected.insert(after_its_bias ? expected.end() - 1 : expected.end(), name);
+    }
+    for (const Checkpointing& checkpointing : {Checkpointing{}, Checkpointing{.every = 1}}) {
+      order.clear();
+      model->Loss(batch.ids, batch.targets, checkpointing).backward();
+      EXPECT_EQ(absl::StrJoin(order, " "), absl::StrJoin(expected, " "))
+          << spec.name() << (checkpointing.every > 0 ? ", checkpointed" : "");
+    }
+  }
 }
 
 TEST(TransformerTest, AttentionKernelMustBeThePlannedOne) {

@@ -358,6 +358,7 @@ constexpr char kSmall[] = "\"reduce_bucket_size\": 200000, \"allgather_bucket_si
 constexpr char kSmall3[] =
     "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 200000, "
     "\"stage3_param_persistence_threshold\": 10000";
+constexpr char kOverlap[] = "\"overlap_comm\": true";
 constexpr char kTorchAdamW[] = "\"torch_adam\": true";
 constexpr char kForeach[] = "\"torch_adam\": true, \"foreach\": true";
 constexpr char kFused[] = "\"torch_adam\": true, \"fused\": true";
@@ -522,6 +523,11 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       // A ViT whose gradient partition appears at a down_proj hook (rank 1), past the GELU MLP's widest
       // moment, and whose recompute saves its LayerNorm input no second time.
       DeepSpeedCase("vit-z2-bf16-ckpt-mb8", vit, DsConfig(2, "bf16", 8, 1, "", kSmall), 2, 65, "sdpa", true),
+      // ZeRO-1 with overlap_comm (reduced in the hooks at the boundary): on rank 1 the last block's down_proj
+      // bias hook makes the partition while its weight gradient, larger than a bucket, waits (the hooks' order).
+      WithCheckpointing(DeepSpeedCase("vit-z1-fp32-ckpt-every2-overlap", vit_wide,
+                                      DsConfig(1, "fp32", 2, 1, "", With({kSmall, kOverlap})), 2, 257, "sdpa", true),
+                        2, false),
   };
 }
 
