@@ -19,6 +19,15 @@
 namespace zplan {
 namespace {
 
+// The MLP half's widest moment (the activation's backward, down_proj's hooks
+// done) against its weight-gradient moment (the transient plus
+// block_max_mlp_grad): that weight gradient has gone into a bucket, or waits
+// whole when larger than one, and the residual dropout's mask is freed.
+int64_t WidestMlpMomentOverWeightGradient(const StepSizes& s, int layer) {
+  return s.block_down_weight_grad_waiting - std::min(s.MlpDropoutSaved(layer), s.block_bwd_mlp_transient) -
+         s.block_max_mlp_grad;
+}
+
 DType WorkingDtype(Precision precision) {
   switch (precision) {
     case PRECISION_FP16: return DTYPE_FP16;
@@ -291,7 +300,11 @@ Moment BestMoment(const StepSizes& s) {
       Live at_hook = mlp;
       at_hook[kTemps] -= s.block_bwd_mlp_transient;
       consider(at_hook, "gradient partition", i);
-      mlp[kTemps] -= s.block_max_mlp_grad;
+      mlp[kTemps] += WidestMlpMomentOverWeightGradient(s, i);
+    } else if (!s.grads_kept_on_production && s.block_down_weight_grad_waiting > 0) {
+      Live widest = mlp;
+      widest[kTemps] += WidestMlpMomentOverWeightGradient(s, i);
+      consider(widest, "backward, layer %d, MLP gradients", i);
     }
     consider(mlp, "backward, layer %d, MLP gradients", i);
     if (s.grads_kept_on_production) {
@@ -397,7 +410,8 @@ int64_t AdamTemporariesPerElement(AdamImplementation impl, bool cpu_tensors) {
 // `gelu_mlp`: the MLP's widest moment comes before down_proj's hooks (a GELU
 // MLP whose down_proj keeps its input: BlockBackwardTransientBytes), and
 // there the partition misses down_proj's weight gradient if that went into
-// the bucket; one larger than the bucket stays until the next reduction.
+// the bucket; one larger than the bucket waits beside the partition through
+// the activation's backward (StepSizes::block_down_weight_grad_waiting).
 struct PartitionStart {
   int part = StepSizes::kAtEpilogue;
   bool at_attention = false;       // a block's attention half
@@ -408,8 +422,6 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
                                                      int64_t bucket_elements, bool gelu_mlp) {
   std::vector<PartitionStart> from(partitions.size());
   std::vector<bool> seen(partitions.size(), false);
-  bool down_weights_fit = true;
-  for (const TensorSpec& t : params) down_weights_fit &= !IsDownProjTensor(t) || NumElements(t) <= bucket_elements;
   // A reduction of the bucket holding parameters [lo, hi] at parameter i's
   // hook. The closed form's moment of an attention half is its first
   // gradient's (the widest point), so a partition made at a later hook of
@@ -420,7 +432,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
     PartitionStart start;
     start.part = t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers;
     start.at_attention = t.layer() >= 0 && !IsMlpTensor(t);
-    start.at_down_proj_hook = gelu_mlp && down_weights_fit && IsDownProjTensor(t);
+    start.at_down_proj_hook = gelu_mlp && IsDownProjTensor(t);
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
                                IsMlpTensor(params[i + 1]) != IsMlpTensor(t);
     const bool before_moment = first_of_half || IsDownProjTensor(t);
@@ -721,12 +733,14 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   // Blocks: gradients of the trainable parameters, gathers of all.
   const std::vector<TensorSpec> block_params = BlockParameters(model, 0);
   int64_t block_param_elements = 0, mlp_elements = 0, down_elements = 0, largest_mlp = 0, largest_attn = 0;
+  int64_t down_weight_elements = 0;
   for (const TensorSpec& t : block_params) {
     if (t.frozen()) continue;
     block_param_elements += NumElements(t);
     if (IsMlpTensor(t)) {
       mlp_elements += NumElements(t);
       if (IsDownProjTensor(t)) down_elements += NumElements(t);
+      if (IsDownProjTensor(t) && t.shape_size() == 2) down_weight_elements = NumElements(t);
       largest_mlp = std::max(largest_mlp, NumElements(t));
     } else {
       largest_attn = std::max(largest_attn, NumElements(t));
@@ -750,6 +764,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
       if (IsMlpTensor(t)) f.mlp_per_token += TensorBytes(t);
       if (IsBlockInputItself(t, dtype)) f.input_per_token += TensorBytes(t);
+      if (absl::EndsWith(t.name(), ".mlp.resid_dropout_mask")) f.mlp_dropout_per_token += TensorBytes(t);
     }
     return f;
   };
@@ -765,6 +780,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.block_grads_mlp = mlp_elements * w;
   s.block_grads_down = down_elements * w;
   s.block_max_mlp_grad = largest_mlp * w;
+  const bool reduced_in_hooks = s.stage == 2 || (s.stage == 1 && zero.overlap_comm());
+  if (reduced_in_hooks && zero.contiguous_gradients() && down_weight_elements > zero.reduce_bucket_elements()) {
+    s.block_down_weight_grad_waiting = down_weight_elements * w;
+  }
   s.block_max_attn_grad = largest_attn * w;
   if (s.stage == 3 && s.world_size > 1) {
     int64_t partitioned = 0;
@@ -983,6 +1002,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
   s.block_saved_input = saved_.input_per_token * tokens;
   s.block0_saved_input = saved_block0_.input_per_token * tokens;
+  s.block_mlp_dropout_saved = saved_.mlp_dropout_per_token * tokens;
+  s.block0_mlp_dropout_saved = saved_block0_.mlp_dropout_per_token * tokens;
   s.block_input = tokens * h * w;
   s.host_checkpoints = s.host_checkpoint_blocks * s.block_input;
   if (s.host_checkpoint_pinned) {
@@ -1095,6 +1116,7 @@ void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
   b->set_allocator_bytes(s.allocator_cached);
   b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
 }
+
 
 MemoryBreakdown ClosedFormDevicePeak(const StepSizes& s) {
   const Moment m = BestMoment(s);

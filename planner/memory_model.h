@@ -171,6 +171,17 @@ struct StepSizes {
   int64_t block_grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
   int64_t block_max_mlp_grad = 0;    // largest single parameter of each half
   int64_t block_max_attn_grad = 0;
+  // Stages 1/2 (reduced in the hooks): down_proj's weight gradient when it is
+  // larger than a reduce bucket. Its hook comes after its bias's (autograd
+  // finishes a linear's bias gradient first), and it waits, whole, for the
+  // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
+  // the activation's backward: the half's widest moment.
+  int64_t block_down_weight_grad_waiting = 0;
+  // The MLP's residual-dropout mask (block 0's), freed with its backward
+  // before the activation's backward (the widest moment).
+  int64_t block_mlp_dropout_saved = 0;
+  int64_t block0_mlp_dropout_saved = 0;
+  int64_t MlpDropoutSaved(int layer) const { return layer == 0 ? block0_mlp_dropout_saved : block_mlp_dropout_saved; }
   int64_t block_gather = 0;          // stage 3: gathered block + prefetch
   // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
   // keeps from their forward to their backward -- blocks gather_kept_from
@@ -330,6 +341,7 @@ class StepSizer {
     int64_t per_seq_sq = 0;
     int64_t mlp_per_token = 0;
     int64_t input_per_token = 0;     // IsBlockInputItself
+    int64_t mlp_dropout_per_token = 0;  // IsMlpDropoutMask
     int64_t Bytes(int64_t b, int64_t seq) const {
       return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq;
     }

@@ -300,8 +300,20 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
     EXPECT_TRUE(sizer.ok()) << sizer.status();
     return sizer->ForRank(8, VisionTokens(*vit), 1);
   };
-  // Larger than the bucket, the weight gradient stays until the next reduction.
-  EXPECT_FALSE(rank1_with_bucket(after_down_elements + 1).grad_partition_at_down_proj_hook);
+  // Larger than the bucket, the weight gradient (its hook after its bias's)
+  // waits, whole, beside the partition through the activation's backward,
+  // until the next reduction: DeepSpeed's ViT wide at ZeRO-1 with
+  // overlap_comm, rank 1, docs/deepspeed_model.md row 46.
+  const StepSizes waits = rank1_with_bucket(after_down_elements + 1);
+  ASSERT_TRUE(waits.grad_partition_at_down_proj_hook);
+  EXPECT_EQ(waits.block_down_weight_grad_waiting,
+            down_elements * waits.block_grads_down / (down_elements + vit->hidden_size()));
+  EXPECT_EQ(SimulateStep(waits).peak.peak_bytes(), ClosedFormPeakBytes(waits));
+  StepSizes reduced = waits;
+  reduced.block_down_weight_grad_waiting = 0;
+  const int64_t waiting_adds = ClosedFormPeakBytes(waits) - ClosedFormPeakBytes(reduced);
+  EXPECT_GT(waiting_adds, 0);
+  EXPECT_LE(waiting_adds, waits.block_down_weight_grad_waiting);
   const StepSizes rank1 = rank1_with_bucket(down_elements);
   EXPECT_EQ(rank1.grad_partition_from, vit->num_layers() - 1);
   ASSERT_TRUE(rank1.grad_partition_at_down_proj_hook);

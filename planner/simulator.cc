@@ -305,6 +305,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
     // MLP half: its gradients, then what it saved is freed.
     const std::string mlp = layer + ", MLP gradients";
     int mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    int waiting = -1;
     buckets_at(i, false, i, mlp);
     if (kept) {
       kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp));
@@ -318,11 +319,19 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
         partition_from(i, PHASE_BACKWARD);
       }
       r.Free(g, PHASE_BACKWARD, i, layer + ", MLP weight gradients into reduce bucket");
-      if (partition_here) {
-        mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+      if (partition_here || s.block_down_weight_grad_waiting > 0) {
+        // The activation's backward (memory_model.cc, WidestMlpMomentOverWeightGradient):
+        // the residual dropout's mask is freed by then; down_proj's weight
+        // gradient, larger than a bucket, waits for the next reduction.
+        if (!partition_here) r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", down_proj's saved input freed");
+        mlp_transient = r.Alloc(COMPONENT_TEMPORARIES,
+                                s.block_bwd_mlp_transient - std::min(s.MlpDropoutSaved(i), s.block_bwd_mlp_transient),
+                                PHASE_BACKWARD, i, mlp);
+        waiting = r.Alloc(COMPONENT_TEMPORARIES, s.block_down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
       }
     }
     r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", MLP activation gradients freed");
+    if (waiting >= 0) r.Free(waiting, PHASE_BACKWARD, i, layer + ", down_proj weight gradient reduced");
     if (kept) {
       // The rest of the half's gradients, once down_proj's input gradient is freed.
       kept_grads.push_back(r.Alloc(COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp));

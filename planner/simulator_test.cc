@@ -156,6 +156,12 @@ TEST(SimulatorTest, AgreesWithClosedFormEverywhere) {
       // Stage 3: about half the blocks kept from forward to backward, or none.
       config.mutable_zero()->set_stage3_max_reuse_distance(c.grad_accum == 4 ? 0 : CountParameters(*model));
     }
+    if (c.model == "vit-b-encoder" && c.grad_accum == 4) {
+      // transformers' hidden dropout, and buckets smaller than down_proj's
+      // weight (768 x 3072), whose gradient then waits beside the partition.
+      model->set_residual_dropout(0.1);
+      if (c.seq == 128) config.mutable_zero()->set_reduce_bucket_elements(2'000'000);
+    }
     config = ResolveRunConfig(config);
     auto gpu = FindGpu(config.cluster().gpu());
     auto sizes = ComputeStepSizes(*model, config, *gpu);
