@@ -91,7 +91,9 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     // needs_input_grad counts tensor inputs only: no bias, no edge.
     const bool has_bias = ctx->saved_data["bias"].toBool();
     if (has_bias && ctx->needs_input_grad(1)) grad_b = g.reshape({-1, out_features}).sum(0);
-    if (ctx->needs_input_grad(has_bias ? 2 : 1)) grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
+    if (ctx->needs_input_grad(has_bias ? 2 : 1)) {
+      grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
+    }
     return {grad_x, grad_b, grad_w};
   }
 };

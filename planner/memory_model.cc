@@ -1117,7 +1117,6 @@ void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
   b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
 }
 
-
 MemoryBreakdown ClosedFormDevicePeak(const StepSizes& s) {
   const Moment m = BestMoment(s);
   MemoryBreakdown result;

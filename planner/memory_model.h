@@ -177,8 +177,8 @@ struct StepSizes {
   // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
   // the activation's backward: the half's widest moment.
   int64_t block_down_weight_grad_waiting = 0;
-  // The MLP's residual-dropout mask (block 0's), freed with its backward
-  // before the activation's backward (the widest moment).
+  // The MLP's residual-dropout mask (block0_: block 0's), freed with its
+  // backward before the activation's backward (the widest moment).
   int64_t block_mlp_dropout_saved = 0;
   int64_t block0_mlp_dropout_saved = 0;
   int64_t MlpDropoutSaved(int layer) const { return layer == 0 ? block0_mlp_dropout_saved : block_mlp_dropout_saved; }
@@ -341,7 +341,7 @@ class StepSizer {
     int64_t per_seq_sq = 0;
     int64_t mlp_per_token = 0;
     int64_t input_per_token = 0;     // IsBlockInputItself
-    int64_t mlp_dropout_per_token = 0;  // IsMlpDropoutMask
+    int64_t mlp_dropout_per_token = 0;  // the MLP's residual-dropout mask
     int64_t Bytes(int64_t b, int64_t seq) const {
       return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq;
     }
