@@ -283,7 +283,9 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     spec->set_attention_dropout(c.dropout);
     spec->set_residual_dropout(c.dropout);
     spec->set_embedding_dropout(c.dropout);
-    if (c.lora != nullptr) ASSERT_TRUE(ApplyLoraConfig(c.lora, "adapter_config.json", &*spec).ok());
+    if (c.lora != nullptr) {
+      ASSERT_TRUE(ApplyLoraConfig(c.lora, "adapter_config.json", &*spec).ok());
+    }
     RunConfig config;
     if (c.zero3_init) config.mutable_zero()->set_stage(3);
     const SavePolicy saves = SavePolicyFor(ResolveRunConfig(config));
