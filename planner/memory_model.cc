@@ -24,7 +24,7 @@ namespace {
 // block_max_mlp_grad): that weight gradient has gone into a bucket, or waits
 // whole when larger than one, and the residual dropout's mask is freed.
 int64_t WidestMlpMomentOverWeightGradient(const StepSizes& s, int layer) {
-  return s.block_down_weight_grad_waiting - std::min(s.MlpDropoutSaved(layer), s.block_bwd_mlp_transient) -
+  return s.block_down_weight_grad_waiting + s.MlpTransientPastDownProjHooks(layer) - s.block_bwd_mlp_transient -
          s.block_max_mlp_grad;
 }
 
@@ -780,7 +780,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.block_grads_mlp = mlp_elements * w;
   s.block_grads_down = down_elements * w;
   s.block_max_mlp_grad = largest_mlp * w;
-  const bool reduced_in_hooks = s.stage == 2 || (s.stage == 1 && zero.overlap_comm());
+  const bool reduced_in_hooks = (s.stage == 1 || s.stage == 2) && !stage1_epilogue;
   if (reduced_in_hooks && zero.contiguous_gradients() && down_weight_elements > zero.reduce_bucket_elements()) {
     s.block_down_weight_grad_waiting = down_weight_elements * w;
   }

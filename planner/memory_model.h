@@ -32,6 +32,7 @@
 #ifndef ZPLAN_PLANNER_MEMORY_MODEL_H_
 #define ZPLAN_PLANNER_MEMORY_MODEL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -181,7 +182,12 @@ struct StepSizes {
   // backward before the activation's backward (the widest moment).
   int64_t block_mlp_dropout_saved = 0;
   int64_t block0_mlp_dropout_saved = 0;
-  int64_t MlpDropoutSaved(int layer) const { return layer == 0 ? block0_mlp_dropout_saved : block_mlp_dropout_saved; }
+  // The MLP half's activation-gradient temporaries past down_proj's hooks:
+  // the transient, less the mask freed by then.
+  int64_t MlpTransientPastDownProjHooks(int layer) const {
+    const int64_t mask = layer == 0 ? block0_mlp_dropout_saved : block_mlp_dropout_saved;
+    return block_bwd_mlp_transient - std::min(mask, block_bwd_mlp_transient);
+  }
   int64_t block_gather = 0;          // stage 3: gathered block + prefetch
   // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
   // keeps from their forward to their backward -- blocks gather_kept_from

@@ -324,9 +324,7 @@ SimulatedStep SimulateStep(const StepSizes& s, bool record_events) {
         // the residual dropout's mask is freed by then; down_proj's weight
         // gradient, larger than a bucket, waits for the next reduction.
         if (!partition_here) r.Free(mlp_transient, PHASE_BACKWARD, i, layer + ", down_proj's saved input freed");
-        mlp_transient = r.Alloc(COMPONENT_TEMPORARIES,
-                                s.block_bwd_mlp_transient - std::min(s.MlpDropoutSaved(i), s.block_bwd_mlp_transient),
-                                PHASE_BACKWARD, i, mlp);
+        mlp_transient = r.Alloc(COMPONENT_TEMPORARIES, s.MlpTransientPastDownProjHooks(i), PHASE_BACKWARD, i, mlp);
         waiting = r.Alloc(COMPONENT_TEMPORARIES, s.block_down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
       }
     }
