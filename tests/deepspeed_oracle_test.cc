@@ -2,8 +2,7 @@
 // transformers on Gloo CPU ranks, measured by zplan's counting allocator
 // inside each rank's Python process, read back through the same comparison
 // as zrun's reports (tools/accuracy.h). The planner's agreement with it is
-// docs/deepspeed_agreement.md (bazel run //tools:accuracy -- --matrix
-// deepspeed); this test checks the measurement: every rank reports, the
+// docs/deepspeed_agreement.md (tools/recordings.h); this test checks the measurement: every rank reports, the
 // parameters DeepSpeed holds are the planner's parameter bytes (plus the
 // model's RoPE inv_freq buffers, which are not parameters), and the loss
 // falls from the initial ln(vocab).

@@ -24,6 +24,8 @@ def zplan_proto_library(name, src, deps = []):
         name = name,
         srcs = [base + ".pb.cc"],
         hdrs = [base + ".pb.h"],
+        # The schema travels with the library, so tools/source_digest.bzl hashes it.
+        data = [src],
         deps = deps + ["@system//:protobuf"],
     )
 
@@ -58,4 +60,5 @@ def embed_files(name, srcs, symbol):
 } > $@
 """ % symbol,
     )
-    native.cc_library(name = name, srcs = [name + ".cc"])
+    # data: the embedded files, so tools/source_digest.bzl hashes them.
+    native.cc_library(name = name, srcs = [name + ".cc"], data = srcs)

@@ -79,28 +79,37 @@ absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::s
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions& o, int index) {
-  const std::string dir = absl::StrCat(o.work_dir, "/", index, "-", c.name);
+}  // namespace
+
+std::string CaseDir(const AccuracyCase& c, const AccuracyOptions& o, int index) {
+  return absl::StrCat(o.work_dir, "/", index, "-", c.name);
+}
+
+absl::StatusOr<Plan> PlanCase(const AccuracyCase& c, const AccuracyOptions& o, const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
-  const bool deepspeed = !c.ds_config_json.empty();
   const std::string plan_path = dir + "/plan.pb";
-  const std::string report_path = dir + (deepspeed ? "/report.json" : "/report.pb");
   const std::string ds_config_path = dir + "/ds_config.json";
-  if (deepspeed) ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(ds_config_path, c.ds_config_json));
-
+  if (IsDeepSpeed(c)) ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(ds_config_path, c.ds_config_json));
   std::vector<std::string> zplan = {o.zplan_path, "--gpu", "cpu"};
   zplan.insert(zplan.end(), c.zplan_args.begin(), c.zplan_args.end());
-  if (deepspeed) zplan.insert(zplan.end(), {"--ds-config", ds_config_path});
+  if (IsDeepSpeed(c)) zplan.insert(zplan.end(), {"--ds-config", ds_config_path});
   zplan.push_back("--out=" + plan_path);
   ZPLAN_ASSIGN_OR_RETURN(int code, RunLogged(zplan, dir + "/zplan.log"));
   if (code != 0) return absl::InternalError(absl::StrCat(c.name, ": zplan exited ", code, "; see ", dir, "/zplan.log"));
+  Plan plan;
+  ZPLAN_RETURN_IF_ERROR(ReadProtoFile(plan_path, &plan));
+  return plan;
+}
 
-  if (deepspeed) {
+absl::StatusOr<Report> MeasureCase(const AccuracyCase& c, const AccuracyOptions& o, const std::string& dir) {
+  const std::string report_path = dir + (IsDeepSpeed(c) ? "/report.json" : "/report.pb");
+  int code = 0;
+  if (IsDeepSpeed(c)) {
     std::vector<std::string> oracle = {o.python_path, o.oracle_path};
     oracle.insert(oracle.end(), c.oracle_args.begin(), c.oracle_args.end());
-    oracle.insert(oracle.end(), {"--ds-config", ds_config_path, "--allocator", o.allocator_path, "--out",
+    oracle.insert(oracle.end(), {"--ds-config", dir + "/ds_config.json", "--allocator", o.allocator_path, "--out",
                                  report_path, absl::StrCat("--steps=", o.steps)});
     ZPLAN_ASSIGN_OR_RETURN(code, RunLogged(oracle, dir + "/deepspeed.log"));
     if (code != 0) {
@@ -108,21 +117,25 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
                                               "/deepspeed.log"));
     }
   } else {
-    std::vector<std::string> zrun = {o.zrun_path, plan_path, "--report=" + report_path,
+    std::vector<std::string> zrun = {o.zrun_path, dir + "/plan.pb", "--report=" + report_path,
                                      absl::StrCat("--steps=", o.steps)};
     if (c.emulate_rank >= 0) zrun.push_back(absl::StrCat("--emulate_rank=", c.emulate_rank));
     ZPLAN_ASSIGN_OR_RETURN(code, RunLogged(zrun, dir + "/zrun.log"));
-    // 3 = outside the plan's tolerance: still a row, judged below.
+    // 3 = outside the plan's tolerance: still a row, judged by JudgeRow.
     if (code != 0 && code != 3) {
       return absl::InternalError(absl::StrCat(c.name, ": zrun exited ", code, "; see ", dir, "/zrun.log"));
     }
   }
-
-  AccuracyRow row;
-  row.config = c;
-  ZPLAN_RETURN_IF_ERROR(ReadProtoFile(plan_path, &row.plan));
   Report report;
   ZPLAN_RETURN_IF_ERROR(ReadProtoFile(report_path, &report));
+  return report;
+}
+
+absl::StatusOr<AccuracyRow> JudgeRow(const AccuracyCase& c, Plan plan, const Report& report) {
+  const bool deepspeed = IsDeepSpeed(c);
+  AccuracyRow row;
+  row.config = c;
+  row.plan = std::move(plan);
   row.framework = report.framework().empty() ? "zrun" : report.framework();
   if (report.ranks().empty()) return absl::InternalError(absl::StrCat(c.name, ": report has no ranks"));
   row.losses.assign(report.ranks(0).losses().begin(), report.ranks(0).losses().end());
@@ -147,6 +160,8 @@ absl::StatusOr<AccuracyRow> RunCase(const AccuracyCase& c, const AccuracyOptions
   }
   return row;
 }
+
+namespace {
 
 std::string Percent(double fraction) { return absl::StrFormat("%+.2f%%", 100 * fraction); }
 
@@ -538,6 +553,8 @@ AccuracyOptions RunfilesAccuracyOptions(std::string work_dir) {
   o.python_path = std::filesystem::absolute("external/torch/python").string();
   o.oracle_path = std::filesystem::absolute("tools/deepspeed_oracle.py").string();
   o.allocator_path = std::filesystem::absolute("executor/libzplan_counting_allocator.so").string();
+  o.zrun_digest_path = "tools/zrun_sources.txt";
+  o.oracle_digest_path = "tools/oracle_sources.txt";
   o.work_dir = std::move(work_dir);
   return o;
 }
@@ -546,7 +563,10 @@ absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const std::vector<Acc
                                                           const AccuracyOptions& options) {
   std::vector<AccuracyRow> rows;
   for (size_t i = 0; i < matrix.size(); ++i) {
-    ZPLAN_ASSIGN_OR_RETURN(AccuracyRow row, RunCase(matrix[i], options, static_cast<int>(i + 1)));
+    const std::string dir = CaseDir(matrix[i], options, static_cast<int>(i + 1));
+    ZPLAN_ASSIGN_OR_RETURN(Plan plan, PlanCase(matrix[i], options, dir));
+    ZPLAN_ASSIGN_OR_RETURN(Report report, MeasureCase(matrix[i], options, dir));
+    ZPLAN_ASSIGN_OR_RETURN(AccuracyRow row, JudgeRow(matrix[i], std::move(plan), report));
     if (options.on_row) options.on_row(row);
     rows.push_back(std::move(row));
   }
@@ -607,9 +627,9 @@ void AppendDeviceTables(const std::vector<AccuracyRow>& rows, bool show_names, s
 std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows) {
   std::string md = absl::StrFormat(
       "# Planner vs executor on CPU ranks\n\n"
-      "Generated by `bazel run //tools:accuracy -- --out docs/accuracy.md`. `//tests:accuracy_test` runs the same\n"
-      "matrix in the test command: it fails when a configuration misses a goal, when the device peaks below differ\n"
-      "from a fresh run, or when a component at the peak moves by more than %g%% of its row's bytes (how a peak\n"
+      "Generated from the recordings under `tests/recordings/zrun/` (tools/recordings.h): every test run judges\n"
+      "every row from its recording, and trains the live rows listed at the end again, which must measure the\n"
+      "device peaks below to the byte and each component at the peak within %g%% of its row's bytes (how a peak\n"
       "splits depends a little on the CPU's kernels).\n\n", 100 * kComponentSplitTolerance);
   md +=
       "Each configuration is planned by `zplan --gpu cpu ... --out plan.pb` and trained by `zrun plan.pb --steps 3`\n"
@@ -619,8 +639,8 @@ std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows) {
   AppendDeviceTables(rows, /*show_names=*/false, &md);
   absl::StrAppend(&md, "\n", kHostSectionHeading, " per rank\n\n",
                   "Planned: the rank's tensors (resident pages only) plus the process baseline of the `cpu` catalog "
-                  "entry.\nMeasured: VmHWM of the rank's process, the largest over ranks. These vary a little from "
-                  "run to run.\n\n",
+                  "entry.\nMeasured: VmHWM of the rank's process, the largest over ranks, as recorded (it varies a "
+                  "little from run to run).\n\n",
                   "| # | planned | measured VmHWM | difference | within goal |\n|---|---|---|---|---|\n");
   for (size_t i = 0; i < rows.size(); ++i) {
     const AccuracyRow& r = rows[i];
@@ -638,7 +658,8 @@ std::string AccuracyMarkdown(const std::vector<AccuracyRow>& rows) {
 std::string DeepSpeedAgreementMarkdown(const std::vector<AccuracyRow>& rows) {
   std::string md = absl::StrCat(
       "# Planner vs real DeepSpeed on CPU ranks\n\n"
-      "Generated by `bazel run //tools:accuracy -- --matrix deepspeed --out docs/deepspeed_agreement.md`.\n\n"
+      "Generated from the recordings under `tests/recordings/deepspeed/` (tools/recordings.h): every test run\n"
+      "judges every row from its recording, and trains the live rows listed at the end again.\n\n"
       "Each configuration is a transformers `config.json` (`configs/hf/tiny/`) and a DeepSpeed config (its name\n"
       "says what it sets; the JSON is in `tools/accuracy.cc`), planned by `zplan --gpu cpu --hf-config ...\n"
       "--ds-config ...` and trained for 3 steps by real DeepSpeed + transformers on CPU ranks\n"

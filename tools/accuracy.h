@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "proto/memory.pb.h"
 #include "proto/plan.pb.h"
+#include "proto/report.pb.h"
 
 namespace zplan {
 
@@ -106,6 +107,10 @@ struct AccuracyOptions {
   // .venv), tools/deepspeed_oracle.py and libzplan_counting_allocator.so.
   std::string python_path, oracle_path, allocator_path;
   std::string work_dir;   // plans, reports and logs, one folder per case
+  // Recordings (tools/recordings.h): the folder that holds tests/recordings/
+  // and the files cases name, and the producers' source digests.
+  std::string root = ".";
+  std::string zrun_digest_path, oracle_digest_path;
   int steps = 3;
   std::function<void(const AccuracyRow&)> on_row;  // progress, optional
 };
@@ -113,6 +118,18 @@ struct AccuracyOptions {
 // Options whose tool paths are the runfiles of the calling binary or test
 // (relative to its working directory), writing into `work_dir`.
 AccuracyOptions RunfilesAccuracyOptions(std::string work_dir);
+
+inline bool IsDeepSpeed(const AccuracyCase& c) { return !c.ds_config_json.empty(); }
+
+// The three steps of a row, for callers that measure once and judge many
+// times (tools/recordings.h). A case's folder under options.work_dir:
+std::string CaseDir(const AccuracyCase& c, const AccuracyOptions& options, int index);
+// zplan writes dir/plan.pb (and dir/ds_config.json for a DeepSpeed case).
+absl::StatusOr<Plan> PlanCase(const AccuracyCase& c, const AccuracyOptions& options, const std::string& dir);
+// zrun or the DeepSpeed oracle trains dir/plan.pb's case: its Report.
+absl::StatusOr<Report> MeasureCase(const AccuracyCase& c, const AccuracyOptions& options, const std::string& dir);
+// The plan judged against a measurement of it.
+absl::StatusOr<AccuracyRow> JudgeRow(const AccuracyCase& c, Plan plan, const Report& report);
 
 // Runs every case; an error names the case and its log.
 absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const std::vector<AccuracyCase>& matrix,

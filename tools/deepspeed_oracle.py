@@ -97,8 +97,41 @@ def free_port():
         return s.getsockname()[1]
 
 
+# torch.utils.cpp_extension._jit_compile takes a FileBaton (a `lock` file in
+# the op's build folder) on every load of a DeepSpeed JIT op, built or not, and
+# waits while one exists. A build killed midway leaves it behind, and every
+# later rank then waits until its timeout. tools/setup.sh builds the ops, so a
+# load here holds the lock for about a second: one older than this was left.
+STALE_LOCK_SECONDS = 600
+
+
+def extensions_dir():
+    return os.environ.get("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+
+
+def check_no_stale_lock(now=None):
+    """Exits naming each lock an interrupted JIT build left, and the fix."""
+    now = time.time() if now is None else now
+    root = extensions_dir()
+    stale = []
+    for dirpath, _, filenames in os.walk(root) if os.path.isdir(root) else ():
+        if "lock" in filenames:
+            path = os.path.join(dirpath, "lock")
+            try:
+                age = now - os.stat(path).st_mtime
+            except FileNotFoundError:  # released meanwhile
+                continue
+            if age > STALE_LOCK_SECONDS:
+                stale.append(f"{path} ({age / 60:.0f} minutes old)")
+    if stale:
+        sys.exit("deepspeed_oracle: a DeepSpeed op build was interrupted and left its lock, so every rank would "
+                 "wait for it forever: " + ", ".join(stale) + ". Remove it (rm the file) or rerun tools/setup.sh, "
+                 "which removes it and builds the ops.")
+
+
 def launch(args):
     """Starts one process per rank and merges their results into args.out."""
+    check_no_stale_lock()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
@@ -107,7 +140,7 @@ def launch(args):
                        LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
             # DeepSpeed's JIT ops (built once with the venv's ninja, then cached in the venv).
-            env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+            env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
             env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
             argv = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [
                 "--rank", str(rank), "--out", os.path.join(tmp, f"rank{rank}.json"),

@@ -60,4 +60,19 @@ then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "${python_packages[@]}"
 fi
 
+# DeepSpeed's CPU ops (the oracle's: Adam, offloaded Adam, shared-memory
+# collectives), built here once rather than by the first test that loads them:
+# torch's JIT build holds a `lock` file in the op's folder, and one killed
+# midway leaves it, making every later load wait forever. Nothing else builds
+# while setup runs, so a lock found now is such a leftover.
+extensions="$venv/torch_extensions"
+if [[ -d $extensions ]]; then
+  find "$extensions" -name lock -print -delete | sed 's/^/setup: removed a lock an interrupted build left: /'
+fi
+DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$extensions" "$venv/bin/python3" -c '
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder
+for builder in (CPUAdamBuilder(), FusedAdamBuilder(), ShareMemCommBuilder()):
+    builder.load(verbose=False)
+' >/dev/null
+
 echo "setup: ok ($(bazel --version 2>/dev/null | head -1 || echo bazel), torch $("$venv/bin/python3" -c 'import torch; print(torch.__version__)' 2>/dev/null))"
