@@ -117,18 +117,25 @@ std::optional<int> PhaseEnd(const std::vector<PhaseRun>& runs, Phase phase) {
   return end;
 }
 
-absl::Status AddMeasured(const Report& report, Picture* p) {
-  if (report.ranks().empty()) return absl::InvalidArgumentError("--report: the report has no ranks");
-  const RankReport* rank = &report.ranks(0);
+// The rank drawn: rank 0, whose step the timeline is, else the first.
+const RankReport& DrawnRank(const Report& report) {
   for (const RankReport& r : report.ranks()) {
-    if (r.rank() == 0) rank = &r;
+    if (r.rank() == 0) return r;
   }
+  return report.ranks(0);
+}
+
+// The last step zrun measured (-1: none; step 0 warms up and is not sampled).
+int LastMeasuredStep(const RankReport& rank) {
   int last_step = -1;
-  for (const PhaseSample& s : rank->samples()) last_step = std::max(last_step, s.step());
-  if (last_step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--report: rank ", rank->rank(), " has no samples of a measured step (zrun --steps 2 or more)"));
-  }
+  for (const PhaseSample& s : rank.samples()) last_step = std::max(last_step, s.step());
+  return last_step;
+}
+
+absl::Status AddMeasured(const Report& report, Picture* p) {
+  ZPLAN_RETURN_IF_ERROR(CheckPlotReport(report));
+  const RankReport* rank = &DrawnRank(report);
+  const int last_step = LastMeasuredStep(*rank);
   // zrun's phase -> where in the plan's step it samples (plot.h).
   const std::pair<Phase, Phase> kAt[] = {
       {PHASE_FORWARD, PHASE_LOSS}, {PHASE_BACKWARD, PHASE_BACKWARD}, {PHASE_OPTIMIZER_STEP, PHASE_OPTIMIZER_STEP}};
@@ -205,6 +212,16 @@ absl::StatusOr<PlotFormat> PlotFormatForPath(absl::string_view path) {
   if (absl::EndsWith(lower, ".svg")) return PlotFormat::kSvg;
   return absl::InvalidArgumentError(
       absl::StrCat("--plot: \"", path, "\" names no image format; give a path ending in .png or .svg"));
+}
+
+absl::Status CheckPlotReport(const Report& report) {
+  if (report.ranks().empty()) return absl::InvalidArgumentError("--report: the report has no ranks");
+  const RankReport& rank = DrawnRank(report);
+  if (LastMeasuredStep(rank) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--report: rank ", rank.rank(), " has no samples of a measured step (zrun --steps 2 or more)"));
+  }
+  return absl::OkStatus();
 }
 
 std::string PlotTitle(const Plan& plan) {

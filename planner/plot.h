@@ -62,6 +62,10 @@ std::string PlotTitle(const Plan& plan);
 // "peak 33.69 GiB at loss backward, log-softmax gradient".
 std::string PeakLabel(const Plan& plan);
 
+// What RenderPlot needs of a report, checked before any planning: a rank
+// with samples of a measured step (kInvalidArgument naming --report).
+absl::Status CheckPlotReport(const Report& report);
+
 // The image's bytes; `report` may be null.
 absl::StatusOr<std::string> RenderPlot(const Plan& plan, const Report* report, PlotFormat format);
 
