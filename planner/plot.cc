@@ -99,8 +99,6 @@ std::string PhaseName(Phase phase) {
   return absl::StrReplaceAll(name, {{"_", " "}});
 }
 
-std::string Gib(int64_t bytes) { return absl::StrFormat("%.2f GiB", ToGiB(bytes)); }
-
 int BandIndex(Component component) {
   for (int i = 0; i < kNumBands; ++i) {
     if (kBands[i].component == component) return i;
@@ -240,7 +238,7 @@ std::string PeakLabel(const Plan& plan) {
     if (e.live_bytes() > live) live = e.live_bytes(), event = e.tensor();
   }
   const int64_t peak = std::max(device.peak_bytes(), live + device.runtime_bytes());
-  return absl::StrCat("peak ", Gib(peak), " at ", device.peak_event().empty() ? event : device.peak_event());
+  return absl::StrCat("peak ", FormatBytes(peak), " at ", device.peak_event().empty() ? event : device.peak_event());
 }
 
 namespace {
@@ -440,7 +438,7 @@ class Chart {
       const double y = Y(p_.capacity_bytes);
       c_.Colour(kCapacityColour);
       c_.Line(kLeft, y, kRight, y, 1.6);
-      const std::string label = absl::StrCat("capacity ", Gib(p_.capacity_bytes));
+      const std::string label = absl::StrCat("capacity ", FormatBytes(p_.capacity_bytes));
       c_.Text(label, kRight - 6, y - 5, 1);
       avoid_.push_back({kRight - 6 - c_.Width(label), y - 18, kRight, y + 3});
     }
@@ -449,7 +447,7 @@ class Chart {
       c_.Colour(kBudgetColour);
       c_.Line(kLeft, y, kRight, y, 1.6, 7);
       const bool crowded = p_.capacity_bytes > 0 && std::fabs(y - Y(p_.capacity_bytes)) < 18;
-      const std::string label = absl::StrCat("budget ", Gib(p_.budget_bytes));
+      const std::string label = absl::StrCat("budget ", FormatBytes(p_.budget_bytes));
       const double x = crowded ? kLeft + 6 : kRight - 6, baseline = crowded ? y + 15 : y - 5;
       c_.Text(label, x, baseline, crowded ? 0 : 1);
       const double x0 = crowded ? x : x - c_.Width(label);
@@ -463,7 +461,7 @@ class Chart {
     c_.Colour(kMeasuredColour);
     c_.Line(kLeft, y, kRight, y, 1.2, 3);
     c_.Font(11.5);
-    const std::string label = absl::StrCat("zrun peak ", Gib(p_.measured_peak_bytes));
+    const std::string label = absl::StrCat("zrun peak ", FormatBytes(p_.measured_peak_bytes));
     c_.Text(label, kLeft + 6, y - 5);
     avoid_.push_back({kLeft + 6, y - 18, kLeft + 6 + c_.Width(label), y + 3});
     // Markers only: a line between samples would draw what was not measured.
@@ -482,7 +480,7 @@ class Chart {
     }
     c_.Circle(cx, peak_y, 4, kMeasuredColour, kMeasuredColour);
 
-    const std::string line1 = absl::StrCat("peak ", Gib(p_.peak_bytes));
+    const std::string line1 = absl::StrCat("peak ", FormatBytes(p_.peak_bytes));
     const std::string label = PeakLabel(plan_);
     const std::string line2 = label.substr(label.find(" at ") + 1);
     c_.Font(12.5, true);
@@ -591,19 +589,18 @@ class Chart {
         c_.Fill(x, top, 16, 11);
       };
     };
-    auto gib = [](int64_t bytes) { return FormatBytes(bytes); };  // MiB where GiB would read 0.00
     for (int b = kNumBands - 1; b >= 0; --b) {
-      if (p_.drawn[b]) entry(kBands[b].name, gib(at_peak[b]), square(kBands[b].colour));
+      if (p_.drawn[b]) entry(kBands[b].name, FormatBytes(at_peak[b]), square(kBands[b].colour));
     }
     const int64_t cache = p_.peak_bytes - p_.top[p_.peak_event];
-    if (cache > 0) entry("allocator cache", gib(cache), square(kCacheColour));
+    if (cache > 0) entry("allocator cache", FormatBytes(cache), square(kCacheColour));
     c_.Colour(kMutedText);
     c_.Line(x, y - 10, right, y - 10, 0.8);
     y += 4;
     c_.Font(12, true);
     c_.Colour(kText);
     c_.Text("total", x + 24, y);
-    c_.Text(gib(p_.peak_bytes), right, y, 1);
+    c_.Text(FormatBytes(p_.peak_bytes), right, y, 1);
     c_.Circle(x + 8, y - 4, 4, kMeasuredColour, kMeasuredColour);
     y += 30;
     auto line = [&](Rgb colour, double dash) {
@@ -612,8 +609,8 @@ class Chart {
         c_.Line(x, top + 5, x + 16, top + 5, 1.6, dash);
       };
     };
-    if (p_.capacity_bytes > 0) entry("capacity", gib(p_.capacity_bytes), line(kCapacityColour, 0));
-    if (p_.budget_bytes > 0) entry("budget", gib(p_.budget_bytes), line(kBudgetColour, 4));
+    if (p_.capacity_bytes > 0) entry("capacity", FormatBytes(p_.capacity_bytes), line(kCapacityColour, 0));
+    if (p_.budget_bytes > 0) entry("budget", FormatBytes(p_.budget_bytes), line(kBudgetColour, 4));
     if (p_.measured_rank >= 0) {
       entry(absl::StrCat("zrun, rank ", p_.measured_rank), "",
             [this, x](double top) { c_.Circle(x + 8, top + 5, 4.5, Hex(0xFFFFFF), kMeasuredColour); });
@@ -621,7 +618,7 @@ class Chart {
       c_.Colour(kMutedText);
       c_.Text("after loss, backward, step", x + 24, y - 4);
       y += 12;
-      entry("zrun peak", gib(p_.measured_peak_bytes), line(kMeasuredColour, 3));
+      entry("zrun peak", FormatBytes(p_.measured_peak_bytes), line(kMeasuredColour, 3));
     }
   }
 

@@ -59,7 +59,8 @@ absl::StatusOr<PlotFormat> PlotFormatForPath(absl::string_view path);
 // "1b · ZeRO-3 · bf16 · micro-batch 1 · seq 8192 · NVIDIA H100 80GB HBM3".
 std::string PlotTitle(const Plan& plan);
 
-// "peak 33.69 GiB at loss backward, log-softmax gradient".
+// "peak 33.69 GiB at loss backward, log-softmax gradient" (units.h FormatBytes:
+// MiB below a GiB, as everywhere in the picture).
 std::string PeakLabel(const Plan& plan);
 
 // What RenderPlot needs of a report, checked before any planning: a rank
