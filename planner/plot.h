@@ -31,8 +31,8 @@
 // rename(2) (proto_io.h): an error never replaces a good file. Errors name the
 // flag: kInvalidArgument for another extension, a plan without a timeline or
 // with one that frees more than it holds, a report without samples;
-// kNotFound / kPermissionDenied for a path that cannot be written. The plan
-// and the report are never modified.
+// WriteFileAtomically's code (kPermissionDenied, kDataLoss) for a path that
+// cannot be written. The plan and the report are never modified.
 //
 // Example:
 //   ZPLAN_RETURN_IF_ERROR(WritePlot("step.png", plan));
