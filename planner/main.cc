@@ -56,10 +56,12 @@ ABSL_FLAG(std::string, budget_gib, "", "device budget per GPU in GiB (default: t
 ABSL_FLAG(std::string, out, "", "write the plan to this path, atomically (.pb binary, .textproto or .json)");
 ABSL_FLAG(std::string, format, "table", "output: table, json or textproto");
 ABSL_FLAG(std::string, timeline, "", "write a Chrome trace (Perfetto) of the simulated step to this path");
+ABSL_FLAG(std::string, plot, "", "draw the simulated step's memory per component to this .png or .svg, atomically");
+ABSL_FLAG(std::string, report, "", "with --plot: a zrun report (report.pb) whose samples are drawn over the plan");
 
 constexpr char kUsage[] =
-    "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb]\n"
-    "       zplan show plan.pb [--format json|textproto|table]";
+    "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb] [--plot step.png]\n"
+    "       zplan show plan.pb [--format json|textproto|table] [--plot step.png [--report report.pb]]";
 
 int main(int argc, char** argv) {
   // Under `bazel run`, resolve relative paths against the user's directory.
@@ -115,6 +117,8 @@ int main(int argc, char** argv) {
   o.out = absl::GetFlag(FLAGS_out);
   o.format = absl::GetFlag(FLAGS_format);
   o.timeline = absl::GetFlag(FLAGS_timeline);
+  o.plot = absl::GetFlag(FLAGS_plot);
+  o.report = absl::GetFlag(FLAGS_report);
   const absl::Status status = zplan::RunZplan(o, std::cout);
   if (status.ok()) return 0;
   std::cerr << "zplan: " << status.message() << "\n";

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "planner/limits.h"
 #include "planner/model_spec.h"
 #include "planner/plan_builder.h"
+#include "planner/plot.h"
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
@@ -444,9 +446,11 @@ absl::Status EmitPlan(const Plan& plan, const ZplanOptions& o, std::ostream& out
   return absl::OkStatus();
 }
 
-absl::Status WriteOutputs(const Plan& plan, const ZplanOptions& o) {
+// `report`: the --report read up front, or null.
+absl::Status WriteOutputs(const Plan& plan, const ZplanOptions& o, const Report* report) {
   if (!o.out.empty()) ZPLAN_RETURN_IF_ERROR(WriteProtoFile(o.out, plan));
   if (!o.timeline.empty()) ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(o.timeline, TimelineTraceJson(plan)));
+  if (!o.plot.empty()) ZPLAN_RETURN_IF_ERROR(WritePlot(o.plot, plan, report));
   return absl::OkStatus();
 }
 
@@ -548,17 +552,34 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   if (o.format != "table" && o.format != "json" && o.format != "textproto") {
     return FlagError("format", o.format, "table, json or textproto");
   }
-  for (const auto& [flag, path] : {std::pair{"out", &o.out}, std::pair{"timeline", &o.timeline}}) {
+  if (!o.plot.empty()) ZPLAN_RETURN_IF_ERROR(PlotFormatForPath(o.plot).status());
+  for (const auto& [flag, path] :
+       {std::pair{"out", &o.out}, std::pair{"timeline", &o.timeline}, std::pair{"plot", &o.plot}}) {
     if (path->empty()) continue;
     if (absl::Status s = CheckWritable(*path); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", s.message()));
     }
   }
+  if (!o.report.empty() && o.plot.empty()) {
+    return absl::InvalidArgumentError("--report: its samples are drawn on --plot; give --plot FILE.png too");
+  }
+  if (!o.plot.empty() && (o.command == "sweep" || o.command == "max-batch")) {
+    return absl::InvalidArgumentError(absl::StrCat("--plot draws one plan; `zplan ", o.command, "` makes many"));
+  }
+  std::optional<Report> report;
+  if (!o.report.empty()) {
+    absl::StatusOr<Report> read = ReadProtoFile<Report>(o.report);
+    if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("--report: ", read.status().message()));
+    ZPLAN_RETURN_IF_ERROR(CheckPlotReport(*read));
+    report = *std::move(read);
+  }
+  const Report* measured = report ? &*report : nullptr;
   if (o.command == "show") {
     if (o.plan_path.empty()) return absl::InvalidArgumentError("show: give the plan file, e.g. zplan show plan.pb");
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, ReadProtoFile<Plan>(o.plan_path));
     ZPLAN_RETURN_IF_ERROR(ValidatePlan(plan, o.plan_path));
-    return EmitPlan(plan, o, out);
+    ZPLAN_RETURN_IF_ERROR(EmitPlan(plan, o, out));
+    return o.plot.empty() ? absl::OkStatus() : WritePlot(o.plot, plan, measured);
   }
   ZPLAN_ASSIGN_OR_RETURN(Resolved r, Resolve(o));
   if (o.command == "sweep") return RunSweep(r, out);
@@ -568,7 +589,7 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   if (r.stage_given) {
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, r.config, options));
     ZPLAN_RETURN_IF_ERROR(EmitPlan(plan, o, out));
-    return WriteOutputs(plan, o);
+    return WriteOutputs(plan, o, measured);
   }
   if (o.format != "table") {
     return absl::InvalidArgumentError(
@@ -576,14 +597,15 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   }
   ZPLAN_ASSIGN_OR_RETURN(std::vector<GridRow> rows, StageGrid(r.model, r.config, options));
   PrintGrid(rows, out);
-  if (!o.out.empty() || !o.timeline.empty()) {
+  if (!o.out.empty() || !o.timeline.empty() || !o.plot.empty()) {
     const int best = RecommendedRow(rows);
     if (best < 0) {
-      return absl::FailedPreconditionError(
-          "--out: no configuration fits, so there is no plan to write; give --zero-stage to write one anyway");
+      const char* flag = !o.out.empty() ? "--out" : !o.timeline.empty() ? "--timeline" : "--plot";
+      return absl::FailedPreconditionError(absl::StrCat(
+          flag, ": no configuration fits, so there is no plan to write; give --zero-stage to write one anyway"));
     }
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, WithStageOption(r.config, rows[best].option), options));
-    ZPLAN_RETURN_IF_ERROR(WriteOutputs(plan, o));
+    ZPLAN_RETURN_IF_ERROR(WriteOutputs(plan, o, measured));
     out << "wrote the recommended plan" << (o.out.empty() ? "" : " to " + o.out) << "\n";
   }
   return absl::OkStatus();

@@ -15,6 +15,8 @@
 // --out writes the plan (binary unless .textproto/.json) atomically; in grid
 // mode it writes the recommended row. --format json|textproto prints the plan
 // with proto field names. --timeline writes a Chrome trace (Perfetto).
+// --plot draws the simulated step (.png or .svg, plot.h), for the written plan
+// or, with "show", the plan read; --report adds a zrun report's samples to it.
 //
 // Numeric options are strings exactly as typed, so errors can quote them;
 // empty means "not given" (the ds_config or DeepSpeed default applies).
@@ -74,6 +76,8 @@ struct ZplanOptions {
   std::string out;              // plan file
   std::string format = "table"; // "table" | "json" | "textproto"
   std::string timeline;         // Chrome trace JSON path
+  std::string plot;             // picture of the simulated step, .png or .svg
+  std::string report;           // with plot: a zrun report whose samples are drawn
 };
 
 absl::Status RunZplan(const ZplanOptions& options, std::ostream& out);

@@ -8,6 +8,7 @@
 #include "planner/cli.h"
 #include "planner/memory_model.h"
 #include "planner/proto_io.h"
+#include "proto/report.pb.h"
 
 namespace zplan {
 namespace {
@@ -110,6 +111,40 @@ TEST(ZplanCommandTest, TimelineIsChromeTraceJson) {
   EXPECT_EQ(text->rfind("{\"displayTimeUnit\"", 0), 0u);
   EXPECT_NE(text->find("\"ph\":\"C\""), std::string::npos);
   EXPECT_NE(text->find("\"name\":\"backward\""), std::string::npos);
+}
+
+// --plot with the plan it writes, and `show --plot --report` with the plan
+// zrun ran; a failed run keeps the picture there was.
+TEST(ZplanCommandTest, PlotDrawsThePlanWrittenOrShown) {
+  ZplanOptions o = Base();
+  o.model = "debug-tiny";
+  o.zero_stage = "2";
+  o.out = TempPath("plotted.pb");
+  o.plot = TempPath("plotted.png");
+  ASSERT_TRUE(RunCapture(o).ok());
+  auto png = ReadFile(o.plot);
+  ASSERT_TRUE(png.ok());
+  EXPECT_EQ(png->substr(0, 4), "\x89PNG");
+
+  Report report;
+  PhaseSample* sample = report.add_ranks()->add_samples();
+  sample->set_step(1);
+  sample->set_phase(PHASE_BACKWARD);
+  sample->set_allocated_bytes(int64_t{1} << 20);
+  ZplanOptions show;
+  show.command = "show";
+  show.plan_path = o.out;
+  show.plot = TempPath("shown.svg");
+  show.report = TempPath("report.pb");
+  ASSERT_TRUE(WriteProtoFile(show.report, report).ok());
+  ASSERT_TRUE(RunCapture(show).ok());
+  auto svg = ReadFile(show.plot);
+  ASSERT_TRUE(svg.ok());
+  EXPECT_NE(svg->find("<title>debug-tiny · ZeRO-2"), std::string::npos);
+
+  o.seq = "0";
+  EXPECT_FALSE(RunCapture(o).ok());
+  EXPECT_EQ(*ReadFile(o.plot), *png);
 }
 
 TEST(ZplanCommandTest, SweepPrintsEveryCombination) {
@@ -315,7 +350,30 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"vit_patches_too_many", Nothing, "model.vision: 4294967297 patch tokens is more than",
                  R"({"model_type": "vit", "image_size": 65536, "patch_size": 1})"},
         BadInput{"vit_quick_gelu", Nothing, "hidden_act: \"quick_gelu\" is not modelled for a ViT",
-                 R"({"model_type": "vit", "hidden_act": "quick_gelu"})"}),
+                 R"({"model_type": "vit", "hidden_act": "quick_gelu"})"},
+        // --plot and --report: refused before any planning.
+        BadInput{"plot_jpeg", [](ZplanOptions* o) { o->plot = TempPath("step.jpg"); },
+                 "names no image format; give a path ending in .png or .svg"},
+        BadInput{"plot_missing_dir", [](ZplanOptions* o) { o->plot = "/no/such/dir/step.png"; },
+                 "--plot: cannot write /no/such/dir/step.png"},
+        BadInput{"report_without_plot", [](ZplanOptions* o) { o->report = "/no/such/report.pb"; },
+                 "--report: its samples are drawn on --plot"},
+        BadInput{"report_missing", [](ZplanOptions* o) {
+                   o->plot = TempPath("step.png");
+                   o->report = "/no/such/report.pb";
+                 },
+                 "--report: /no/such/report.pb: no such file"},
+        BadInput{"report_without_samples", [](ZplanOptions* o) {
+                   o->plot = TempPath("step.png");
+                   o->report = TempPath("empty_report.pb");
+                   (void)WriteFileAtomically(o->report, "");  // parses as a Report with no ranks
+                 },
+                 "--report: the report has no ranks"},
+        BadInput{"plot_in_sweep", [](ZplanOptions* o) {
+                   o->command = "sweep";
+                   o->plot = TempPath("step.svg");
+                 },
+                 "--plot draws one plan"}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return std::string(info.param.name); });
 
 // LoRA from flags: the adapters train, the rest is frozen; the header says how many train.

@@ -1,8 +1,9 @@
 # Repository rules for an offline build (DESIGN §5).
 #
 # Everything comes from this machine: Debian's -dev packages (Abseil, Protobuf,
-# GoogleTest, Gloo headers), the CUDA toolkit headers under /usr/local/cuda and
-# the torch==2.11.0 wheel in the project's Python environment (tools/setup.sh).
+# GoogleTest, Gloo headers, Cairo), the CUDA toolkit headers under
+# /usr/local/cuda and the torch==2.11.0 wheel in the project's Python
+# environment (tools/setup.sh).
 # Nothing here downloads.
 
 _RULES_CC_DEFS = """\
@@ -55,6 +56,15 @@ cc_library(
     linkopts = ["-lgmock", "-lgtest_main", "-lgtest", "-lpthread"],
 )
 
+# Cairo (libcairo2-dev) draws `zplan --plot`. Its headers are linked in from
+# /usr/include/cairo so that `#include <cairo.h>` works as pkg-config has it.
+cc_library(
+    name = "cairo",
+    hdrs = glob(["cairo_include/*.h"]),
+    includes = ["cairo_include"],
+    linkopts = ["-lcairo"],
+)
+
 sh_binary(
     name = "protoc",
     srcs = ["protoc.sh"],
@@ -74,12 +84,22 @@ def _system_libs_impl(rctx):
     if protoc == None:
         fail("protoc not found: run tools/setup.sh (package protobuf-compiler)")
     rctx.file("protoc.sh", "#!/bin/sh\nexec %s \"$@\"\n" % protoc, executable = True)
+    # Without libcairo2-dev only the targets that draw fail (cairo.h not
+    # found); the rest builds.
+    if rctx.path(rctx.attr.cairo_include + "/cairo.h").exists:
+        rctx.symlink(rctx.attr.cairo_include, "cairo_include")
+    else:
+        rctx.file("cairo_include/README", "no cairo.h in %s: run tools/setup.sh (libcairo2-dev)\n" %
+                                          rctx.attr.cairo_include)
     rctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % rctx.name)
     rctx.file("BUILD.bazel", _SYSTEM_BUILD.format(absl_libs = ", ".join(libs)))
 
 system_libs = repository_rule(
     implementation = _system_libs_impl,
-    attrs = {"libdir": attr.string(default = "/usr/lib/x86_64-linux-gnu")},
+    attrs = {
+        "libdir": attr.string(default = "/usr/lib/x86_64-linux-gnu"),
+        "cairo_include": attr.string(default = "/usr/include/cairo"),
+    },
     local = True,
 )
 

@@ -19,6 +19,7 @@ packages=(
   libabsl-dev libprotobuf-dev protobuf-compiler       # Abseil, Protocol Buffers
   libgtest-dev libgmock-dev                           # GoogleTest
   libgloo-dev                                         # Gloo headers for c10d (absent from the wheel)
+  libcairo2-dev fonts-dejavu-core                     # zplan --plot: Cairo and the font of its labels
   python3-venv
 )
 
