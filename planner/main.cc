@@ -13,8 +13,12 @@
 #include "planner/zplan_command.h"
 
 ABSL_FLAG(std::string, model, "", "preset (1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, vit-b-encoder, debug-tiny) or a ModelSpec .textproto (default 1b)");
-ABSL_FLAG(std::string, hf_config, "", "Hugging Face config.json (a decoder LM, or a ViT: model_type \"vit\") instead of --model");
+ABSL_FLAG(std::string, hf_config, "",
+          "Hugging Face config.json of model_type llama, mistral, qwen2, qwen3, gpt2 or vit, instead of --model");
 ABSL_FLAG(std::string, params, "", "bare parameter count (elements, standard shape), e.g. 7.5e9");
+ABSL_FLAG(std::string, approximate_as, "",
+          "with --hf-config: plan a config.json whose model_type zplan does not support as this family (llama, "
+          "mistral, qwen2, qwen3, gpt2 or vit); the plan and every output say it is an unvalidated approximation");
 ABSL_FLAG(std::string, layers, "", "explicit dimension: transformer blocks (count)");
 ABSL_FLAG(std::string, hidden, "", "explicit dimension: hidden size (elements)");
 ABSL_FLAG(std::string, heads, "", "explicit dimension: attention heads (count)");
@@ -82,6 +86,7 @@ int main(int argc, char** argv) {
   o.model = absl::GetFlag(FLAGS_model);
   o.hf_config = absl::GetFlag(FLAGS_hf_config);
   o.params = absl::GetFlag(FLAGS_params);
+  o.approximate_as = absl::GetFlag(FLAGS_approximate_as);
   o.layers = absl::GetFlag(FLAGS_layers);
   o.hidden = absl::GetFlag(FLAGS_hidden);
   o.heads = absl::GetFlag(FLAGS_heads);

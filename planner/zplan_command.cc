@@ -87,7 +87,12 @@ absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
   if (given > 1) {
     return absl::InvalidArgumentError("--model, --hf-config and --params are alternatives; give one");
   }
-  if (!o.hf_config.empty()) return LoadHfConfig(o.hf_config);
+  if (!o.approximate_as.empty() && o.hf_config.empty()) {
+    return absl::InvalidArgumentError(
+        "--approximate-as: only with --hf-config (it plans a config.json of a model_type zplan does not support as "
+        "the family named)");
+  }
+  if (!o.hf_config.empty()) return LoadHfConfig(o.hf_config, o.approximate_as);
   if (!o.params.empty()) {
     ZPLAN_ASSIGN_OR_RETURN(int64_t params, ParseInt("params", o.params, 1, kMaxParameters));
     return ModelSpecForParams(params);
@@ -316,16 +321,19 @@ std::string Header(const Plan& plan) {
     }
   }
   if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) absl::StrAppend(&checkpointing, ", Liger fused loss");
+  // An unvalidated approximation, or where a shape without a model_type came from, on its own line.
+  const std::string origin = ModelOriginLine(plan.model());
   return absl::StrFormat(
       "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
-      "       %d node(s) x %d x %s (%s)\n",
+      "       %d node(s) x %d x %s (%s)\n%s",
       plan.model().name(), params, c.seq_length(), c.micro_batch_size(),
       c.gradient_accumulation_steps(), precision,
       plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "SDPA",
       checkpointing, c.cluster().num_nodes(),
       c.cluster().gpus_per_node(), plan.gpu().name(),
       plan.gpu().capacity_bytes() > 0 ? absl::StrCat(FormatCount(plan.gpu().capacity_bytes() / kMiB), " MiB")
-                                      : std::string("host RAM"));
+                                      : std::string("host RAM"),
+      origin.empty() ? "" : absl::StrCat(origin, "\n"));
 }
 
 // The row users should pick: least communication and offload that fits.

@@ -42,6 +42,10 @@ struct ZplanOptions {
   std::string model;            // preset name, or a ModelSpec .textproto file
   std::string hf_config;        // path to a Hugging Face config.json
   std::string params;           // bare parameter count, e.g. "7.5e9"
+  // With hf_config: the family (model_family.h) to plan a config.json of an
+  // unsupported model_type as; the plan records it as an unvalidated
+  // approximation, and every text output prints that.
+  std::string approximate_as;
   // Explicit dimensions, applied on top of the model above (so
   // "--layers 48 --hidden 6144 ..." describes a new shape from the 1b preset).
   std::string layers, hidden, heads, kv_heads, head_dim, ffn, vocab;

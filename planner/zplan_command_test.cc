@@ -190,7 +190,7 @@ TEST_P(ZplanRejectionTest, RejectsWithFieldAndWritesNothing) {
 void WriteBadHf(ZplanOptions* o) {
   o->model.clear();
   o->hf_config = TempPath("bad_heads.json");
-  (void)WriteFileAtomically(o->hf_config, R"({"hidden_size": 1000, "num_hidden_layers": 2,
+  (void)WriteFileAtomically(o->hf_config, R"({"model_type": "llama", "hidden_size": 1000, "num_hidden_layers": 2,
       "num_attention_heads": 3, "intermediate_size": 4000, "vocab_size": 100})");
 }
 
@@ -314,7 +314,7 @@ INSTANTIATE_TEST_SUITE_P(
                  R"({"model_type": "vit", "image_size": [1e300, 1e300]})"},
         BadInput{"vit_patches_too_many", Nothing, "model.vision: 4294967297 patch tokens is more than",
                  R"({"model_type": "vit", "image_size": 65536, "patch_size": 1})"},
-        BadInput{"vit_quick_gelu", Nothing, "hidden_act: \"quick_gelu\" is not modelled for a ViT",
+        BadInput{"vit_quick_gelu", Nothing, "hidden_act: \"quick_gelu\" is not modelled in vit's MLP; use \"gelu\"",
                  R"({"model_type": "vit", "hidden_act": "quick_gelu"})"}),
     [](const ::testing::TestParamInfo<BadInput>& info) { return std::string(info.param.name); });
 
@@ -482,6 +482,77 @@ TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {
   // The Llama-3-8B shape with the 1b preset's tied embeddings: 8.03B - 0.525B.
   EXPECT_NE(text.find("total_params: 7504924672"), std::string::npos);
   EXPECT_NE(text.find("head_dim: 128"), std::string::npos);
+}
+
+std::string SmallConfig(const std::string& model_type) {
+  return R"({"model_type": ")" + model_type + R"(", "hidden_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1000})";
+}
+
+// A config.json whose model_type has no family is refused, naming the field,
+// the value, the supported types and the flag; with --approximate-as it is
+// planned as that family, and the plan and every text output say so.
+TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximation) {
+  ZplanOptions o;
+  o.seq = "256";
+  o.zero_stage = "2";
+  for (const std::string type : {"lfm2", "bert", "gemma2"}) {
+    o.hf_config = TempPath(type + ".json");
+    ASSERT_TRUE(WriteFileAtomically(o.hf_config, SmallConfig(type)).ok());
+    o.out = TempPath(type + ".pb");
+    const absl::Status status = RunCapture(o);
+    EXPECT_EQ(ExitCodeFor(status), kExitBadInput) << status;
+    EXPECT_NE(status.message().find("model_type: \"" + type + "\" is not supported; zplan plans llama, mistral, "
+                                    "qwen2, qwen3, gpt2, vit. Planning it as one of those is an unvalidated "
+                                    "approximation: to accept that, add --approximate-as FAMILY"),
+              std::string::npos)
+        << status;
+    EXPECT_FALSE(Exists(o.out));
+  }
+  const std::string line =
+      "\nmodel_type \"gemma2\" planned as llama: an unvalidated approximation, nothing about \"gemma2\" was "
+      "checked\n";
+  o.approximate_as = "llama";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "breakdown\n" << text;
+  EXPECT_LT(text.find(line), text.find("component")) << "near the top\n" << text;
+  auto plan = ReadProtoFile<Plan>(o.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->model().model_type(), "gemma2");
+  EXPECT_EQ(plan->model().unvalidated_approximation(), line.substr(1, line.size() - 2));
+  ZplanOptions show;
+  show.command = "show";
+  show.plan_path = o.out;
+  ASSERT_TRUE(RunCapture(show, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "show\n" << text;
+  o.out.clear();
+  o.zero_stage.clear();
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "grid\n" << text;
+  o.command = "sweep";
+  o.micro_batch = "1,2";
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "sweep\n" << text;
+  o.command = "max-batch";
+  o.micro_batch.clear();
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "max-batch\n" << text;
+  // Only for a config.json.
+  ZplanOptions preset = Base();
+  preset.approximate_as = "llama";
+  EXPECT_NE(RunCapture(preset).message().find("--approximate-as: only with --hf-config"), std::string::npos);
+}
+
+// --params is no transformers model: its standard shape says so, as its source does.
+TEST(ZplanCommandTest, ParamsShapeSaysItIsAStandardShape) {
+  ZplanOptions o;
+  o.params = "7.5e9";
+  o.gpus = "64";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find("\nmodel: standard shape for --params 7500000000: GPT-3-style blocks"), std::string::npos)
+      << text;
 }
 
 TEST(ZplanCommandTest, FailedRunLeavesExistingPlanUntouched) {

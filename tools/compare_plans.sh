@@ -19,7 +19,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 # Fields that did not exist at the baseline (1cdc6c5): cleared before comparing plans that differ.
-default_clear=""
+default_clear="model.model_type,model.unvalidated_approximation"
 usage() { sed -n '5,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 bazel build //tools:plan_corpus > /dev/null 2>&1 || bazel build //tools:plan_corpus
