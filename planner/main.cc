@@ -1,5 +1,13 @@
 // zplan: what-if memory planning for ZeRO training. Flags -> ZplanOptions ->
-// RunZplan -> exit code (cli.h: 0 ok, 2 bad input, 1 other errors).
+// RunZplan -> exit code (cli.h's ExitCodeFor):
+//   0 (kExitOk)       planned; with --budget-gib or --host-ram-gib, it fits;
+//   1 (kExitError)    an I/O or internal error;
+//   2 (kExitBadInput) bad input (a flag, config.json, ds_config or plan;
+//                     a model_type without a family): nothing is written;
+//   3 (kExitBudget)   a budget given with --budget-gib or --host-ram-gib
+//                     is broken: the plan does not fit (it is still printed
+//                     and written to --out), or, in the grid, sweep and
+//                     max-batch modes, no row fits.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -55,15 +63,22 @@ ABSL_FLAG(std::string, loss, "",
           "full (default: transformers' loss over b x s x V logits) or liger-fused (Liger's fused linear "
           "cross-entropy, as use_liger_kernel applies it: chunked, no logits; ZeRO stages 0-2)");
 ABSL_FLAG(std::string, gpu, "", "GPU catalog key (default h100-80gb)");
-ABSL_FLAG(std::string, host_ram_gib, "", "host RAM per node in GiB, to judge host fit (default: not judged)");
-ABSL_FLAG(std::string, budget_gib, "", "device budget per GPU in GiB (default: the GPU's capacity)");
+ABSL_FLAG(std::string, host_ram_gib, "",
+          "host RAM per node in GiB, to judge host fit; a plan over it exits 3 (default: not judged)");
+ABSL_FLAG(std::string, budget_gib, "",
+          "device budget per GPU in GiB; a plan over it exits 3, still written to --out (default: the GPU's "
+          "capacity, not an exit code)");
 ABSL_FLAG(std::string, out, "", "write the plan to this path, atomically (.pb binary, .textproto or .json)");
 ABSL_FLAG(std::string, format, "table", "output: table, json or textproto");
 ABSL_FLAG(std::string, timeline, "", "write a Chrome trace (Perfetto) of the simulated step to this path");
 
 constexpr char kUsage[] =
     "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb]\n"
-    "       zplan show plan.pb [--format json|textproto|table]";
+    "       zplan show plan.pb [--format json|textproto|table]\n\n"
+    "exit codes: 0 planned (and it fits any --budget-gib / --host-ram-gib given); 1 an I/O or internal error;\n"
+    "  2 bad input (a flag, config or plan; nothing written); 3 a budget given with --budget-gib or\n"
+    "  --host-ram-gib is broken: the plan does not fit (--out is still written), or no row of the grid,\n"
+    "  sweep or max-batch fits";
 
 int main(int argc, char** argv) {
   // Under `bazel run`, resolve relative paths against the user's directory.

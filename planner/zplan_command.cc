@@ -197,6 +197,8 @@ struct Resolved {
   bool stage_given = false;
   std::vector<int64_t> stages, micro_batches, seqs;
   int64_t budget_bytes = 0;
+  // --budget-gib or --host-ram-gib: a plan that does not fit is kExitBudget.
+  bool budget_given = false;
 };
 
 absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
@@ -218,6 +220,7 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
   if (!o.budget_gib.empty()) {
     ZPLAN_ASSIGN_OR_RETURN(r.budget_bytes, ParseGiB("budget-gib", o.budget_gib));
   }
+  r.budget_given = !o.budget_gib.empty() || !o.host_ram_gib.empty();
   if (!o.ds_config.empty()) {
     ZPLAN_RETURN_IF_ERROR(ApplyDeepSpeedConfigFile(o.ds_config, r.model, &c));
     r.stage_given = true;  // a DeepSpeed config always has a stage (default 0)
@@ -463,11 +466,44 @@ RunConfig WithStage(RunConfig config, int64_t stage) {
   return config;
 }
 
-absl::Status RunSweep(const Resolved& r, std::ostream& out) {
+// The budget flags given, for messages: "--budget-gib 0.5 and --host-ram-gib 64".
+std::string BudgetFlags(const ZplanOptions& o) {
+  std::vector<std::string> flags;
+  if (!o.budget_gib.empty()) flags.push_back(absl::StrCat("--budget-gib ", o.budget_gib));
+  if (!o.host_ram_gib.empty()) flags.push_back(absl::StrCat("--host-ram-gib ", o.host_ram_gib));
+  return absl::StrJoin(flags, " and ");
+}
+
+// kResourceExhausted (exit kExitBudget) for a plan that breaks the budget it
+// was given, naming what is over; OK otherwise, and without a budget flag.
+absl::Status BudgetStatus(const Resolved& r, const Plan& plan, const ZplanOptions& o) {
+  if (!r.budget_given || plan.fits()) return absl::OkStatus();
+  std::vector<std::string> over;
+  if (plan.device_margin_bytes() < 0) {
+    over.push_back(absl::StrCat("the device peak per rank, ", FormatBytes(plan.device_per_rank().peak_bytes()),
+                                ", is over the ", FormatBytes(plan.budget().device_bytes_per_rank()), " budget"));
+  }
+  if (plan.host_margin_bytes() < 0) {
+    over.push_back(absl::StrCat("host memory per node is ", FormatBytes(-plan.host_margin_bytes()), " over the ",
+                                FormatBytes(plan.budget().host_bytes_per_node()), " budget"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("does not fit (", BudgetFlags(o), "): ", absl::StrJoin(over, "; "),
+                                                   o.out.empty() ? "" : absl::StrCat("; the plan is in ", o.out)));
+}
+
+// For the modes that plan many configurations: kResourceExhausted when a
+// budget was given and none of them fits it.
+absl::Status NothingFitsStatus(const Resolved& r, bool any_fits, absl::string_view what, const ZplanOptions& o) {
+  if (!r.budget_given || any_fits) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("no ", what, " fits (", BudgetFlags(o), ")"));
+}
+
+absl::Status RunSweep(const Resolved& r, const ZplanOptions& o, std::ostream& out) {
   ZPLAN_ASSIGN_OR_RETURN(Plan first, BuildPlan(r.model, r.config, {.record_timeline = false}));
   out << Header(first) << "\n";
   out << absl::StrFormat("%-6s  %-12s  %-5s  %-17s  %12s  %-4s  %s\n", "seq", "micro-batch", "stage",
                          "offload", "GPU peak GiB", "fits", "peak at");
+  bool any_fits = false;
   for (int64_t seq : r.seqs) {
     for (int64_t b : r.micro_batches) {
       for (int64_t stage : r.stages) {
@@ -476,6 +512,7 @@ absl::Status RunSweep(const Resolved& r, std::ostream& out) {
         c.set_micro_batch_size(b);
         PlanOptions options{.record_timeline = false, .device_budget_bytes = r.budget_bytes};
         ZPLAN_ASSIGN_OR_RETURN(Plan p, BuildPlan(r.model, c, options));
+        any_fits |= p.fits();
         const ZeroConfig& z = p.config().zero();
         out << absl::StrFormat("%-6d  %-12d  %-5d  %-17s  %12s  %-4s  %s\n", seq, b, stage,
                                OffloadLabel(z.offload_optimizer() == OFFLOAD_CPU, z.offload_param() == OFFLOAD_CPU),
@@ -484,10 +521,10 @@ absl::Status RunSweep(const Resolved& r, std::ostream& out) {
       }
     }
   }
-  return absl::OkStatus();
+  return NothingFitsStatus(r, any_fits, "row of the sweep", o);
 }
 
-absl::Status RunMaxBatch(const Resolved& r, std::ostream& out) {
+absl::Status RunMaxBatch(const Resolved& r, const ZplanOptions& o, std::ostream& out) {
   std::vector<RunConfig> configs;
   if (r.stage_given) {
     configs.push_back(r.config);
@@ -499,15 +536,17 @@ absl::Status RunMaxBatch(const Resolved& r, std::ostream& out) {
   out << absl::StrFormat("%-5s  %-17s  %30s  %28s\n", "stage", "offload",
                          absl::StrCat("max micro-batch (seq ", ResolveRunConfig(r.config).seq_length(), ")"),
                          absl::StrCat("max seq (micro-batch ", ResolveRunConfig(r.config).micro_batch_size(), ")"));
+  bool any_fits = false;
   for (const RunConfig& c : configs) {
     ZPLAN_ASSIGN_OR_RETURN(int64_t batch, MaxMicroBatch(r.model, c, r.budget_bytes));
+    any_fits |= batch > 0;
     ZPLAN_ASSIGN_OR_RETURN(int64_t seq, MaxSeqLength(r.model, c, r.budget_bytes));
     out << absl::StrFormat("%-5d  %-17s  %30d  %28d\n", c.zero().stage(),
                            OffloadLabel(c.zero().offload_optimizer() == OFFLOAD_CPU,
                                         c.zero().offload_param() == OFFLOAD_CPU),
                            batch, seq);
   }
-  return absl::OkStatus();
+  return NothingFitsStatus(r, any_fits, "configuration with micro-batch 1", o);
 }
 
 }  // namespace
@@ -569,14 +608,15 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
     return EmitPlan(plan, o, out);
   }
   ZPLAN_ASSIGN_OR_RETURN(Resolved r, Resolve(o));
-  if (o.command == "sweep") return RunSweep(r, out);
-  if (o.command == "max-batch") return RunMaxBatch(r, out);
+  if (o.command == "sweep") return RunSweep(r, o, out);
+  if (o.command == "max-batch") return RunMaxBatch(r, o, out);
 
   PlanOptions options{.record_timeline = true, .device_budget_bytes = r.budget_bytes};
   if (r.stage_given) {
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, r.config, options));
     ZPLAN_RETURN_IF_ERROR(EmitPlan(plan, o, out));
-    return WriteOutputs(plan, o);
+    ZPLAN_RETURN_IF_ERROR(WriteOutputs(plan, o));
+    return BudgetStatus(r, plan, o);
   }
   if (o.format != "table") {
     return absl::InvalidArgumentError(
@@ -584,8 +624,13 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   }
   ZPLAN_ASSIGN_OR_RETURN(std::vector<GridRow> rows, StageGrid(r.model, r.config, options));
   PrintGrid(rows, out);
+  const int best = RecommendedRow(rows);
+  if (best < 0 && r.budget_given) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no row of the grid fits (", BudgetFlags(o), ")",
+        o.out.empty() && o.timeline.empty() ? "" : "; nothing written: give --zero-stage to write a plan anyway"));
+  }
   if (!o.out.empty() || !o.timeline.empty()) {
-    const int best = RecommendedRow(rows);
     if (best < 0) {
       return absl::FailedPreconditionError(
           "--out: no configuration fits, so there is no plan to write; give --zero-stage to write one anyway");

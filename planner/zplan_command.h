@@ -21,6 +21,12 @@
 // Every rejection is kInvalidArgument naming the flag or field; nothing is
 // written when planning fails.
 //
+// Budgets: with budget_gib or host_ram_gib given, a plan that does not fit
+// them is kResourceExhausted (cli.h's kExitBudget), returned after the text
+// is printed and --out / --timeline are written; in grid, sweep and
+// max-batch mode, when no row fits. Without them, "fits: NO" is a finding,
+// not an error (OK).
+//
 // Example:
 //   ZplanOptions o; o.model = "1b"; o.seq = "8192";
 //   ZPLAN_RETURN_IF_ERROR(RunZplan(o, std::cout));

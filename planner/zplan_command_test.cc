@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "planner/cli.h"
 #include "planner/memory_model.h"
@@ -89,15 +90,72 @@ TEST(ZplanCommandTest, CpuRanksHonourAGivenDeviceBudget) {
   ASSERT_TRUE(RunCapture(o, &text).ok());
   EXPECT_EQ(text.find("fits CPU ranks"), std::string::npos) << "no capacity, no budget: nothing to judge\n" << text;
   o.budget_gib = "0.001";  // far below the plan's peak
-  ASSERT_TRUE(RunCapture(o, &text).ok());
+  absl::Status status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
   EXPECT_NE(text.find("fits CPU ranks"), std::string::npos) << text;
   EXPECT_NE(text.find(": NO (margin -"), std::string::npos) << text;
+  // The plan that breaks its budget is still written, and the exit code says so.
   o.out = TempPath("cpu_budget.pb");
-  ASSERT_TRUE(RunCapture(o).ok());
+  std::remove(o.out.c_str());
+  status = RunCapture(o);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "does not fit (--budget-gib 0.001): the device peak per rank, "))
+      << status;
+  EXPECT_TRUE(absl::EndsWith(status.message(), ", is over the 1.0 MiB budget; the plan is in " + o.out)) << status;
   auto plan = ReadProtoFile<Plan>(o.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->fits());
   EXPECT_LT(plan->device_margin_bytes(), 0);
+  o.budget_gib = "64";  // a budget it fits: exit 0
+  EXPECT_TRUE(RunCapture(o).ok());
+}
+
+// Grid, sweep and max-batch plan many configurations: with a budget given,
+// exit 3 when none fits it; without one, "none fits" is a finding (exit 0).
+TEST(ZplanCommandTest, NothingFittingTheGivenBudgetExitsWithTheBudgetCode) {
+  ZplanOptions o = Base();
+  std::string text;
+  o.budget_gib = "0.5";
+  absl::Status status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_EQ(std::string(status.message()), "no row of the grid fits (--budget-gib 0.5)");
+  EXPECT_NE(text.find("recommended: none fits"), std::string::npos) << text;
+  o.out = TempPath("grid_none.pb");
+  std::remove(o.out.c_str());
+  status = RunCapture(o);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_NE(status.message().find("nothing written: give --zero-stage"), std::string::npos) << status;
+  EXPECT_FALSE(Exists(o.out));
+  o.out.clear();
+  o.budget_gib = "70";  // some rows fit
+  EXPECT_TRUE(RunCapture(o).ok());
+  o.budget_gib.clear();
+  o.host_ram_gib = "1";  // every row builds the model in more host RAM than that
+  status = RunCapture(o);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_EQ(std::string(status.message()), "no row of the grid fits (--host-ram-gib 1)");
+  o.host_ram_gib.clear();
+  o.command = "sweep";
+  o.micro_batch = "2,4";
+  o.zero_stage = "2,3";
+  o.budget_gib = "1";
+  status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_EQ(std::string(status.message()), "no row of the sweep fits (--budget-gib 1)");
+  o.command = "max-batch";
+  o.micro_batch.clear();
+  o.zero_stage.clear();
+  status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  o.budget_gib = "70";
+  EXPECT_TRUE(RunCapture(o, &text).ok()) << text;
+  // Without a budget flag, the GPU's capacity judges the fit but never the exit code.
+  o = Base();
+  o.seq = "262144";
+  o.zero_stage = "0";
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find(": NO (margin -"), std::string::npos) << text;
 }
 
 TEST(ZplanCommandTest, TimelineIsChromeTraceJson) {
