@@ -418,6 +418,13 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
     return kExitBadInput;
   }
   const int world = static_cast<int>(WorldSize(plan.config()));
+  // ValidatePlan refused a model_type without a family unless the plan says it
+  // is an unvalidated approximation; that line is printed once per run (by
+  // rank 0, in-process or launched, or the emulated rank), then it trains.
+  const std::string& approximation = plan.model().unvalidated_approximation();
+  auto announce = [&] {
+    if (!approximation.empty()) out << approximation << "\n" << std::flush;
+  };
   if (options.emulate_rank >= 0) {
     if (options.emulate_rank >= world) {
       err << "zrun: --emulate-rank " << options.emulate_rank << " is outside the plan's world of " << world
@@ -426,6 +433,7 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
     }
     RankInfo info{options.emulate_rank, world, options.emulate_rank % static_cast<int>(plan.config().cluster().gpus_per_node()),
                   static_cast<int>(plan.config().cluster().gpus_per_node()), "127.0.0.1", 0};
+    announce();
     return RunRank(plan, info, CollectiveBackend::kEmulated, options, out, err);
   }
   auto env = RankInfoFromEnvironment();
@@ -441,9 +449,11 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
           << "); re-plan with zplan --gpus/--nodes or launch " << world << " ranks\n";
       return kExitBadInput;
     }
+    if (info.rank == 0) announce();
     return RunRank(plan, info, RealBackend(plan, info), options, out, err);
   }
   if (world == 1) {
+    announce();  // larger worlds: their rank 0, spawned below
     // Its own store on a free port, so concurrent single-rank runs never collide.
     RankInfo info;
     auto port = FindFreePort();

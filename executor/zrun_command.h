@@ -13,6 +13,10 @@
 // Rank 0 gathers every rank's RankReport, writes the Report atomically to
 // --report, prints predicted vs measured per rank, and decides the exit code.
 //
+// A plan whose ModelSpec.model_type has no family (planner/model_family.h) is
+// refused (exit 2) unless it carries ModelSpec.unvalidated_approximation
+// (zplan --approximate-as); then that line is printed first, and it trains.
+//
 // Exit codes: 0 pass; kExitBudget when a budget or the plan's tolerance is
 // broken; 2 for bad input (a plan that is not a plan, a world size that does
 // not match); 1 for other errors (a rank died, a timeout).
@@ -29,8 +33,7 @@
 
 namespace zplan {
 
-// kExitOk, kExitError and kExitBadInput: planner/cli.h.
-inline constexpr int kExitBudget = 3;
+// kExitOk, kExitError, kExitBadInput and kExitBudget: planner/cli.h.
 
 struct ZrunOptions {
   std::string plan_path;

@@ -29,6 +29,7 @@ std::string Dashed(absl::string_view name) { return absl::StrReplaceAll(name, {{
 
 int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return kExitOk;
+  if (absl::IsResourceExhausted(status)) return kExitBudget;
   return absl::IsInvalidArgument(status) || absl::IsNotFound(status) || absl::IsPermissionDenied(status) ||
                  absl::IsFailedPrecondition(status)
              ? kExitBadInput

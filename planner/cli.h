@@ -25,14 +25,19 @@
 
 namespace zplan {
 
-// Exit codes of both binaries (zrun adds kExitBudget, zrun_command.h).
+// Exit codes of both binaries.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;     // an I/O failure, a dead rank, a timeout
 inline constexpr int kExitBadInput = 2;  // bad usage, a bad flag, config or plan
+// A budget broke: zplan's plan does not fit the --budget-gib / --host-ram-gib
+// it was given (the plan is still written); zrun measured more than the
+// plan's budget or tolerance allows.
+inline constexpr int kExitBudget = 3;
 
 // kExitBadInput for a status the user's input caused (kInvalidArgument,
 // kNotFound, kPermissionDenied, kFailedPrecondition: a bad flag, a missing
-// file, an unwritable path, a plan this machine cannot run), kExitError
+// file, an unwritable path, a plan this machine cannot run), kExitBudget for
+// kResourceExhausted (a plan that does not fit its budget), kExitError
 // otherwise, kExitOk for OK.
 int ExitCodeFor(const absl::Status& status);
 

@@ -28,6 +28,15 @@ absl::StatusOr<CommandLine> Parse(std::vector<std::string> args) {
   return ParseCommandLine(static_cast<int>(argv.size()), argv.data(), __FILE__);
 }
 
+TEST(CliTest, ExitCodesByStatus) {
+  EXPECT_EQ(ExitCodeFor(absl::OkStatus()), kExitOk);
+  EXPECT_EQ(ExitCodeFor(absl::InvalidArgumentError("--seq")), kExitBadInput);
+  EXPECT_EQ(ExitCodeFor(absl::FailedPreconditionError("world")), kExitBadInput);
+  EXPECT_EQ(ExitCodeFor(absl::ResourceExhaustedError("does not fit")), kExitBudget);
+  EXPECT_EQ(ExitCodeFor(absl::InternalError("rank died")), kExitError);
+  EXPECT_EQ(kExitBudget, 3);  // documented in both binaries' --help and README
+}
+
 TEST(CliTest, TakesDashesOrUnderscoresWithOrWithoutEquals) {
   auto cl = Parse({"show", "--seq-len=8192", "--steps", "3", "plan.pb", "--verbose"});
   ASSERT_TRUE(cl.ok()) << cl.status();

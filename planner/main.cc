@@ -1,5 +1,13 @@
 // zplan: what-if memory planning for ZeRO training. Flags -> ZplanOptions ->
-// RunZplan -> exit code (cli.h: 0 ok, 2 bad input, 1 other errors).
+// RunZplan -> exit code (cli.h's ExitCodeFor):
+//   0 (kExitOk)       planned; with --budget-gib or --host-ram-gib, it fits;
+//   1 (kExitError)    an I/O or internal error;
+//   2 (kExitBadInput) bad input (a flag, config.json, ds_config or plan;
+//                     a model_type without a family): nothing is written;
+//   3 (kExitBudget)   a budget given with --budget-gib or --host-ram-gib
+//                     is broken: the plan does not fit (it is still printed
+//                     and written to --out), or, in the grid, sweep and
+//                     max-batch modes, no row fits.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,8 +21,12 @@
 #include "planner/zplan_command.h"
 
 ABSL_FLAG(std::string, model, "", "preset (1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, vit-b-encoder, debug-tiny) or a ModelSpec .textproto (default 1b)");
-ABSL_FLAG(std::string, hf_config, "", "Hugging Face config.json (a decoder LM, or a ViT: model_type \"vit\") instead of --model");
+ABSL_FLAG(std::string, hf_config, "",
+          "Hugging Face config.json of model_type llama, mistral, qwen2, qwen3, gpt2 or vit, instead of --model");
 ABSL_FLAG(std::string, params, "", "bare parameter count (elements, standard shape), e.g. 7.5e9");
+ABSL_FLAG(std::string, approximate_as, "",
+          "with --hf-config: plan a config.json whose model_type zplan does not support as this family (llama, "
+          "mistral, qwen2, qwen3, gpt2 or vit); the plan and every output say it is an unvalidated approximation");
 ABSL_FLAG(std::string, layers, "", "explicit dimension: transformer blocks (count)");
 ABSL_FLAG(std::string, hidden, "", "explicit dimension: hidden size (elements)");
 ABSL_FLAG(std::string, heads, "", "explicit dimension: attention heads (count)");
@@ -51,8 +63,11 @@ ABSL_FLAG(std::string, loss, "",
           "full (default: transformers' loss over b x s x V logits) or liger-fused (Liger's fused linear "
           "cross-entropy, as use_liger_kernel applies it: chunked, no logits; ZeRO stages 0-2)");
 ABSL_FLAG(std::string, gpu, "", "GPU catalog key (default h100-80gb)");
-ABSL_FLAG(std::string, host_ram_gib, "", "host RAM per node in GiB, to judge host fit (default: not judged)");
-ABSL_FLAG(std::string, budget_gib, "", "device budget per GPU in GiB (default: the GPU's capacity)");
+ABSL_FLAG(std::string, host_ram_gib, "",
+          "host RAM per node in GiB, to judge host fit; a plan over it exits 3 (default: not judged)");
+ABSL_FLAG(std::string, budget_gib, "",
+          "device budget per GPU in GiB; a plan over it exits 3, still written to --out (default: the GPU's "
+          "capacity, not an exit code)");
 ABSL_FLAG(std::string, out, "", "write the plan to this path, atomically (.pb binary, .textproto or .json)");
 ABSL_FLAG(std::string, format, "table", "output: table, json or textproto");
 ABSL_FLAG(std::string, timeline, "", "write a Chrome trace (Perfetto) of the simulated step to this path");
@@ -61,7 +76,11 @@ ABSL_FLAG(std::string, report, "", "with --plot: a zrun report (report.pb) whose
 
 constexpr char kUsage[] =
     "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb] [--plot step.png]\n"
-    "       zplan show plan.pb [--format json|textproto|table] [--plot step.png [--report report.pb]]";
+    "       zplan show plan.pb [--format json|textproto|table] [--plot step.png [--report report.pb]]\n\n"
+    "exit codes: 0 planned (and it fits any --budget-gib / --host-ram-gib given); 1 an I/O or internal error;\n"
+    "  2 bad input (a flag, config or plan; nothing written); 3 a budget given with --budget-gib or\n"
+    "  --host-ram-gib is broken: the plan does not fit (--out is still written), or no row of the grid,\n"
+    "  sweep or max-batch fits";
 
 int main(int argc, char** argv) {
   // Under `bazel run`, resolve relative paths against the user's directory.
@@ -84,6 +103,7 @@ int main(int argc, char** argv) {
   o.model = absl::GetFlag(FLAGS_model);
   o.hf_config = absl::GetFlag(FLAGS_hf_config);
   o.params = absl::GetFlag(FLAGS_params);
+  o.approximate_as = absl::GetFlag(FLAGS_approximate_as);
   o.layers = absl::GetFlag(FLAGS_layers);
   o.hidden = absl::GetFlag(FLAGS_hidden);
   o.heads = absl::GetFlag(FLAGS_heads);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "planner/inventory.h"
 #include "planner/json.h"
 #include "planner/limits.h"
+#include "planner/model_family.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
 
@@ -120,27 +122,72 @@ absl::Status ReadSide(const JsonObject& config, absl::string_view key, int64_t* 
   return ReadInt(config, key, out);
 }
 
+// What a config.json of `family` leaves to its family, read into `spec`: the
+// FFN type from the activation, norm, positions, biases, qk-norm, dropout at
+// the family's sites with its defaults, the attention implementation and its
+// softmax's dtype. Planned as another type's family (`approximated`), an
+// activation that family's MLP does not model is planned as its default, and
+// *substituted says so.
+absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& family, bool approximated,
+                              ModelSpec* spec, std::string* substituted) {
+  std::string act(family.default_activation), attn;
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, family.activation_key, &act));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_attn_implementation", &attn));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "attn_implementation", &attn));
+  std::optional<FfnType> ffn = FfnTypeFor(family, act);
+  if (!ffn && !approximated) {
+    return config.Error(family.activation_key,
+                        absl::StrCat(QuoteInput(act), " is not modelled in ", family.model_type, "'s MLP; use ",
+                                     ModelledActivations(family)));
+  }
+  if (!ffn) {
+    *substituted = absl::StrCat(family.activation_key, " ", QuoteInput(act), " planned as ", family.default_activation);
+    ffn = FfnTypeFor(family, family.default_activation);
+  }
+  spec->set_ffn_type(*ffn);
+  if (!family.vision) {  // a ViT has no token embedding to tie
+    bool tied = family.tie_word_embeddings;
+    ZPLAN_RETURN_IF_ERROR(ReadBool(config, "tie_word_embeddings", &tied));
+    spec->set_tie_word_embeddings(tied);
+  }
+  spec->set_norm_type(family.norm);
+  spec->set_position_embedding(family.position);
+  bool qkv_bias = family.qkv_bias, mlp_bias = family.mlp_bias;
+  if (!family.qkv_bias_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadBool(config, family.qkv_bias_key, &qkv_bias));
+  if (!family.mlp_bias_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadBool(config, family.mlp_bias_key, &mlp_bias));
+  spec->set_attention_qkv_bias(qkv_bias);
+  spec->set_attention_out_bias(family.out_bias == OutProjectionBias::kAlways ||
+                               (family.out_bias == OutProjectionBias::kAsQkv && qkv_bias));
+  spec->set_mlp_bias(mlp_bias);
+  spec->set_qk_norm(family.qk_norm);
+  spec->set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
+  spec->set_eager_softmax_in_working_dtype(family.eager_softmax_in_working_dtype);
+  struct Site {
+    const DropoutSite& site;
+    void (ModelSpec::*set)(double);
+  };
+  for (const Site& s : {Site{family.attention_dropout, &ModelSpec::set_attention_dropout},
+                        Site{family.residual_dropout, &ModelSpec::set_residual_dropout},
+                        Site{family.embedding_dropout, &ModelSpec::set_embedding_dropout}}) {
+    double p = s.site.default_p;
+    if (!s.site.key.empty()) ZPLAN_RETURN_IF_ERROR(ReadDouble(config, s.site.key, &p));
+    (spec->*s.set)(p);
+  }
+  return absl::OkStatus();
+}
+
 // transformers' ViTConfig (models/vit/configuration_vit.py) with its
 // defaults, for ViTForImageClassification.
-absl::StatusOr<ModelSpec> VitSpecFromHfConfig(const JsonObject& config, absl::string_view source) {
+absl::StatusOr<ModelSpec> VitSpecFromHfConfig(const JsonObject& config, const ModelFamily& family,
+                                              bool approximated, ModelSpec spec, std::string* substituted) {
   int64_t layers = 12, hidden = 768, heads = 12, ffn = 3072, image = 224, patch = 16, channels = 3;
-  std::string act = "gelu", attn, name;
-  double hidden_dropout = 0, attention_dropout = 0;
-  bool qkv_bias = true;
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_hidden_layers", &layers));
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "hidden_size", &hidden));
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_attention_heads", &heads));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "intermediate_size", &ffn));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, family.ffn_key, &ffn));
   ZPLAN_RETURN_IF_ERROR(ReadSide(config, "image_size", &image));
   ZPLAN_RETURN_IF_ERROR(ReadSide(config, "patch_size", &patch));
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_channels", &channels));
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "hidden_act", &act));
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_attn_implementation", &attn));
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "attn_implementation", &attn));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "hidden_dropout_prob", &hidden_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "attention_probs_dropout_prob", &attention_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "qkv_bias", &qkv_bias));
   // PretrainedConfig: num_labels, else as many as id2label names, else 2.
   int64_t labels = 2;
   if (const google::protobuf::Value* id2label = config.Find("id2label");
@@ -148,36 +195,16 @@ absl::StatusOr<ModelSpec> VitSpecFromHfConfig(const JsonObject& config, absl::st
     labels = id2label->struct_value().fields_size();
   }
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_labels", &labels));
-  // One GELU op (exact or tanh) keeps its input; NewGELUActivation more.
-  if (act != "gelu" && act != "gelu_pytorch_tanh" && act != "gelu_new") {
-    return config.Error("hidden_act", absl::StrCat(QuoteInput(act), " is not modelled for a ViT; use \"gelu\", "
-                                                   "\"gelu_pytorch_tanh\" or \"gelu_new\""));
-  }
-  ModelSpec spec;
-  spec.set_name(name.empty() ? std::string(source) : name);
+  ZPLAN_RETURN_IF_ERROR(ReadFamilyFields(config, family, approximated, &spec, substituted));
   spec.set_num_layers(layers);
   spec.set_hidden_size(hidden);
   spec.set_num_attention_heads(heads);
   spec.set_ffn_hidden_size(ffn);
-  spec.set_ffn_type(act == "gelu_new" ? FFN_GELU_NEW : FFN_GELU);
-  spec.set_norm_type(NORM_LAYERNORM);
-  spec.set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
-  spec.set_attention_qkv_bias(qkv_bias);
-  spec.set_attention_out_bias(true);
-  spec.set_mlp_bias(true);
-  // ViTLayer's dropout after attention and after the MLP, and ViTEmbeddings'.
-  spec.set_residual_dropout(hidden_dropout);
-  spec.set_embedding_dropout(hidden_dropout);
-  spec.set_attention_dropout(attention_dropout);
   VisionSpec& vision = *spec.mutable_vision();
   vision.set_image_size(image);
   vision.set_patch_size(patch);
   vision.set_num_channels(channels);
   vision.set_num_labels(labels);
-  spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"vit\", ViTForImageClassification)"));
-  spec = ResolveModelSpec(std::move(spec));
-  absl::Status valid = ValidateModelSpec(spec);
-  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
   return spec;
 }
 
@@ -231,7 +258,8 @@ absl::StatusOr<ModelSpec> LoadPreset(absl::string_view name) {
   return spec;
 }
 
-absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source) {
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source,
+                                                absl::string_view approximate_as) {
   ZPLAN_ASSIGN_OR_RETURN(const JsonObject config, ParseJsonObject(text, source));
   for (absl::string_view moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
     int64_t experts = 0;
@@ -240,113 +268,92 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::st
       return config.Error(moe_key, "mixture-of-experts models are not supported; plan a dense model");
     }
   }
-  std::string model_type, name, act, attn;
+  std::string model_type, name;
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "model_type", &model_type));
-  if (model_type == "vit") return VitSpecFromHfConfig(config, source);
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
-  // The activation and attention keys under their legacy names first.
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "activation_function", &act));
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "hidden_act", &act));
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_attn_implementation", &attn));
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "attn_implementation", &attn));
   // Multimodal configs (Llava, Qwen2-VL, Gemma 3, ...) nest the language model.
   if (config.Find("text_config") != nullptr && config.Find("num_hidden_layers") == nullptr) {
     return config.Error("text_config", absl::StrCat("a multimodal config (model_type ", QuoteInput(model_type),
                                                     "): zplan plans its language model only; save text_config "
                                                     "as its own config.json and pass that"));
   }
+  // The family: the model_type's own, or the one it is approximated as.
+  const ModelFamily* family = FindModelFamily(model_type);
+  const bool approximated = !approximate_as.empty();
+  if (approximated) {
+    if (family != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--approximate-as: ", source, " is model_type ",
+                                                     QuoteInput(model_type), ", which zplan plans as itself; drop "
+                                                     "--approximate-as"));
+    }
+    family = FindModelFamily(approximate_as);
+    if (family == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--approximate-as: ", QuoteInput(approximate_as),
+                                                     " is not a model family; use one of ", SupportedModelTypes()));
+    }
+  } else if (family == nullptr) {
+    return config.Error("model_type", absl::StrCat(
+        model_type.empty() ? "missing" : absl::StrCat(QuoteInput(model_type), " is not supported"),
+        "; zplan plans ", SupportedModelTypes(), ". Planning it as one of those is an unvalidated approximation: "
+        "to accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
+  }
   ModelSpec spec;
   spec.set_name(name.empty() ? std::string(source) : name);
-  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
-  int64_t positions = 0;
-  // GPT-2 legacy names first; the modern names override when both exist.
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_layer", &layers));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_embd", &hidden));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_head", &heads));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_inner", &ffn));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_positions", &positions));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_hidden_layers", &layers));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "hidden_size", &hidden));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_attention_heads", &heads));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_key_value_heads", &kv_heads));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "head_dim", &head_dim));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "intermediate_size", &ffn));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "vocab_size", &vocab));
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "max_position_embeddings", &positions));
-  for (const auto& [key, legacy] : {std::pair{"num_hidden_layers", "n_layer"}, std::pair{"hidden_size", "n_embd"},
-                                    std::pair{"num_attention_heads", "n_head"}, std::pair{"vocab_size", ""}}) {
-    if (config.Find(key) == nullptr && (*legacy == '\0' || config.Find(legacy) == nullptr)) {
-      return config.Error(key, absl::StrCat("missing; zplan plans decoder language models from a transformers "
-                                            "config.json, which has it (model_type ", QuoteInput(model_type), ")"));
+  std::string substituted;  // an activation the approximating family does not model
+  if (family->vision) {
+    ZPLAN_ASSIGN_OR_RETURN(spec, VitSpecFromHfConfig(config, *family, approximated, std::move(spec), &substituted));
+  } else {
+    int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = family->default_head_dim, ffn = 0,
+            vocab = 0, positions = 0;
+    // GPT-2's own names first; the modern names override when both exist.
+    if (family->gpt2_key_names) {
+      ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_layer", &layers));
+      ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_embd", &hidden));
+      ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_head", &heads));
+      ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_positions", &positions));
     }
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_hidden_layers", &layers));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "hidden_size", &hidden));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_attention_heads", &heads));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_key_value_heads", &kv_heads));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "head_dim", &head_dim));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, family->ffn_key, &ffn));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "vocab_size", &vocab));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "max_position_embeddings", &positions));
+    for (const auto& [key, legacy] : {std::pair{"num_hidden_layers", "n_layer"}, std::pair{"hidden_size", "n_embd"},
+                                      std::pair{"num_attention_heads", "n_head"}, std::pair{"vocab_size", ""}}) {
+      const bool legacy_given = family->gpt2_key_names && *legacy != '\0' && config.Find(legacy) != nullptr;
+      if (config.Find(key) == nullptr && !legacy_given) {
+        return config.Error(key, absl::StrCat("missing; zplan plans decoder language models from a transformers "
+                                              "config.json, which has it (model_type ", QuoteInput(model_type), ")"));
+      }
+    }
+    if (ffn == 0) ffn = family->ffn_default_multiple * hidden;  // GPT-2's n_inner: null means 4 * n_embd
+    spec.set_num_layers(layers);
+    spec.set_hidden_size(hidden);
+    spec.set_num_attention_heads(heads);
+    spec.set_num_kv_heads(kv_heads);
+    spec.set_head_dim(head_dim);
+    spec.set_ffn_hidden_size(ffn);
+    spec.set_vocab_size(vocab);
+    ZPLAN_RETURN_IF_ERROR(ReadFamilyFields(config, *family, approximated, &spec, &substituted));
+    if (family->position == POSITION_LEARNED) spec.set_max_position_embeddings(positions);
   }
-
-  const bool gpt2 = model_type == "gpt2" || config.Find("n_embd") != nullptr;
-  const bool qwen1 = model_type == "qwen";  // first-generation Qwen
-  const bool gated = !gpt2 && (act.empty() || act == "silu" || act == "swish" || act == "swiglu" ||
-                               model_type == "gemma" || model_type == "gemma2");
-  // GPT-2's activation_function defaults to "gelu_new".
-  const bool gelu_new = act == "gelu_new" || (gpt2 && act.empty());
-  spec.set_ffn_type(gated ? FFN_SWIGLU : gelu_new ? FFN_GELU_NEW : FFN_GELU);
-  if (gpt2 && ffn == 0) ffn = 4 * hidden;  // n_inner: null means 4 * n_embd
-  if (qwen1) ffn /= 2;                     // w1 and w2 each take half of intermediate_size
-  spec.set_num_layers(layers);
-  spec.set_hidden_size(hidden);
-  spec.set_num_attention_heads(heads);
-  spec.set_num_kv_heads(kv_heads);
-  spec.set_head_dim(head_dim);
-  spec.set_ffn_hidden_size(ffn);
-  spec.set_vocab_size(vocab);
-
-  // transformers' PretrainedConfig defaults tie_word_embeddings to true; the
-  // Llama/Mistral/Qwen configs override it to false.
-  static const std::set<std::string> kUntiedByDefault = {"llama", "mistral", "qwen2", "qwen3",
-                                                          "qwen", "mixtral", "phi3", "granite"};
-  bool tied = kUntiedByDefault.count(model_type) == 0;
-  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "tie_word_embeddings", &tied));
-  spec.set_tie_word_embeddings(tied);
-
-  const bool layernorm = gpt2 || config.Find("layer_norm_eps") != nullptr ||
-                         config.Find("layer_norm_epsilon") != nullptr;
-  spec.set_norm_type(layernorm && config.Find("rms_norm_eps") == nullptr ? NORM_LAYERNORM
-                                                                          : NORM_RMSNORM);
-  spec.set_position_embedding(gpt2 ? POSITION_LEARNED : POSITION_ROPE);
-  if (gpt2) spec.set_max_position_embeddings(positions);
-
-  bool qkv_bias = gpt2 || model_type == "qwen2" || qwen1;
-  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "attention_bias", &qkv_bias));
-  bool mlp_bias = gpt2;
-  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "mlp_bias", &mlp_bias));
-  spec.set_attention_qkv_bias(qkv_bias);
-  // Llama's attention_bias covers o_proj too; Qwen2 biases only q, k, v.
-  spec.set_attention_out_bias(gpt2 || (qkv_bias && model_type == "llama"));
-  spec.set_mlp_bias(mlp_bias);
-  spec.set_qk_norm(model_type == "qwen3");
-
-  spec.set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
-  spec.set_eager_softmax_in_working_dtype(gpt2);
-  // Dropout sites under their transformers names (GPT-2/Phi-3 legacy first);
-  // GPT2Config defaults all three to 0.1, the Llama, Mistral and Qwen
-  // configs have only attention_dropout (0.0).
-  const double default_dropout = gpt2 ? 0.1 : 0.0;
-  double attention_dropout = default_dropout, residual_dropout = default_dropout, embedding_dropout = default_dropout;
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "attn_pdrop", &attention_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "attention_dropout", &attention_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "resid_pdrop", &residual_dropout));
-  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "embd_pdrop", &embedding_dropout));
-  spec.set_attention_dropout(attention_dropout);
-  spec.set_residual_dropout(residual_dropout);
-  spec.set_embedding_dropout(embedding_dropout);
-  spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"", model_type, "\")"));
+  spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"", model_type, "\"",
+                               family->vision ? ", ViTForImageClassification" : "",
+                               approximated ? absl::StrCat(", planned as ", family->model_type) : "",
+                               substituted.empty() ? "" : absl::StrCat("; ", substituted), ")"));
+  spec.set_model_type(model_type);
+  if (approximated) spec.set_unvalidated_approximation(ApproximationNote(model_type, family->model_type));
   spec = ResolveModelSpec(std::move(spec));
   absl::Status valid = ValidateModelSpec(spec);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
   return spec;
 }
 
-absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path) {
+absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path, absl::string_view approximate_as) {
   ZPLAN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  return ModelSpecFromHfConfig(text, path);
+  return ModelSpecFromHfConfig(text, path, approximate_as);
 }
 
 absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params) {
@@ -490,6 +497,12 @@ absl::Status LoadLoraConfig(const std::string& path, ModelSpec* spec) {
   return ApplyLoraConfig(text, path, spec);
 }
 
+std::string ModelOriginLine(const ModelSpec& spec) {
+  if (!spec.unvalidated_approximation().empty()) return spec.unvalidated_approximation();
+  if (!spec.model_type().empty()) return "";
+  return absl::StrCat("model: ", spec.source().empty() ? spec.name() : spec.source());
+}
+
 ModelSpec ResolveModelSpec(ModelSpec spec) {
   if (spec.num_kv_heads() == 0) spec.set_num_kv_heads(spec.num_attention_heads());
   // Left unset when heads do not divide hidden, so validation can say so.
@@ -526,6 +539,15 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   ZPLAN_RETURN_IF_ERROR(CheckRange("model.head_dim", spec.head_dim(), 0, kMaxHeadDim, "0 = hidden_size / heads"));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.name (_name_or_path)", spec.name()));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.source", spec.source()));
+  ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.model_type", spec.model_type()));
+  ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.unvalidated_approximation", spec.unvalidated_approximation()));
+  if (!spec.model_type().empty() && FindModelFamily(spec.model_type()) == nullptr &&
+      spec.unvalidated_approximation().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.model_type: ", QuoteInput(spec.model_type()), " is not supported (zplan plans ", SupportedModelTypes(),
+        "), and model.unvalidated_approximation does not say it was planned as one of them; plan its config.json "
+        "with zplan --approximate-as FAMILY, or leave model_type empty for a shape given directly"));
+  }
   if (spec.head_dim() == 0 && spec.hidden_size() % spec.num_attention_heads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.num_attention_heads: ", spec.num_attention_heads(), " heads do not divide hidden_size ",

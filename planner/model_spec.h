@@ -3,12 +3,21 @@
 // a bare parameter count; and the checks every spec passes before planning.
 //
 // Presets live in configs/models/*.textproto and are compiled into the binary.
-// Every spec carries `source`, the assumptions behind its shape.
+// Every spec carries `source`, the assumptions behind its shape, and
+// `model_type`, the transformers model type whose family (model_family.h)
+// it is a shape of: set from the config.json, and in each preset. A preset
+// is a shape of one family (qwen-14b, first-generation Qwen, which has no
+// family any more, records that it is planned as qwen2); --params' standard
+// shape and a ModelSpec file without model_type have none, so their plans
+// say where the shape came from instead (source).
 //
 // Rejections (kInvalidArgument, one line naming the field and the fix):
 // unknown preset (the message lists the presets), non-positive sizes, heads
 // that do not divide hidden (without an explicit head_dim), kv heads that do
-// not divide heads, MoE configs, malformed JSON (with its line).
+// not divide heads, MoE configs, multimodal configs, a config.json whose
+// model_type has no family (the message lists the supported ones and names
+// --approximate-as), a spec whose model_type has none and that does not say
+// it is an unvalidated approximation, malformed JSON (with its line).
 //
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(ModelSpec spec, LoadPreset("llama3-8b"));
@@ -33,11 +42,18 @@ std::vector<std::string> PresetNames();
 // A validated, resolved preset.
 absl::StatusOr<ModelSpec> LoadPreset(absl::string_view name);
 
-// Reads a Hugging Face config.json (Llama/Mistral/Qwen2/Qwen3/GPT-2/Qwen
-// key names, GQA, explicit head_dim, tied embeddings) from its `text`.
-// Errors read "<source>: <key>: <what>" (planner/json.h).
-absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source);
-absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path);
+// Reads a transformers config.json from its `text` through the family of its
+// model_type (model_family.h: the keys it uses and the defaults of those it
+// leaves out). A model_type without a family is refused, unless
+// `approximate_as` names a family to plan it as: then the spec keeps the
+// config's model_type and records ApproximationNote in
+// unvalidated_approximation (an activation that family's MLP does not model
+// is planned as the family's default, and `source` says so).
+// `approximate_as` with a supported model_type, or naming no family, is
+// refused too. Errors read "<source>: <key>: <what>" (planner/json.h).
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source,
+                                                absl::string_view approximate_as = "");
+absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path, absl::string_view approximate_as = "");
 
 // A standard shape for a bare parameter count, by this rule:
 //   GPT-3-style blocks (LayerNorm, GELU MLP of 4h, MHA with 128-wide heads,
@@ -77,7 +93,14 @@ absl::Status LoadLoraConfig(const std::string& path, ModelSpec* spec);
 ModelSpec ResolveModelSpec(ModelSpec spec);
 
 // Checks a resolved spec; messages name the field (e.g. "model.num_kv_heads").
+// A model_type without a family needs unvalidated_approximation.
 absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+// The line zplan's text output prints about where the model came from, or ""
+// when there is nothing to add: the unvalidated approximation when there is
+// one; for a spec without model_type (--params' standard shape, a ModelSpec
+// file), "model: " and its source (or name).
+std::string ModelOriginLine(const ModelSpec& spec);
 
 }  // namespace zplan
 

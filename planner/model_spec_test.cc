@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
@@ -126,7 +127,7 @@ TEST(ModelSpecTest, DropoutDefaultsFollowTransformersConfigs) {
 
 TEST(ModelSpecTest, RejectsHeadsNotDividingHidden) {
   absl::Status status = FromJson(
-      R"({"hidden_size": 1000, "num_hidden_layers": 2, "num_attention_heads": 3,
+      R"({"model_type": "llama", "hidden_size": 1000, "num_hidden_layers": 2, "num_attention_heads": 3,
           "intermediate_size": 4000, "vocab_size": 100})");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("num_attention_heads"), std::string::npos) << status;
@@ -134,20 +135,20 @@ TEST(ModelSpecTest, RejectsHeadsNotDividingHidden) {
 
 TEST(ModelSpecTest, RejectsKvHeadsNotDividingHeads) {
   absl::Status status = FromJson(
-      R"({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
+      R"({"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
           "num_key_value_heads": 6, "intermediate_size": 4000, "vocab_size": 100})");
   EXPECT_NE(status.message().find("num_kv_heads"), std::string::npos) << status;
 }
 
 TEST(ModelSpecTest, RejectsNonPositiveSizes) {
   absl::Status status = FromJson(
-      R"({"hidden_size": 1024, "num_hidden_layers": 0, "num_attention_heads": 16,
+      R"({"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 0, "num_attention_heads": 16,
           "intermediate_size": 4000, "vocab_size": 100})");
   EXPECT_NE(status.message().find("num_layers"), std::string::npos) << status;
 }
 
 TEST(ModelSpecTest, RejectsWrongTypeNamingKey) {
-  absl::Status status = FromJson("{\n  \"hidden_size\": 1024,\n  \"num_hidden_layers\": \"two\"\n}");
+  absl::Status status = FromJson("{\n  \"model_type\": \"llama\",\n  \"num_hidden_layers\": \"two\"\n}");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(status.message()), "config.json: num_hidden_layers: expected an integer, got string \"two\"");
 }
@@ -164,6 +165,115 @@ TEST(ModelSpecTest, RejectsMixtureOfExperts) {
       R"({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
           "intermediate_size": 4000, "vocab_size": 100, "num_local_experts": 8})");
   EXPECT_NE(status.message().find("mixture-of-experts"), std::string::npos) << status;
+}
+
+// A model_type without a family (model_family.h) is refused: the message
+// names the field, the value, the supported types and the flag that plans it
+// anyway. First-generation "qwen" is one of them.
+TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
+  for (const char* type : {"lfm2", "bert", "gemma2", "phi3", "qwen", "olmo2", "granite"}) {
+    const absl::Status status = FromJson(absl::StrCat(R"({"model_type": ")", type, R"(", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})"));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
+    EXPECT_EQ(std::string(status.message()),
+              absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
+                           "qwen2, qwen3, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
+  }
+  const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 100})");
+  EXPECT_NE(missing.message().find("config.json: model_type: missing; zplan plans llama, mistral"),
+            std::string::npos) << missing;
+}
+
+constexpr char kGemma2[] = R"({"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
+    "vocab_size": 100, "hidden_act": "gelu_pytorch_tanh", "attention_bias": false})";
+
+TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
+  auto spec = ModelSpecFromHfConfig(kGemma2, "gemma2.json", "llama");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model_type(), "gemma2");
+  EXPECT_EQ(spec->unvalidated_approximation(),
+            "model_type \"gemma2\" planned as llama: an unvalidated approximation, nothing about \"gemma2\" was "
+            "checked");
+  EXPECT_EQ(ModelOriginLine(*spec), spec->unvalidated_approximation());
+  // Llama's family: untied by default, gated MLP (the activation it does not model planned as SiLU).
+  EXPECT_FALSE(spec->tie_word_embeddings());
+  EXPECT_EQ(spec->ffn_type(), FFN_SWIGLU);
+  EXPECT_EQ(spec->source(), "Hugging Face config gemma2.json (model_type \"gemma2\", planned as llama; hidden_act "
+                            "\"gelu_pytorch_tanh\" planned as silu)");
+  EXPECT_TRUE(ValidateModelSpec(*spec).ok());
+  // The plan's spec without its note is refused (zrun reads plans through ValidateModelSpec).
+  ModelSpec unmarked = *spec;
+  unmarked.clear_unvalidated_approximation();
+  const absl::Status status = ValidateModelSpec(unmarked);
+  EXPECT_NE(status.message().find("model.model_type: \"gemma2\" is not supported (zplan plans llama, mistral, qwen2, "
+                                  "qwen3, gpt2, vit)"),
+            std::string::npos)
+      << status;
+  // A supported type is planned as itself; a family must exist.
+  const absl::Status own = ModelSpecFromHfConfig(R"({"model_type": "qwen2"})", "qwen2.json", "llama").status();
+  EXPECT_NE(own.message().find("--approximate-as: qwen2.json is model_type \"qwen2\", which zplan plans as itself"),
+            std::string::npos)
+      << own;
+  const absl::Status unknown = ModelSpecFromHfConfig(kGemma2, "gemma2.json", "gemma").status();
+  EXPECT_NE(unknown.message().find("--approximate-as: \"gemma\" is not a model family; use one of llama, "),
+            std::string::npos)
+      << unknown;
+  // Without the flag, the same config is refused; MoE stays refused with it.
+  EXPECT_NE(FromJson(kGemma2).message().find("model_type: \"gemma2\" is not supported"), std::string::npos);
+  const absl::Status moe = ModelSpecFromHfConfig(R"({"model_type": "mixtral", "num_local_experts": 8})", "m.json",
+                                                 "mistral").status();
+  EXPECT_NE(moe.message().find("mixture-of-experts"), std::string::npos) << moe;
+}
+
+TEST(ModelSpecTest, EverySpecSaysItsModelTypeOrWhereItCameFrom) {
+  auto llama = LoadHfConfig("configs/hf/llama3-8b.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->model_type(), "llama");
+  EXPECT_EQ(ModelOriginLine(*llama), "");
+  auto preset = LoadPreset("qwen3-0.6b");
+  ASSERT_TRUE(preset.ok());
+  EXPECT_EQ(preset->model_type(), "qwen3");
+  auto qwen1 = LoadPreset("qwen-14b");
+  ASSERT_TRUE(qwen1.ok());
+  EXPECT_EQ(qwen1->model_type(), "qwen");
+  EXPECT_EQ(ModelOriginLine(*qwen1),
+            "model_type \"qwen\" planned as qwen2: an unvalidated approximation, nothing about \"qwen\" was checked");
+  auto params = ModelSpecForParams(7'500'000'000);
+  ASSERT_TRUE(params.ok());
+  EXPECT_EQ(params->model_type(), "");
+  EXPECT_EQ(ModelOriginLine(*params).rfind("model: standard shape for --params 7500000000: GPT-3-style blocks", 0),
+            0u)
+      << ModelOriginLine(*params);
+}
+
+// Each family's own quirks, read from its config class's keys only.
+TEST(ModelSpecTest, BiasesFollowEachFamilysModelingFile) {
+  const std::string dims = R"("hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 100, "attention_bias": true, "mlp_bias": true)";
+  auto read = [&](const std::string& type) { return SpecFromJson("{\"model_type\": \"" + type + "\", " + dims + "}"); };
+  auto llama = read("llama");  // attention_bias covers o_proj; mlp_bias the MLP
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_TRUE(llama->attention_qkv_bias() && llama->attention_out_bias() && llama->mlp_bias());
+  auto mistral = read("mistral");  // MistralAttention and MistralMLP: bias=False, keys ignored
+  ASSERT_TRUE(mistral.ok());
+  EXPECT_FALSE(mistral->attention_qkv_bias() || mistral->attention_out_bias() || mistral->mlp_bias());
+  auto qwen2 = read("qwen2");  // q, k, v always biased, o_proj never
+  ASSERT_TRUE(qwen2.ok());
+  EXPECT_TRUE(qwen2->attention_qkv_bias());
+  EXPECT_FALSE(qwen2->attention_out_bias() || qwen2->mlp_bias());
+  auto qwen3 = read("qwen3");  // attention_bias on q, k, v and o; head_dim 128 by default
+  ASSERT_TRUE(qwen3.ok());
+  EXPECT_TRUE(qwen3->attention_qkv_bias() && qwen3->attention_out_bias());
+  EXPECT_FALSE(qwen3->mlp_bias());
+  EXPECT_EQ(qwen3->head_dim(), 128);
+  const absl::Status gelu = FromJson(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "hidden_act": "gelu"})");
+  EXPECT_NE(gelu.message().find("hidden_act: \"gelu\" is not modelled in llama's MLP; use \"silu\" or \"swish\""),
+            std::string::npos)
+      << gelu;
 }
 
 TEST(ModelSpecTest, MissingHfConfigIsNotFound) {

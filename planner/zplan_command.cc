@@ -89,7 +89,12 @@ absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
   if (given > 1) {
     return absl::InvalidArgumentError("--model, --hf-config and --params are alternatives; give one");
   }
-  if (!o.hf_config.empty()) return LoadHfConfig(o.hf_config);
+  if (!o.approximate_as.empty() && o.hf_config.empty()) {
+    return absl::InvalidArgumentError(
+        "--approximate-as: only with --hf-config (it plans a config.json of a model_type zplan does not support as "
+        "the family named)");
+  }
+  if (!o.hf_config.empty()) return LoadHfConfig(o.hf_config, o.approximate_as);
   if (!o.params.empty()) {
     ZPLAN_ASSIGN_OR_RETURN(int64_t params, ParseInt("params", o.params, 1, kMaxParameters));
     return ModelSpecForParams(params);
@@ -194,6 +199,8 @@ struct Resolved {
   bool stage_given = false;
   std::vector<int64_t> stages, micro_batches, seqs;
   int64_t budget_bytes = 0;
+  // --budget-gib or --host-ram-gib: a plan that does not fit is kExitBudget.
+  bool budget_given = false;
 };
 
 absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
@@ -215,6 +222,7 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
   if (!o.budget_gib.empty()) {
     ZPLAN_ASSIGN_OR_RETURN(r.budget_bytes, ParseGiB("budget-gib", o.budget_gib));
   }
+  r.budget_given = !o.budget_gib.empty() || !o.host_ram_gib.empty();
   if (!o.ds_config.empty()) {
     ZPLAN_RETURN_IF_ERROR(ApplyDeepSpeedConfigFile(o.ds_config, r.model, &c));
     r.stage_given = true;  // a DeepSpeed config always has a stage (default 0)
@@ -318,16 +326,19 @@ std::string Header(const Plan& plan) {
     }
   }
   if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) absl::StrAppend(&checkpointing, ", Liger fused loss");
+  // An unvalidated approximation, or where a shape without a model_type came from, on its own line.
+  const std::string origin = ModelOriginLine(plan.model());
   return absl::StrFormat(
       "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
-      "       %d node(s) x %d x %s (%s)\n",
+      "       %d node(s) x %d x %s (%s)\n%s",
       plan.model().name(), params, c.seq_length(), c.micro_batch_size(),
       c.gradient_accumulation_steps(), precision,
       plan.model().attention_impl() == ATTENTION_EAGER ? "eager" : "SDPA",
       checkpointing, c.cluster().num_nodes(),
       c.cluster().gpus_per_node(), plan.gpu().name(),
       plan.gpu().capacity_bytes() > 0 ? absl::StrCat(FormatCount(plan.gpu().capacity_bytes() / kMiB), " MiB")
-                                      : std::string("host RAM"));
+                                      : std::string("host RAM"),
+      origin.empty() ? "" : absl::StrCat(origin, "\n"));
 }
 
 // The row users should pick: least communication and offload that fits.
@@ -459,11 +470,44 @@ RunConfig WithStage(RunConfig config, int64_t stage) {
   return config;
 }
 
-absl::Status RunSweep(const Resolved& r, std::ostream& out) {
+// The budget flags given, for messages: "--budget-gib 0.5 and --host-ram-gib 64".
+std::string BudgetFlags(const ZplanOptions& o) {
+  std::vector<std::string> flags;
+  if (!o.budget_gib.empty()) flags.push_back(absl::StrCat("--budget-gib ", o.budget_gib));
+  if (!o.host_ram_gib.empty()) flags.push_back(absl::StrCat("--host-ram-gib ", o.host_ram_gib));
+  return absl::StrJoin(flags, " and ");
+}
+
+// kResourceExhausted (exit kExitBudget) for a plan that breaks the budget it
+// was given, naming what is over; OK otherwise, and without a budget flag.
+absl::Status BudgetStatus(const Resolved& r, const Plan& plan, const ZplanOptions& o) {
+  if (!r.budget_given || plan.fits()) return absl::OkStatus();
+  std::vector<std::string> over;
+  if (plan.device_margin_bytes() < 0) {
+    over.push_back(absl::StrCat("the device peak per rank, ", FormatBytes(plan.device_per_rank().peak_bytes()),
+                                ", is over the ", FormatBytes(plan.budget().device_bytes_per_rank()), " budget"));
+  }
+  if (plan.host_margin_bytes() < 0) {
+    over.push_back(absl::StrCat("host memory per node is ", FormatBytes(-plan.host_margin_bytes()), " over the ",
+                                FormatBytes(plan.budget().host_bytes_per_node()), " budget"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("does not fit (", BudgetFlags(o), "): ", absl::StrJoin(over, "; "),
+                                                   o.out.empty() ? "" : absl::StrCat("; the plan is in ", o.out)));
+}
+
+// For the modes that plan many configurations: kResourceExhausted when a
+// budget was given and none of them fits it.
+absl::Status NothingFitsStatus(const Resolved& r, bool any_fits, absl::string_view what, const ZplanOptions& o) {
+  if (!r.budget_given || any_fits) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("no ", what, " fits (", BudgetFlags(o), ")"));
+}
+
+absl::Status RunSweep(const Resolved& r, const ZplanOptions& o, std::ostream& out) {
   ZPLAN_ASSIGN_OR_RETURN(Plan first, BuildPlan(r.model, r.config, {.record_timeline = false}));
   out << Header(first) << "\n";
   out << absl::StrFormat("%-6s  %-12s  %-5s  %-17s  %12s  %-4s  %s\n", "seq", "micro-batch", "stage",
                          "offload", "GPU peak GiB", "fits", "peak at");
+  bool any_fits = false;
   for (int64_t seq : r.seqs) {
     for (int64_t b : r.micro_batches) {
       for (int64_t stage : r.stages) {
@@ -472,6 +516,7 @@ absl::Status RunSweep(const Resolved& r, std::ostream& out) {
         c.set_micro_batch_size(b);
         PlanOptions options{.record_timeline = false, .device_budget_bytes = r.budget_bytes};
         ZPLAN_ASSIGN_OR_RETURN(Plan p, BuildPlan(r.model, c, options));
+        any_fits |= p.fits();
         const ZeroConfig& z = p.config().zero();
         out << absl::StrFormat("%-6d  %-12d  %-5d  %-17s  %12s  %-4s  %s\n", seq, b, stage,
                                OffloadLabel(z.offload_optimizer() == OFFLOAD_CPU, z.offload_param() == OFFLOAD_CPU),
@@ -480,10 +525,10 @@ absl::Status RunSweep(const Resolved& r, std::ostream& out) {
       }
     }
   }
-  return absl::OkStatus();
+  return NothingFitsStatus(r, any_fits, "row of the sweep", o);
 }
 
-absl::Status RunMaxBatch(const Resolved& r, std::ostream& out) {
+absl::Status RunMaxBatch(const Resolved& r, const ZplanOptions& o, std::ostream& out) {
   std::vector<RunConfig> configs;
   if (r.stage_given) {
     configs.push_back(r.config);
@@ -495,15 +540,17 @@ absl::Status RunMaxBatch(const Resolved& r, std::ostream& out) {
   out << absl::StrFormat("%-5s  %-17s  %30s  %28s\n", "stage", "offload",
                          absl::StrCat("max micro-batch (seq ", ResolveRunConfig(r.config).seq_length(), ")"),
                          absl::StrCat("max seq (micro-batch ", ResolveRunConfig(r.config).micro_batch_size(), ")"));
+  bool any_fits = false;
   for (const RunConfig& c : configs) {
     ZPLAN_ASSIGN_OR_RETURN(int64_t batch, MaxMicroBatch(r.model, c, r.budget_bytes));
+    any_fits |= batch > 0;
     ZPLAN_ASSIGN_OR_RETURN(int64_t seq, MaxSeqLength(r.model, c, r.budget_bytes));
     out << absl::StrFormat("%-5d  %-17s  %30d  %28d\n", c.zero().stage(),
                            OffloadLabel(c.zero().offload_optimizer() == OFFLOAD_CPU,
                                         c.zero().offload_param() == OFFLOAD_CPU),
                            batch, seq);
   }
-  return absl::OkStatus();
+  return NothingFitsStatus(r, any_fits, "configuration with micro-batch 1", o);
 }
 
 }  // namespace
@@ -582,14 +629,15 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
     return o.plot.empty() ? absl::OkStatus() : WritePlot(o.plot, plan, measured);
   }
   ZPLAN_ASSIGN_OR_RETURN(Resolved r, Resolve(o));
-  if (o.command == "sweep") return RunSweep(r, out);
-  if (o.command == "max-batch") return RunMaxBatch(r, out);
+  if (o.command == "sweep") return RunSweep(r, o, out);
+  if (o.command == "max-batch") return RunMaxBatch(r, o, out);
 
   PlanOptions options{.record_timeline = true, .device_budget_bytes = r.budget_bytes};
   if (r.stage_given) {
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, BuildPlan(r.model, r.config, options));
     ZPLAN_RETURN_IF_ERROR(EmitPlan(plan, o, out));
-    return WriteOutputs(plan, o, measured);
+    ZPLAN_RETURN_IF_ERROR(WriteOutputs(plan, o, measured));
+    return BudgetStatus(r, plan, o);
   }
   if (o.format != "table") {
     return absl::InvalidArgumentError(
@@ -597,8 +645,15 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   }
   ZPLAN_ASSIGN_OR_RETURN(std::vector<GridRow> rows, StageGrid(r.model, r.config, options));
   PrintGrid(rows, out);
+  const int best = RecommendedRow(rows);
+  if (best < 0 && r.budget_given) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no row of the grid fits (", BudgetFlags(o), ")",
+        o.out.empty() && o.timeline.empty() && o.plot.empty()
+            ? ""
+            : "; nothing written: give --zero-stage to write a plan anyway"));
+  }
   if (!o.out.empty() || !o.timeline.empty() || !o.plot.empty()) {
-    const int best = RecommendedRow(rows);
     if (best < 0) {
       const char* flag = !o.out.empty() ? "--out" : !o.timeline.empty() ? "--timeline" : "--plot";
       return absl::FailedPreconditionError(absl::StrCat(

@@ -23,6 +23,12 @@
 // Every rejection is kInvalidArgument naming the flag or field; nothing is
 // written when planning fails.
 //
+// Budgets: with budget_gib or host_ram_gib given, a plan that does not fit
+// them is kResourceExhausted (cli.h's kExitBudget), returned after the text
+// is printed and --out / --timeline are written; in grid, sweep and
+// max-batch mode, when no row fits. Without them, "fits: NO" is a finding,
+// not an error (OK).
+//
 // Example:
 //   ZplanOptions o; o.model = "1b"; o.seq = "8192";
 //   ZPLAN_RETURN_IF_ERROR(RunZplan(o, std::cout));
@@ -44,6 +50,10 @@ struct ZplanOptions {
   std::string model;            // preset name, or a ModelSpec .textproto file
   std::string hf_config;        // path to a Hugging Face config.json
   std::string params;           // bare parameter count, e.g. "7.5e9"
+  // With hf_config: the family (model_family.h) to plan a config.json of an
+  // unsupported model_type as; the plan records it as an unvalidated
+  // approximation, and every text output prints that.
+  std::string approximate_as;
   // Explicit dimensions, applied on top of the model above (so
   // "--layers 48 --hidden 6144 ..." describes a new shape from the 1b preset).
   std::string layers, hidden, heads, kv_heads, head_dim, ffn, vocab;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "planner/cli.h"
 #include "planner/memory_model.h"
@@ -90,15 +91,72 @@ TEST(ZplanCommandTest, CpuRanksHonourAGivenDeviceBudget) {
   ASSERT_TRUE(RunCapture(o, &text).ok());
   EXPECT_EQ(text.find("fits CPU ranks"), std::string::npos) << "no capacity, no budget: nothing to judge\n" << text;
   o.budget_gib = "0.001";  // far below the plan's peak
-  ASSERT_TRUE(RunCapture(o, &text).ok());
+  absl::Status status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
   EXPECT_NE(text.find("fits CPU ranks"), std::string::npos) << text;
   EXPECT_NE(text.find(": NO (margin -"), std::string::npos) << text;
+  // The plan that breaks its budget is still written, and the exit code says so.
   o.out = TempPath("cpu_budget.pb");
-  ASSERT_TRUE(RunCapture(o).ok());
+  std::remove(o.out.c_str());
+  status = RunCapture(o);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "does not fit (--budget-gib 0.001): the device peak per rank, "))
+      << status;
+  EXPECT_TRUE(absl::EndsWith(status.message(), ", is over the 1.0 MiB budget; the plan is in " + o.out)) << status;
   auto plan = ReadProtoFile<Plan>(o.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->fits());
   EXPECT_LT(plan->device_margin_bytes(), 0);
+  o.budget_gib = "64";  // a budget it fits: exit 0
+  EXPECT_TRUE(RunCapture(o).ok());
+}
+
+// Grid, sweep and max-batch plan many configurations: with a budget given,
+// exit 3 when none fits it; without one, "none fits" is a finding (exit 0).
+TEST(ZplanCommandTest, NothingFittingTheGivenBudgetExitsWithTheBudgetCode) {
+  ZplanOptions o = Base();
+  std::string text;
+  o.budget_gib = "0.5";
+  absl::Status status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_EQ(std::string(status.message()), "no row of the grid fits (--budget-gib 0.5)");
+  EXPECT_NE(text.find("recommended: none fits"), std::string::npos) << text;
+  o.out = TempPath("grid_none.pb");
+  std::remove(o.out.c_str());
+  status = RunCapture(o);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_NE(status.message().find("nothing written: give --zero-stage"), std::string::npos) << status;
+  EXPECT_FALSE(Exists(o.out));
+  o.out.clear();
+  o.budget_gib = "70";  // some rows fit
+  EXPECT_TRUE(RunCapture(o).ok());
+  o.budget_gib.clear();
+  o.host_ram_gib = "1";  // every row builds the model in more host RAM than that
+  status = RunCapture(o);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_EQ(std::string(status.message()), "no row of the grid fits (--host-ram-gib 1)");
+  o.host_ram_gib.clear();
+  o.command = "sweep";
+  o.micro_batch = "2,4";
+  o.zero_stage = "2,3";
+  o.budget_gib = "1";
+  status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  EXPECT_EQ(std::string(status.message()), "no row of the sweep fits (--budget-gib 1)");
+  o.command = "max-batch";
+  o.micro_batch.clear();
+  o.zero_stage.clear();
+  status = RunCapture(o, &text);
+  EXPECT_EQ(ExitCodeFor(status), kExitBudget) << status;
+  o.budget_gib = "70";
+  EXPECT_TRUE(RunCapture(o, &text).ok()) << text;
+  // Without a budget flag, the GPU's capacity judges the fit but never the exit code.
+  o = Base();
+  o.seq = "262144";
+  o.zero_stage = "0";
+  ASSERT_TRUE(RunCapture(o, &text).ok());
+  EXPECT_NE(text.find(": NO (margin -"), std::string::npos) << text;
 }
 
 TEST(ZplanCommandTest, TimelineIsChromeTraceJson) {
@@ -225,7 +283,7 @@ TEST_P(ZplanRejectionTest, RejectsWithFieldAndWritesNothing) {
 void WriteBadHf(ZplanOptions* o) {
   o->model.clear();
   o->hf_config = TempPath("bad_heads.json");
-  (void)WriteFileAtomically(o->hf_config, R"({"hidden_size": 1000, "num_hidden_layers": 2,
+  (void)WriteFileAtomically(o->hf_config, R"({"model_type": "llama", "hidden_size": 1000, "num_hidden_layers": 2,
       "num_attention_heads": 3, "intermediate_size": 4000, "vocab_size": 100})");
 }
 
@@ -349,7 +407,7 @@ INSTANTIATE_TEST_SUITE_P(
                  R"({"model_type": "vit", "image_size": [1e300, 1e300]})"},
         BadInput{"vit_patches_too_many", Nothing, "model.vision: 4294967297 patch tokens is more than",
                  R"({"model_type": "vit", "image_size": 65536, "patch_size": 1})"},
-        BadInput{"vit_quick_gelu", Nothing, "hidden_act: \"quick_gelu\" is not modelled for a ViT",
+        BadInput{"vit_quick_gelu", Nothing, "hidden_act: \"quick_gelu\" is not modelled in vit's MLP; use \"gelu\"",
                  R"({"model_type": "vit", "hidden_act": "quick_gelu"})"},
         // --plot and --report: refused before any planning.
         BadInput{"plot_jpeg", [](ZplanOptions* o) { o->plot = TempPath("step.jpg"); },
@@ -540,6 +598,77 @@ TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {
   // The Llama-3-8B shape with the 1b preset's tied embeddings: 8.03B - 0.525B.
   EXPECT_NE(text.find("total_params: 7504924672"), std::string::npos);
   EXPECT_NE(text.find("head_dim: 128"), std::string::npos);
+}
+
+std::string SmallConfig(const std::string& model_type) {
+  return R"({"model_type": ")" + model_type + R"(", "hidden_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1000})";
+}
+
+// A config.json whose model_type has no family is refused, naming the field,
+// the value, the supported types and the flag; with --approximate-as it is
+// planned as that family, and the plan and every text output say so.
+TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximation) {
+  ZplanOptions o;
+  o.seq = "256";
+  o.zero_stage = "2";
+  for (const std::string type : {"lfm2", "bert", "gemma2"}) {
+    o.hf_config = TempPath(type + ".json");
+    ASSERT_TRUE(WriteFileAtomically(o.hf_config, SmallConfig(type)).ok());
+    o.out = TempPath(type + ".pb");
+    const absl::Status status = RunCapture(o);
+    EXPECT_EQ(ExitCodeFor(status), kExitBadInput) << status;
+    EXPECT_NE(status.message().find("model_type: \"" + type + "\" is not supported; zplan plans llama, mistral, "
+                                    "qwen2, qwen3, gpt2, vit. Planning it as one of those is an unvalidated "
+                                    "approximation: to accept that, add --approximate-as FAMILY"),
+              std::string::npos)
+        << status;
+    EXPECT_FALSE(Exists(o.out));
+  }
+  const std::string line =
+      "\nmodel_type \"gemma2\" planned as llama: an unvalidated approximation, nothing about \"gemma2\" was "
+      "checked\n";
+  o.approximate_as = "llama";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "breakdown\n" << text;
+  EXPECT_LT(text.find(line), text.find("component")) << "near the top\n" << text;
+  auto plan = ReadProtoFile<Plan>(o.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->model().model_type(), "gemma2");
+  EXPECT_EQ(plan->model().unvalidated_approximation(), line.substr(1, line.size() - 2));
+  ZplanOptions show;
+  show.command = "show";
+  show.plan_path = o.out;
+  ASSERT_TRUE(RunCapture(show, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "show\n" << text;
+  o.out.clear();
+  o.zero_stage.clear();
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "grid\n" << text;
+  o.command = "sweep";
+  o.micro_batch = "1,2";
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "sweep\n" << text;
+  o.command = "max-batch";
+  o.micro_batch.clear();
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find(line), std::string::npos) << "max-batch\n" << text;
+  // Only for a config.json.
+  ZplanOptions preset = Base();
+  preset.approximate_as = "llama";
+  EXPECT_NE(RunCapture(preset).message().find("--approximate-as: only with --hf-config"), std::string::npos);
+}
+
+// --params is no transformers model: its standard shape says so, as its source does.
+TEST(ZplanCommandTest, ParamsShapeSaysItIsAStandardShape) {
+  ZplanOptions o;
+  o.params = "7.5e9";
+  o.gpus = "64";
+  std::string text;
+  ASSERT_TRUE(RunCapture(o, &text).ok()) << text;
+  EXPECT_NE(text.find("\nmodel: standard shape for --params 7500000000: GPT-3-style blocks"), std::string::npos)
+      << text;
 }
 
 TEST(ZplanCommandTest, FailedRunLeavesExistingPlanUntouched) {

@@ -62,6 +62,40 @@ expect 2 "cut.pb: not a whole plan|cut.pb: not a binary" "$ZRUN" cut.pb
 expect 2 "empty.pb: not a whole plan" "$ZRUN" empty.pb
 expect 2 "empty.pb: not a whole plan" "$ZPLAN" show empty.pb
 
+# A budget given and broken: exit 3 (as zrun's), the plan still written; one that fits: exit 0.
+rm -f over.pb
+expect 3 "does not fit \(--budget-gib 0.001\): the device peak per rank" \
+  "$ZPLAN" --gpu cpu --model debug-tiny --gpus 1 --zero-stage 1 --seq 64 --budget-gib 0.001 --out over.pb
+[[ -s over.pb ]] && grep -q "fits CPU ranks.*: NO" out.txt && pass "over-budget plan written and printed" \
+  || fail "over-budget plan not written or printed"
+"$ZPLAN" --gpu cpu --model debug-tiny --gpus 1 --zero-stage 1 --seq 64 --budget-gib 1 --out fits.pb > /dev/null \
+  && pass "a plan within its budget exits 0" || fail "a plan within its budget: exit $?"
+expect 3 "no row of the grid fits \(--budget-gib 0.5\)" "$ZPLAN" --model 1b --seq 8192 --budget-gib 0.5
+grep -q "3 a budget given with --budget-gib" <("$ZPLAN" --help) || fail "zplan --help documents exit code 3"
+
+# A model_type without a family (issue 32): refused, naming the supported ones and the flag;
+# --approximate-as plans it, and zrun prints the plan's mark and trains it; the same plan
+# without the mark is refused.
+cat > gemma2.json <<'JSON'
+{"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
+ "hidden_act": "gelu_pytorch_tanh"}
+JSON
+expect 2 "gemma2.json: model_type: \"gemma2\" is not supported; zplan plans llama, mistral, qwen2, qwen3, gpt2, vit.*--approximate-as FAMILY" \
+  "$ZPLAN" --gpu cpu --hf-config gemma2.json --gpus 1 --zero-stage 0 --seq 32 --out g.pb
+[[ -e g.pb ]] && fail "a refused config.json wrote a plan"
+mark='model_type "gemma2" planned as llama: an unvalidated approximation, nothing about "gemma2" was checked'
+"$ZPLAN" --gpu cpu --hf-config gemma2.json --approximate-as llama --gpus 1 --zero-stage 0 --seq 32 --out g.pb \
+  > zplan.txt 2>&1 && grep -qxF "$mark" zplan.txt && pass "zplan --approximate-as marks the plan" \
+  || { cat zplan.txt; fail "zplan --approximate-as"; }
+"$ZRUN" g.pb --steps 2 --report g.json > zrun.txt 2>&1; rc=$?
+[[ $rc == 0 && $(head -1 zrun.txt) == "$mark" ]] && grep -q "verdict: pass" zrun.txt \
+  && pass "zrun prints the approximation and trains it" || { cat zrun.txt; fail "zrun on an approximation: exit $rc"; }
+"$ZPLAN" show g.pb --format textproto | grep -v '^  unvalidated_approximation: ' > unmarked.textproto
+rm -f report.pb
+expect 2 "unmarked.textproto: model.model_type: \"gemma2\" is not supported" "$ZRUN" unmarked.textproto --steps 1
+[[ -e report.pb ]] && fail "zrun trained a plan of an unsupported model_type"
+
 # kill -9 of the launcher (what a CI timeout does): its ranks end too.
 "$ZPLAN" --gpu cpu --model debug-tiny --gpus 2 --zero-stage 1 --seq 64 --out long.pb > /dev/null || fail "zplan long.pb"
 "$ZRUN" long.pb --steps 100000 --report long.json > long.out 2>&1 &

@@ -153,8 +153,7 @@ std::set<std::string> Mechanisms(const AccuracyCase& c, const Plan& plan) {
   if (model.has_lora()) m.insert("LoRA");
   if (model.has_lora() && !model.lora().modules_to_save().empty()) m.insert("LoRA's modules_to_save");
   if (model.has_vision()) m.insert("ViT");
-  if (model.position_embedding() == POSITION_LEARNED && !model.has_vision()) m.insert("learned positions (GPT-2)");
-  if (model.qk_norm()) m.insert("qk-norm (Qwen3)");
+  if (!model.model_type().empty()) m.insert(absl::StrCat("model_type ", model.model_type()));
   if (model.attention_impl() == ATTENTION_EAGER) m.insert("eager attention");
   if (model.attention_dropout() > 0 || model.residual_dropout() > 0) m.insert("dropout");
   const int64_t world = WorldSize(config);

@@ -1,0 +1,115 @@
+// File: model_family.h
+// The transformers model types zplan plans, as data: one ModelFamily per
+// config.json model_type -- llama, mistral, qwen2, qwen3, gpt2, vit -- holding
+// what that type's config class and modeling file give it: the keys its
+// config.json uses and the defaults of those it may leave out, the norm, the
+// MLP, which projections have biases, qk-norm, the position embedding, the
+// dropout sites, the dtype of eager attention's softmax, and the transformers
+// source (5.23.0, planner/version.h) it was read from. ModelSpecFromHfConfig
+// (model_spec.h) reads every config.json through its model_type's entry.
+//
+// Any other model_type (bert, gemma2, lfm2, phi3, first-generation qwen, ...)
+// is not supported: nothing here describes it. Planning it as one of these
+// families anyway is an unvalidated approximation; a plan that is one says so
+// in ModelSpec.unvalidated_approximation (ApproximationNote), which zplan and
+// zrun print.
+//
+// Example:
+//   const ModelFamily* qwen2 = FindModelFamily("qwen2");
+//   qwen2->qkv_bias;                   // true: Qwen2Attention's q/k/v always have one
+//   FindModelFamily("gemma2");         // nullptr
+//   ApproximationNote("gemma2", "llama");
+//     // model_type "gemma2" planned as llama: an unvalidated approximation, nothing about "gemma2" was checked
+#ifndef ZPLAN_PLANNER_MODEL_FAMILY_H_
+#define ZPLAN_PLANNER_MODEL_FAMILY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "proto/model.pb.h"
+
+namespace zplan {
+
+// How a family's MLP is built.
+enum class MlpKind {
+  kGated,  // down(act(gate(x)) * up(x)): LlamaMLP and its copies in Mistral, Qwen2, Qwen3
+  kPlain,  // fc2(act(fc1(x))): GPT2MLP, ViTIntermediate + ViTOutput
+};
+
+// Whether the attention output projection (o_proj, c_proj) has a bias.
+enum class OutProjectionBias {
+  kNever,   // bias=False whatever the config says
+  kAlways,  // bias=True (GPT-2's Conv1D, ViT's o_proj)
+  kAsQkv,   // the q/k/v bias's key covers it too (Llama's and Qwen3's attention_bias)
+};
+
+// A dropout site: the config key that sets its probability and the config
+// class's default. An empty key: the family has no such site (p = 0).
+struct DropoutSite {
+  absl::string_view key;
+  double default_p = 0;
+};
+
+struct ModelFamily {
+  absl::string_view model_type;  // config.json's model_type, e.g. "llama"
+  absl::string_view read_from;   // the transformers files (models/<type>/...) this entry restates
+  // ViTForImageClassification: an image model (VisionSpec, no vocabulary)
+  // whose image and patch sizes the ViT reader takes; the others are causal LMs.
+  bool vision = false;
+  // GPT2Config's names (its attribute_map): n_layer, n_embd, n_head,
+  // n_positions, each overridden by the modern name when both are given.
+  bool gpt2_key_names = false;
+  absl::string_view ffn_key;         // the FFN width: "intermediate_size", GPT-2's "n_inner"
+  int64_t ffn_default_multiple = 0;  // > 0: absent or null means this x hidden (GPT-2: 4); 0: required
+  int64_t default_head_dim = 0;      // head_dim when the config has none; 0: hidden / heads
+  bool tie_word_embeddings = false;  // the config class's default
+  NormType norm = NORM_TYPE_UNSPECIFIED;
+  MlpKind mlp = MlpKind::kGated;
+  absl::string_view activation_key;      // "hidden_act", GPT-2's "activation_function"
+  absl::string_view default_activation;  // the config class's default, e.g. "silu"
+  // The q/k/v bias: read from qkv_bias_key (qkv_bias when absent); an empty
+  // key means the modeling file fixes it to qkv_bias.
+  absl::string_view qkv_bias_key;
+  bool qkv_bias = false;
+  OutProjectionBias out_bias = OutProjectionBias::kNever;
+  absl::string_view mlp_bias_key;  // as qkv_bias_key, for every MLP projection
+  bool mlp_bias = false;
+  bool qk_norm = false;  // an RMSNorm over head_dim on q and on k (Qwen3)
+  PositionEmbedding position = POSITION_EMBEDDING_UNSPECIFIED;
+  DropoutSite attention_dropout;  // on the attention probabilities
+  DropoutSite residual_dropout;   // on each attention and MLP output before the residual add
+  DropoutSite embedding_dropout;  // on the embedding output
+  // Eager attention's softmax in the working dtype (GPT-2); false: in fp32,
+  // cast back (softmax(..., dtype=torch.float32).to(query.dtype)).
+  bool eager_softmax_in_working_dtype = false;
+};
+
+// Every family, in the order above.
+const std::vector<ModelFamily>& ModelFamilies();
+
+// The entry for a model_type; nullptr when zplan has none.
+const ModelFamily* FindModelFamily(absl::string_view model_type);
+
+// "llama, mistral, qwen2, qwen3, gpt2, vit".
+std::string SupportedModelTypes();
+
+// The FFN a family builds with `activation` (an ACT2FN name): kGated with
+// "silu" or "swish" is FFN_SWIGLU; kPlain with "gelu_new" FFN_GELU_NEW (its
+// tanh formula in separate ops), "gelu" or "gelu_pytorch_tanh" FFN_GELU (one
+// op that keeps its input). nullopt for an activation zplan does not model.
+std::optional<FfnType> FfnTypeFor(const ModelFamily& family, absl::string_view activation);
+// The activations FfnTypeFor accepts for the family, quoted, for messages.
+std::string ModelledActivations(const ModelFamily& family);
+
+// The line a plan of `model_type` planned as `family` records in
+// ModelSpec.unvalidated_approximation, e.g. `model_type "gemma2" planned as
+// llama: an unvalidated approximation, nothing about "gemma2" was checked`
+// (an empty model_type: a config.json without one).
+std::string ApproximationNote(absl::string_view model_type, absl::string_view family);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_MODEL_FAMILY_H_

@@ -1,0 +1,193 @@
+#include "planner/model_family.h"
+
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "planner/model_spec.h"
+#include "planner/proto_io.h"
+
+namespace zplan {
+namespace {
+
+TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, gpt2, vit");
+  std::set<std::string> types;
+  for (const ModelFamily& f : ModelFamilies()) {
+    EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
+    EXPECT_EQ(FindModelFamily(f.model_type), &f);
+    EXPECT_NE(f.read_from.find("models/" + std::string(f.model_type) + "/"), std::string::npos) << f.model_type;
+    EXPECT_NE(f.norm, NORM_TYPE_UNSPECIFIED) << f.model_type;
+    EXPECT_NE(f.position, POSITION_EMBEDDING_UNSPECIFIED) << f.model_type;
+    EXPECT_FALSE(f.ffn_key.empty()) << f.model_type;
+    EXPECT_TRUE(FfnTypeFor(f, f.default_activation).has_value()) << f.model_type << ": its own default";
+  }
+  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma2", "phi3", "olmo2", "granite", "mixtral", ""}) {
+    EXPECT_EQ(FindModelFamily(unsupported), nullptr) << unsupported;
+  }
+}
+
+// What each entry says, against transformers 5.23's classes.
+TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
+  const ModelFamily& llama = *FindModelFamily("llama");
+  EXPECT_FALSE(llama.tie_word_embeddings);
+  EXPECT_EQ(llama.qkv_bias_key, "attention_bias");
+  EXPECT_EQ(llama.out_bias, OutProjectionBias::kAsQkv);
+  EXPECT_EQ(llama.mlp_bias_key, "mlp_bias");
+  EXPECT_EQ(llama.mlp, MlpKind::kGated);
+  const ModelFamily& mistral = *FindModelFamily("mistral");
+  EXPECT_TRUE(mistral.qkv_bias_key.empty() && !mistral.qkv_bias) << "MistralAttention: bias=False, no key";
+  EXPECT_EQ(mistral.out_bias, OutProjectionBias::kNever);
+  const ModelFamily& qwen2 = *FindModelFamily("qwen2");
+  EXPECT_TRUE(qwen2.qkv_bias_key.empty() && qwen2.qkv_bias) << "Qwen2Attention: q, k, v bias=True";
+  EXPECT_EQ(qwen2.out_bias, OutProjectionBias::kNever);
+  const ModelFamily& qwen3 = *FindModelFamily("qwen3");
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_EQ(qwen3.default_head_dim, 128);
+  EXPECT_EQ(qwen3.out_bias, OutProjectionBias::kAsQkv);
+  const ModelFamily& gpt2 = *FindModelFamily("gpt2");
+  EXPECT_TRUE(gpt2.gpt2_key_names);
+  EXPECT_TRUE(gpt2.tie_word_embeddings);
+  EXPECT_EQ(gpt2.norm, NORM_LAYERNORM);
+  EXPECT_EQ(gpt2.position, POSITION_LEARNED);
+  EXPECT_EQ(gpt2.activation_key, "activation_function");
+  EXPECT_EQ(FfnTypeFor(gpt2, gpt2.default_activation), FFN_GELU_NEW);
+  EXPECT_EQ(gpt2.ffn_default_multiple, 4);
+  EXPECT_DOUBLE_EQ(gpt2.residual_dropout.default_p, 0.1);
+  EXPECT_EQ(gpt2.embedding_dropout.key, "embd_pdrop");
+  EXPECT_TRUE(gpt2.eager_softmax_in_working_dtype);
+  const ModelFamily& vit = *FindModelFamily("vit");
+  EXPECT_TRUE(vit.vision);
+  EXPECT_EQ(vit.qkv_bias_key, "qkv_bias");
+  EXPECT_EQ(vit.residual_dropout.key, "hidden_dropout_prob");
+  EXPECT_FALSE(vit.eager_softmax_in_working_dtype) << "ViT's eager softmax runs in fp32";
+  for (const ModelFamily& f : ModelFamilies()) {
+    if (f.model_type == "gpt2" || f.model_type == "vit") continue;
+    EXPECT_EQ(f.attention_dropout.key, "attention_dropout") << f.model_type;
+    EXPECT_TRUE(f.residual_dropout.key.empty() && f.embedding_dropout.key.empty()) << f.model_type;
+    EXPECT_EQ(f.default_activation, "silu") << f.model_type;
+    EXPECT_EQ(f.norm, NORM_RMSNORM) << f.model_type;
+  }
+}
+
+TEST(ModelFamilyTest, ActivationsByMlpKind) {
+  const ModelFamily& llama = *FindModelFamily("llama");
+  EXPECT_EQ(FfnTypeFor(llama, "swish"), FFN_SWIGLU);
+  EXPECT_FALSE(FfnTypeFor(llama, "gelu").has_value()) << "a gated GELU (GeGLU) is not modelled";
+  const ModelFamily& vit = *FindModelFamily("vit");
+  EXPECT_EQ(FfnTypeFor(vit, "gelu_pytorch_tanh"), FFN_GELU);
+  EXPECT_FALSE(FfnTypeFor(vit, "silu").has_value());
+  EXPECT_EQ(ModelledActivations(vit), "\"gelu\", \"gelu_pytorch_tanh\" or \"gelu_new\"");
+}
+
+TEST(ModelFamilyTest, ApproximationNoteNamesTypeAndFamily) {
+  EXPECT_EQ(ApproximationNote("gemma2", "llama"),
+            "model_type \"gemma2\" planned as llama: an unvalidated approximation, nothing about \"gemma2\" was "
+            "checked");
+  EXPECT_EQ(ApproximationNote("", "gpt2"),
+            "a config.json without model_type planned as gpt2: an unvalidated approximation, nothing about its model "
+            "was checked");
+  EXPECT_EQ(ApproximationNote("a\nb", "llama").find('\n'), std::string::npos) << "one line";
+}
+
+// A config of each family resolves exactly as it did before the table
+// (the ModelSpec zplan 1cdc6c5 planned, model_type aside).
+struct Resolved {
+  const char* config;
+  const char* model;  // ModelSpec text
+};
+
+class ResolvesAsBeforeTest : public ::testing::TestWithParam<Resolved> {};
+
+TEST_P(ResolvesAsBeforeTest, SameModelSpec) {
+  auto spec = LoadHfConfig(GetParam().config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ModelSpec before;
+  ASSERT_TRUE(ParseProto(GetParam().model, ProtoFormat::kText, "before", &before).ok());
+  EXPECT_NE(spec->model_type(), "");
+  EXPECT_EQ(spec->unvalidated_approximation(), "");
+  ModelSpec now = *spec;
+  now.clear_model_type();
+  EXPECT_EQ(now.SerializeAsString(), before.SerializeAsString()) << now.DebugString();
+  EXPECT_NE(FindModelFamily(spec->model_type()), nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TinyConfigs, ResolvesAsBeforeTest,
+    ::testing::Values(
+        Resolved{"configs/hf/tiny/llama.json", R"pb(
+          name: "configs/hf/tiny/llama.json" num_layers: 2 hidden_size: 128 num_attention_heads: 4 num_kv_heads: 2
+          head_dim: 32 ffn_hidden_size: 352 ffn_type: FFN_SWIGLU vocab_size: 2048 norm_type: NORM_RMSNORM
+          attention_impl: ATTENTION_SDPA position_embedding: POSITION_ROPE
+          source: "Hugging Face config configs/hf/tiny/llama.json (model_type \"llama\")")pb"},
+        Resolved{"configs/hf/tiny/mistral.json", R"pb(
+          name: "configs/hf/tiny/mistral.json" num_layers: 3 hidden_size: 192 num_attention_heads: 6 num_kv_heads: 2
+          head_dim: 32 ffn_hidden_size: 512 ffn_type: FFN_SWIGLU vocab_size: 2048 norm_type: NORM_RMSNORM
+          attention_impl: ATTENTION_SDPA position_embedding: POSITION_ROPE
+          source: "Hugging Face config configs/hf/tiny/mistral.json (model_type \"mistral\")")pb"},
+        Resolved{"configs/hf/tiny/qwen2.json", R"pb(
+          name: "configs/hf/tiny/qwen2.json" num_layers: 2 hidden_size: 128 num_attention_heads: 4 num_kv_heads: 2
+          head_dim: 32 ffn_hidden_size: 384 ffn_type: FFN_SWIGLU vocab_size: 3072 tie_word_embeddings: true
+          norm_type: NORM_RMSNORM attention_impl: ATTENTION_SDPA position_embedding: POSITION_ROPE
+          attention_qkv_bias: true
+          source: "Hugging Face config configs/hf/tiny/qwen2.json (model_type \"qwen2\")")pb"},
+        Resolved{"configs/hf/tiny/qwen3.json", R"pb(
+          name: "configs/hf/tiny/qwen3.json" num_layers: 2 hidden_size: 128 num_attention_heads: 4 num_kv_heads: 2
+          head_dim: 32 ffn_hidden_size: 384 ffn_type: FFN_SWIGLU vocab_size: 2048 tie_word_embeddings: true
+          norm_type: NORM_RMSNORM attention_impl: ATTENTION_SDPA position_embedding: POSITION_ROPE qk_norm: true
+          source: "Hugging Face config configs/hf/tiny/qwen3.json (model_type \"qwen3\")")pb"},
+        Resolved{"configs/hf/tiny/gpt2-dropout.json", R"pb(
+          name: "configs/hf/tiny/gpt2-dropout.json" num_layers: 2 hidden_size: 128 num_attention_heads: 4
+          num_kv_heads: 4 head_dim: 32 ffn_hidden_size: 512 ffn_type: FFN_GELU_NEW vocab_size: 2048
+          tie_word_embeddings: true norm_type: NORM_LAYERNORM attention_impl: ATTENTION_SDPA attention_dropout: 0.1
+          position_embedding: POSITION_LEARNED max_position_embeddings: 1024 attention_qkv_bias: true
+          attention_out_bias: true mlp_bias: true
+          source: "Hugging Face config configs/hf/tiny/gpt2-dropout.json (model_type \"gpt2\")"
+          residual_dropout: 0.1 embedding_dropout: 0.1 eager_softmax_in_working_dtype: true)pb"},
+        Resolved{"configs/hf/tiny/vit.json", R"pb(
+          name: "configs/hf/tiny/vit.json" num_layers: 2 hidden_size: 128 num_attention_heads: 4 num_kv_heads: 4
+          head_dim: 32 ffn_hidden_size: 512 ffn_type: FFN_GELU norm_type: NORM_LAYERNORM
+          attention_impl: ATTENTION_SDPA position_embedding: POSITION_LEARNED max_position_embeddings: 65
+          attention_qkv_bias: true attention_out_bias: true mlp_bias: true
+          source: "Hugging Face config configs/hf/tiny/vit.json (model_type \"vit\", ViTForImageClassification)"
+          vision { image_size: 64 patch_size: 8 num_channels: 3 num_labels: 10 })pb"}),
+    [](const ::testing::TestParamInfo<Resolved>& info) {
+      std::string name = std::string(info.param.config).substr(std::string("configs/hf/tiny/").size());
+      name = name.substr(0, name.find('.'));
+      for (char& c : name) c = c == '-' ? '_' : c;
+      return name;
+    });
+
+// Each preset is a shape of its model_type's family: what the family fixes
+// (norm, MLP kind, positions, qk-norm, the softmax's dtype, the biases of a
+// config that leaves them at their defaults) agrees with the preset's fields.
+TEST(ModelFamilyTest, PresetsAgreeWithTheirFamily) {
+  for (const std::string& name : PresetNames()) {
+    auto spec = LoadPreset(name);
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    const ModelFamily* family = FindModelFamily(spec->model_type());
+    if (family == nullptr) {
+      // An unsupported model_type must say which family it is planned as.
+      const std::string prefix = "model_type \"" + spec->model_type() + "\" planned as ";
+      ASSERT_EQ(spec->unvalidated_approximation().rfind(prefix, 0), 0u) << name;
+      const std::string as = spec->unvalidated_approximation().substr(prefix.size());
+      family = FindModelFamily(as.substr(0, as.find(':')));
+      ASSERT_NE(family, nullptr) << name << ": " << spec->unvalidated_approximation();
+      EXPECT_EQ(spec->unvalidated_approximation(), ApproximationNote(spec->model_type(), family->model_type));
+    } else {
+      EXPECT_EQ(spec->unvalidated_approximation(), "") << name;
+    }
+    EXPECT_EQ(spec->norm_type(), family->norm) << name;
+    EXPECT_EQ(spec->ffn_type() == FFN_SWIGLU, family->mlp == MlpKind::kGated) << name;
+    EXPECT_EQ(spec->position_embedding(), family->position) << name;
+    EXPECT_EQ(spec->qk_norm(), family->qk_norm) << name;
+    EXPECT_EQ(spec->eager_softmax_in_working_dtype(), family->eager_softmax_in_working_dtype) << name;
+    EXPECT_EQ(spec->has_vision(), family->vision) << name;
+    EXPECT_EQ(spec->attention_qkv_bias(), family->qkv_bias) << name;
+    EXPECT_EQ(spec->attention_out_bias(), family->out_bias == OutProjectionBias::kAlways) << name;
+    EXPECT_EQ(spec->mlp_bias(), family->mlp_bias) << name;
+  }
+}
+
+}  // namespace
+}  // namespace zplan
