@@ -11,139 +11,169 @@
 namespace zplan {
 namespace {
 
-// Appends ops and groups to a program, and knows each handle's allocation
-// (component and bytes) so that a free needs only the handle, as in the
-// step's own code.
+// A tensor the step allocates: one per step (layer -1), or one per block
+// (base + layer, for bases from Builder::Handles(num_layers)).
+struct Ref {
+  int base = 0;
+  int layer = -1;
+};
+
+// Appends ops and groups to a program, and knows each allocation's
+// component and bytes so that a free names only the tensor, as the step's
+// own code does. Blocks are grouped where they run identical ops: a group's
+// code runs once, for its first block, and stands for every repetition; an
+// allocation is recorded once per group, under its canonical block.
 class Builder {
  public:
   Builder(StepProgram* program, bool grouped) : p_(program), grouped_(grouped) {
     p_->ops.clear();
     p_->groups.clear();
     p_->num_handles = 0;
-    allocations_.clear();
   }
 
-  // A fresh handle, or `count` consecutive ones (one per block: base + layer).
-  int Handle() { return Handles(1); }
+  // A fresh handle, or `count` consecutive ones (one per block: Ref{base, layer}).
   int Handles(int count) {
     const int first = p_->num_handles;
     p_->num_handles += count;
-    allocations_.resize(p_->num_handles, {COMPONENT_UNSPECIFIED, -1});
+    if (allocations_.size() < static_cast<size_t>(p_->num_handles)) allocations_.resize(p_->num_handles);
     return first;
   }
 
-  // Inside a group the handle names the first repetition's allocation.
-  void Alloc(int handle, Component component, int64_t bytes, Phase phase, int layer, const char* tensor) {
-    for (int r = 0; r < repeat_; ++r) allocations_[handle + r * handle_step_] = {component, bytes};
-    if (bytes != 0) Push({bytes, tensor, handle, layer, MemoryEvent::ALLOC, component, phase});
+  void Alloc(Ref tensor, Component component, int64_t bytes, Phase phase, int layer, const char* name) {
+    allocations_[Recorded(tensor)] = {component, bytes};
+    if (bytes != 0) Push(bytes, name, Handle(tensor), layer, MemoryEvent::ALLOC, component, phase);
   }
-  int Alloc(Component component, int64_t bytes, Phase phase, int layer, const char* tensor) {
-    const int handle = Handle();
-    Alloc(handle, component, bytes, phase, layer, tensor);
+  int Alloc(Component component, int64_t bytes, Phase phase, int layer, const char* name) {
+    const int handle = Handles(1);
+    Alloc(Ref{handle}, component, bytes, phase, layer, name);
     return handle;
   }
 
-  void Free(int handle, Phase phase, int layer, const char* tensor) {
-    const auto [component, bytes] = allocations_[handle];
-    for (int r = 0; r < repeat_; ++r) {
-      auto& allocation = allocations_[handle + r * handle_step_];
-      // Each allocation is freed once, and the repetitions of a group free alike.
-      ZPLAN_CHECK(allocation.second >= 0 && allocation.second == bytes && allocation.first == component);
-      allocation.second = -1;
+  void Free(Ref tensor, Phase phase, int layer, const char* name) {
+    auto& [component, bytes] = allocations_[Recorded(tensor)];
+    ZPLAN_CHECK(bytes >= 0);  // each allocation is freed once
+    if (bytes > 0) Push(bytes, name, Handle(tensor), layer, MemoryEvent::FREE, component, phase);
+    bytes = -1;
+  }
+  void Free(int handle, Phase phase, int layer, const char* name) { Free(Ref{handle}, phase, layer, name); }
+
+  // Where blocks start to differ: a cut c starts a new run at block c; within
+  // a run block i and i + period run the same ops (Checkpointed() is periodic
+  // in it). Called once, before Blocks.
+  template <size_t N>
+  void Cuts(int num_layers, int period, const std::array<int, N>& at) {
+    num_layers_ = num_layers;
+    period_ = period;
+    cuts_.clear();
+    cuts_.push_back(0);
+    for (int c : at) {
+      if (c > 0 && c < num_layers) cuts_.push_back(c);
     }
-    if (bytes > 0) Push({bytes, tensor, handle, layer, MemoryEvent::FREE, component, phase});
+    cuts_.push_back(num_layers);
+    std::sort(cuts_.begin(), cuts_.end());
+    cuts_.erase(std::unique(cuts_.begin(), cuts_.end()), cuts_.end());
+    if (canonical_.size() < static_cast<size_t>(num_layers)) canonical_.resize(num_layers);
+    for (int i = 0; i < num_layers; ++i) canonical_[i] = i;
+    if (!grouped_) return;
+    // A run's whole periods are one group: each block stands for its offset in the first period.
+    for (size_t t = 0; t + 1 < cuts_.size(); ++t) {
+      const auto [from, to] = Periods(cuts_[t], cuts_[t + 1]);
+      for (int i = from; i < to; ++i) canonical_[i] = from + (i - from) % period_;
+    }
   }
 
   // Runs block(i) for every block, first to last (forward) or last to first,
-  // with the blocks between two cuts (a cut starts a new run) grouped by
-  // period `period` (Checkpointed() is periodic in it).
+  // each run's whole periods as one group.
   template <typename Block>
-  void Blocks(int num_layers, bool forward, int period, std::vector<int> cuts, const Block& block) {
-    if (!grouped_) {
-      for (int t = 0; t < num_layers; ++t) block(forward ? t : num_layers - 1 - t);
-      return;
-    }
-    cuts.push_back(0);
-    cuts.push_back(num_layers);
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::remove_if(cuts.begin(), cuts.end(), [&](int c) { return c < 0 || c > num_layers; }), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    const int intervals = static_cast<int>(cuts.size()) - 1;
-    for (int t = 0; t < intervals; ++t) {
-      const int k = forward ? t : intervals - 1 - t;
-      Run(cuts[k], cuts[k + 1], forward, period, block);
-    }
-  }
-
-  StepProgram* program() { return p_; }
-
- private:
-  // Blocks [a, b) in step order: a partial period, the whole periods as one
-  // group, the rest.
-  template <typename Block>
-  void Run(int a, int b, bool forward, int period, const Block& block) {
+  void Blocks(bool forward, const Block& block) {
     const int dir = forward ? 1 : -1;
     auto plain = [&](int from, int count) {
       for (int t = 0; t < count; ++t) block(from + dir * t);
     };
-    if (forward) {
-      const int aligned = std::min(b, (a + period - 1) / period * period);
-      plain(a, aligned - a);
-      const int periods = (b - aligned) / period;
-      Periods(aligned, periods, period, dir, block);
-      plain(aligned + periods * period, b - aligned - periods * period);
-    } else {
-      const int aligned = std::max(a, b / period * period);
-      plain(b - 1, b - aligned);
-      const int periods = (aligned - a) / period;
-      Periods(aligned - 1, periods, period, dir, block);
-      plain(aligned - 1 - periods * period, aligned - periods * period - a);
+    if (!grouped_) {
+      plain(forward ? 0 : num_layers_ - 1, num_layers_);
+      return;
+    }
+    const int runs = static_cast<int>(cuts_.size()) - 1;
+    for (int t = 0; t < runs; ++t) {
+      const int k = forward ? t : runs - 1 - t;
+      const int a = cuts_[k], b = cuts_[k + 1];
+      const auto [from, to] = Periods(a, b);
+      const int repeat = (to - from) / period_;
+      plain(forward ? a : b - 1, forward ? from - a : b - to);
+      if (repeat > 1) BeginGroup(repeat, dir * period_, dir * period_);
+      if (repeat > 0) plain(forward ? from : to - 1, period_);
+      if (repeat > 1) EndGroup();
+      plain(forward ? to : from - 1, forward ? b - to : from - a);
     }
   }
 
-  template <typename Block>
-  void Periods(int first, int periods, int period, int dir, const Block& block) {
-    if (periods == 0) return;
-    if (periods > 1) BeginGroup(periods, dir * period, dir * period);
-    for (int t = 0; t < period; ++t) block(first + dir * t);
-    if (periods > 1) EndGroup();
-  }
-
- public:
-  // Ops until EndGroup run `repeat` times.
+  // Ops until EndGroup run `repeat` times, moving layers and handles by the steps.
   void BeginGroup(int repeat, int layer_step, int handle_step) {
-    ZPLAN_CHECK(repeat_ == 1);
     p_->groups.push_back({static_cast<int>(p_->ops.size()), 0, repeat, layer_step, handle_step});
-    repeat_ = repeat;
-    handle_step_ = handle_step;
+    in_group_ = true;
   }
   void EndGroup() {
     if (p_->groups.back().num_ops == 0) p_->groups.pop_back();
-    repeat_ = 1;
-    handle_step_ = 0;
+    in_group_ = false;
     open_ = false;
   }
 
  private:
-  void Push(const StepOp& op) {
-    if (repeat_ == 1 && !open_) {
+  // The whole periods of blocks [a, b): [from, to), aligned to the period.
+  std::pair<int, int> Periods(int a, int b) const {
+    const int from = std::min(b, (a + period_ - 1) / period_ * period_);
+    return {from, from + (b - from) / period_ * period_};
+  }
+  int Handle(Ref tensor) const { return tensor.layer < 0 ? tensor.base : tensor.base + tensor.layer; }
+  int Recorded(Ref tensor) const { return tensor.layer < 0 ? tensor.base : tensor.base + canonical_[tensor.layer]; }
+
+  void Push(int64_t bytes, const char* name, int handle, int layer, MemoryEvent::Kind kind, Component component,
+            Phase phase) {
+    if (!in_group_ && !open_) {
       p_->groups.push_back({static_cast<int>(p_->ops.size()), 0, 1, 0, 0});
       open_ = true;
     }
-    p_->ops.push_back(op);
+    StepOp& op = p_->ops.emplace_back();
+    op.bytes = bytes;
+    op.tensor = name;
+    op.handle = handle;
+    op.layer = layer;
+    op.kind = kind;
+    op.component = component;
+    op.phase = phase;
     ++p_->groups.back().num_ops;
   }
 
   StepProgram* p_;
   bool grouped_;
+  bool in_group_ = false;
   bool open_ = false;  // the last group takes ops outside any BeginGroup
-  int repeat_ = 1, handle_step_ = 0;
-  static thread_local std::vector<std::pair<Component, int64_t>> allocations_;
+  int num_layers_ = 0, period_ = 1;
+  // Scratch reused across builds (the fast evaluator builds millions of programs).
+  static thread_local std::vector<std::pair<Component, int64_t>> allocations_;  // by recorded handle
+  static thread_local std::vector<int> canonical_;                             // by block
+  static thread_local std::vector<int> cuts_;                                  // run starts, then num_layers
 };
 
 thread_local std::vector<std::pair<Component, int64_t>> Builder::allocations_;
+thread_local std::vector<int> Builder::canonical_;
+thread_local std::vector<int> Builder::cuts_;
 
 }  // namespace
+
+int64_t LiveTensorBytes(const MemoryBreakdown& b) {
+  return b.params_bytes() + b.grads_bytes() + b.master_params_bytes() +
+         b.optimizer_states_bytes() + b.activations_bytes() + b.logits_bytes() +
+         b.buffers_bytes() + b.temporaries_bytes();
+}
+
+void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
+  const int64_t tensors = LiveTensorBytes(*b);
+  b->set_runtime_bytes(s.runtime);
+  b->set_allocator_bytes(s.allocator_cached);
+  b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
+}
 
 std::string TensorName(const char* tensor, int layer) {
   const char* mark = std::strchr(tensor, '#');
@@ -221,20 +251,27 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
   // DeepSpeed's contiguous checkpoint buffers: slot j holds block j*k's copy
   // (the copy's handle); the spare ones have their own.
   const int spare_slots = r.Handles(s.checkpoint_slots);
-  auto slot = [&](int j) { return j < s.NumCheckpointed() ? copy + j * s.checkpoint_every : spare_slots + j; };
+  auto slot = [&](int j) { return j < s.NumCheckpointed() ? Ref{copy, j * s.checkpoint_every} : Ref{spare_slots + j}; };
   // What a block keeps of its attention half: a checkpointed block its input
   // or DeepSpeed's copy of it (StepSizes::checkpoint_kept_inputs).
   auto attention_kept = [&](int i) {
-    return !s.Checkpointed(i) ? saved_attn + i : s.checkpoint_copy_on_device ? copy + i : input + i;
+    return Ref{!s.Checkpointed(i) ? saved_attn : s.checkpoint_copy_on_device ? copy : input, i};
   };
-  // Blocks differ at block 0 and around the stage-3 kept ones.
-  r.Blocks(num_layers, /*forward=*/true, period, {1, s.gather_kept_from - 1, s.gather_kept_from}, [&](int i) {
-    r.Alloc(kept_gather + i, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
+  // Blocks differ at block 0, around the stage-3 kept ones and, in backward,
+  // where the partition and the IPG buckets appear and at the first
+  // checkpointed block (the spare buffers go); forward and backward group
+  // the same blocks.
+  const int last_checkpointed = last - last % period;
+  const int p = s.grad_partition_from, q = s.ipg_from, kept_from = s.gather_kept_from;
+  r.Cuts(num_layers, period,
+         std::array<int, 9>{1, kept_from - 1, kept_from, p, p + 1, q, q + 1, last_checkpointed, last_checkpointed + 1});
+  r.Blocks(/*forward=*/true, [&](int i) {
+    r.Alloc(Ref{kept_gather, i}, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered (kept)");
-    r.Alloc(forward_gather + i, COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
+    r.Alloc(Ref{forward_gather, i}, COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered");
     if (s.Checkpointed(i)) {
-      r.Alloc(input + i, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, "forward, layer #, checkpointed input");
+      r.Alloc(Ref{input, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, "forward, layer #, checkpointed input");
       // DeepSpeed's copy of it, in a contiguous buffer (all allocated here, at the first) or its own.
       if (s.checkpoint_slots > 0 && i == 0) {
         for (int j = 0; j < s.checkpoint_slots; ++j) {
@@ -243,25 +280,25 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
         }
       }
       if (s.checkpoint_copy_on_device && s.checkpoint_slots == 0) {
-        r.Alloc(copy + i, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+        r.Alloc(Ref{copy, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
                 "forward, layer #, copy of the checkpointed input");
       }
-      r.Alloc(saved_mlp + i, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
-      r.Alloc(nograd + i, COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, "forward, layer #");
-      r.Free(nograd + i, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
+      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, "forward, layer #");
+      r.Free(Ref{nograd, i}, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
       if (s.checkpoint_copy_on_device) {
-        r.Free(input + i, PHASE_FORWARD, i, "forward, layer #, checkpointed input released (its copy is kept)");
+        r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input released (its copy is kept)");
       } else if (s.checkpoint_kept_inputs == 0) {
-        r.Free(input + i, PHASE_FORWARD, i, "forward, layer #, checkpointed input to the host");
+        r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input to the host");
       }
     } else {
-      r.Alloc(saved_attn + i, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_FORWARD, i,
+      r.Alloc(Ref{saved_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_FORWARD, i,
               "forward, layer #");
-      r.Alloc(scores + i, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, "forward, layer #");
-      r.Free(scores + i, PHASE_FORWARD, i, "forward, layer #, attention scores freed");
-      r.Alloc(saved_mlp + i, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, "forward, layer #");
+      r.Free(Ref{scores, i}, PHASE_FORWARD, i, "forward, layer #, attention scores freed");
+      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_FORWARD, i, "forward, layer #");
     }
-    r.Free(forward_gather + i, PHASE_FORWARD, i, "forward, layer #, parameters released");
+    r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
   });
   const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
   // The fused loss's input, which nothing saves for backward.
@@ -355,22 +392,16 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
             mlp_transient_past_hooks = per_block(), mlp_weight_grad = per_block(), waiting = per_block(),
             kept_down = per_block(), kept_mlp_rest = per_block(), attn_transient = per_block(),
             attn_weight_grad = per_block(), kept_attn = per_block();
-  // Blocks differ where the partition and the IPG buckets appear, at the
-  // first checkpointed block (the spare buffers go), around the stage-3 kept
-  // ones, and at block 0.
-  const int last_checkpointed = last - last % period;
-  const int p = s.grad_partition_from, q = s.ipg_from, kept_from = s.gather_kept_from;
-  r.Blocks(num_layers, /*forward=*/false, period,
-           {1, p, p + 1, q, q + 1, last_checkpointed, last_checkpointed + 1, kept_from - 1, kept_from}, [&](int i) {
+  r.Blocks(/*forward=*/false, [&](int i) {
     if (!s.grad_partition_at_attention && !s.grad_partition_at_down_proj_hook) partition_from(i, PHASE_BACKWARD);
     // A kept block is still gathered (DeepSpeed prefetches past it while
     // anything below is partitioned); another is gathered again.
     const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
     const int64_t gather_bytes = i >= s.gather_kept_from ? (below ? s.block_gather - s.gather_kept_block : 0)
                                                          : s.block_gather - kept_of_block(i);
-    r.Alloc(backward_gather + i, COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i,
+    r.Alloc(Ref{backward_gather, i}, COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i,
             "backward, layer #, parameters gathered");
-    int attention_saved = attention_kept(i);
+    Ref attention_saved = attention_kept(i);
     const bool recompute = s.Checkpointed(i);
     if (recompute) {
       // CheckpointFunction.backward drops its buffer list first: the spare ones go.
@@ -380,28 +411,28 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
         }
       }
       if (s.checkpoint_copy_on_host) {
-        r.Alloc(back + i, COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
+        r.Alloc(Ref{back, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
                 "backward, layer #, checkpointed input back from the host");
-        attention_saved = back + i;
+        attention_saved = Ref{back, i};
       }
-      r.Alloc(recomputed_attn + i, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.RecomputeReusedInput(i),
+      r.Alloc(Ref{recomputed_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.RecomputeReusedInput(i),
               PHASE_BACKWARD, i, "backward, layer #, recompute");
-      r.Alloc(recompute_scores + i, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i,
+      r.Alloc(Ref{recompute_scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i,
               "backward, layer #, recompute");
-      r.Free(recompute_scores + i, PHASE_BACKWARD, i, "backward, layer #, recompute scores freed");
-      r.Alloc(recomputed_mlp + i, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_BACKWARD, i,
+      r.Free(Ref{recompute_scores, i}, PHASE_BACKWARD, i, "backward, layer #, recompute scores freed");
+      r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_BACKWARD, i,
               "backward, layer #, recomputed");
     }
     // MLP half: its gradients, then what it saved is freed.
     const char* mlp = "backward, layer #, MLP gradients";
-    int transient = mlp_transient + i;
+    Ref transient{mlp_transient, i};
     r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
     bool waits = false;
     buckets_at(i, false, i, mlp);
     if (kept) {
-      r.Alloc(kept_down + i, COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp);
+      r.Alloc(Ref{kept_down, i}, COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp);
     } else {
-      r.Alloc(mlp_weight_grad + i, COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
+      r.Alloc(Ref{mlp_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
       const bool partition_here = s.grad_partition_at_down_proj_hook && s.grad_partition_from == i;
       if (partition_here) {
         // down_proj's saved input is freed before its hook; the transient,
@@ -409,42 +440,42 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
         r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
         partition_from(i, PHASE_BACKWARD);
       }
-      r.Free(mlp_weight_grad + i, PHASE_BACKWARD, i, "backward, layer #, MLP weight gradients into reduce bucket");
+      r.Free(Ref{mlp_weight_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP weight gradients into reduce bucket");
       if (partition_here || s.block_down_weight_grad_waiting > 0) {
         // The activation's backward, the half's widest moment: the residual
         // dropout's mask is freed by then; down_proj's weight gradient,
         // larger than a bucket, waits for the next reduction.
         if (!partition_here) r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
-        transient = mlp_transient_past_hooks + i;
+        transient = Ref{mlp_transient_past_hooks, i};
         r.Alloc(transient, COMPONENT_TEMPORARIES, s.MlpTransientPastDownProjHooks(i), PHASE_BACKWARD, i, mlp);
-        r.Alloc(waiting + i, COMPONENT_TEMPORARIES, s.block_down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
+        r.Alloc(Ref{waiting, i}, COMPONENT_TEMPORARIES, s.block_down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
         waits = true;
       }
     }
     r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, MLP activation gradients freed");
-    if (waits) r.Free(waiting + i, PHASE_BACKWARD, i, "backward, layer #, down_proj weight gradient reduced");
+    if (waits) r.Free(Ref{waiting, i}, PHASE_BACKWARD, i, "backward, layer #, down_proj weight gradient reduced");
     if (kept) {
       // The rest of the half's gradients, once down_proj's input gradient is freed.
-      r.Alloc(kept_mlp_rest + i, COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp);
+      r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp);
     }
-    if (recompute) r.Free(recomputed_mlp + i, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
-    r.Free(saved_mlp + i, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    if (recompute) r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
+    r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
     // Attention half.
     if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
     const char* attention = "backward, layer #, attention gradients";
-    r.Alloc(attn_transient + i, COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
+    r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
     buckets_at(i, true, i, attention);
     if (kept) {
-      r.Alloc(kept_attn + i, COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention);
+      r.Alloc(Ref{kept_attn, i}, COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention);
     } else {
-      r.Alloc(attn_weight_grad + i, COMPONENT_TEMPORARIES, s.block_max_attn_grad, PHASE_BACKWARD, i, attention);
-      r.Free(attn_weight_grad + i, PHASE_BACKWARD, i, "backward, layer #, attention weight gradients into reduce bucket");
+      r.Alloc(Ref{attn_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_attn_grad, PHASE_BACKWARD, i, attention);
+      r.Free(Ref{attn_weight_grad, i}, PHASE_BACKWARD, i, "backward, layer #, attention weight gradients into reduce bucket");
     }
-    r.Free(attn_transient + i, PHASE_BACKWARD, i, "backward, layer #, attention activation gradients freed");
-    if (recompute) r.Free(recomputed_attn + i, PHASE_BACKWARD, i, "backward, layer #, recomputed activations freed");
+    r.Free(Ref{attn_transient, i}, PHASE_BACKWARD, i, "backward, layer #, attention activation gradients freed");
+    if (recompute) r.Free(Ref{recomputed_attn, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed activations freed");
     r.Free(attention_saved, PHASE_BACKWARD, i, "backward, layer #, attention activations freed");
-    r.Free(backward_gather + i, PHASE_BACKWARD, i, "backward, layer #, parameters released");
-    r.Free(kept_gather + i, PHASE_BACKWARD, i, "backward, layer #, kept parameters released");
+    r.Free(Ref{backward_gather, i}, PHASE_BACKWARD, i, "backward, layer #, parameters released");
+    r.Free(Ref{kept_gather, i}, PHASE_BACKWARD, i, "backward, layer #, kept parameters released");
   });
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
   r.Free(embed_saved, PHASE_BACKWARD, -1, "embedding dropout mask freed");
@@ -481,7 +512,7 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
     if (num_layers > 0) {
       if (grouped) r.BeginGroup(num_layers, 0, -1);
       for (int t = 0; t < (grouped ? 1 : num_layers); ++t) {
-        for (int base : {kept_down, kept_mlp_rest, kept_attn}) r.Free(base + last - t, phase, -1, tensor);
+        for (int base : {kept_down, kept_mlp_rest, kept_attn}) r.Free(Ref{base, last - t}, phase, -1, tensor);
       }
       if (grouped) r.EndGroup();
     }

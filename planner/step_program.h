@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/memory_model.h"
+#include "planner/step_sizes.h"
 #include "proto/memory.pb.h"
 
 namespace zplan {
@@ -87,6 +87,13 @@ MemoryBreakdown StepPeak(const StepSizes& sizes);
 
 // StepPeak(sizes).peak_bytes() without building the breakdown.
 int64_t StepPeakBytes(const StepSizes& sizes);
+
+// Sum of the tensor components (everything except runtime and allocator).
+int64_t LiveTensorBytes(const MemoryBreakdown& breakdown);
+
+// Adds the runtime and the allocator's cached bytes to a breakdown of tensor
+// bytes and sets peak_bytes to the total.
+void FinishDeviceBreakdown(const StepSizes& sizes, MemoryBreakdown* breakdown);
 
 }  // namespace zplan
 
