@@ -18,30 +18,40 @@ struct Ref {
   int layer = -1;
 };
 
-// Appends ops and groups to a program, and knows each allocation's
+// Storage a build reuses from the last one on its thread (the fast
+// evaluator runs millions of builds).
+struct Scratch {
+  std::vector<std::pair<Component, int64_t>> allocations;  // by recorded handle
+  std::vector<int> canonical;                              // by block
+  std::vector<int> cuts;                                   // run starts, then num_layers
+};
+Scratch& TheScratch() {
+  static thread_local Scratch scratch;
+  return scratch;
+}
+
+// Sends the step's ops to a sink (a program, or the peak evaluator), and knows each allocation's
 // component and bytes so that a free names only the tensor, as the step's
 // own code does. Blocks are grouped where they run identical ops: a group's
 // code runs once, for its first block, and stands for every repetition; an
 // allocation is recorded once per group, under its canonical block.
+template <typename Sink>
 class Builder {
  public:
-  Builder(StepProgram* program, bool grouped) : p_(program), grouped_(grouped) {
-    p_->ops.clear();
-    p_->groups.clear();
-    p_->num_handles = 0;
-  }
+  Builder(Sink* sink, bool grouped) : sink_(*sink), grouped_(grouped), scratch_(TheScratch()) {}
 
   // A fresh handle, or `count` consecutive ones (one per block: Ref{base, layer}).
   int Handles(int count) {
-    const int first = p_->num_handles;
-    p_->num_handles += count;
-    if (allocations_.size() < static_cast<size_t>(p_->num_handles)) allocations_.resize(p_->num_handles);
+    const int first = num_handles_;
+    num_handles_ += count;
+    if (scratch_.allocations.size() < static_cast<size_t>(num_handles_)) scratch_.allocations.resize(num_handles_);
     return first;
   }
+  int num_handles() const { return num_handles_; }
 
   void Alloc(Ref tensor, Component component, int64_t bytes, Phase phase, int layer, const char* name) {
-    allocations_[Recorded(tensor)] = {component, bytes};
-    if (bytes != 0) Push(bytes, name, Handle(tensor), layer, MemoryEvent::ALLOC, component, phase);
+    scratch_.allocations[Recorded(tensor)] = {component, bytes};
+    if (bytes != 0) sink_.Op(bytes, name, Handle(tensor), layer, MemoryEvent::ALLOC, component, phase);
   }
   int Alloc(Component component, int64_t bytes, Phase phase, int layer, const char* name) {
     const int handle = Handles(1);
@@ -50,9 +60,9 @@ class Builder {
   }
 
   void Free(Ref tensor, Phase phase, int layer, const char* name) {
-    auto& [component, bytes] = allocations_[Recorded(tensor)];
+    auto& [component, bytes] = scratch_.allocations[Recorded(tensor)];
     ZPLAN_CHECK(bytes >= 0);  // each allocation is freed once
-    if (bytes > 0) Push(bytes, name, Handle(tensor), layer, MemoryEvent::FREE, component, phase);
+    if (bytes > 0) sink_.Op(bytes, name, Handle(tensor), layer, MemoryEvent::FREE, component, phase);
     bytes = -1;
   }
   void Free(int handle, Phase phase, int layer, const char* name) { Free(Ref{handle}, phase, layer, name); }
@@ -64,21 +74,25 @@ class Builder {
   void Cuts(int num_layers, int period, const std::array<int, N>& at) {
     num_layers_ = num_layers;
     period_ = period;
-    cuts_.clear();
-    cuts_.push_back(0);
+    std::vector<int>& cuts = scratch_.cuts;
+    cuts.clear();
+    cuts.push_back(0);
     for (int c : at) {
-      if (c > 0 && c < num_layers) cuts_.push_back(c);
+      if (c > 0 && c < num_layers) cuts.push_back(c);
     }
-    cuts_.push_back(num_layers);
-    std::sort(cuts_.begin(), cuts_.end());
-    cuts_.erase(std::unique(cuts_.begin(), cuts_.end()), cuts_.end());
-    if (canonical_.size() < static_cast<size_t>(num_layers)) canonical_.resize(num_layers);
-    for (int i = 0; i < num_layers; ++i) canonical_[i] = i;
+    cuts.push_back(num_layers);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<int>& canonical = scratch_.canonical;
+    if (canonical.size() < static_cast<size_t>(num_layers)) canonical.resize(num_layers);
+    for (int i = 0; i < num_layers; ++i) canonical[i] = i;
     if (!grouped_) return;
     // A run's whole periods are one group: each block stands for its offset in the first period.
-    for (size_t t = 0; t + 1 < cuts_.size(); ++t) {
-      const auto [from, to] = Periods(cuts_[t], cuts_[t + 1]);
-      for (int i = from; i < to; ++i) canonical_[i] = from + (i - from) % period_;
+    for (size_t t = 0; t + 1 < cuts.size(); ++t) {
+      const auto [from, to] = Periods(cuts[t], cuts[t + 1]);
+      for (int i = from, offset = 0; i < to; ++i, offset = offset + 1 == period_ ? 0 : offset + 1) {
+        canonical[i] = from + offset;
+      }
     }
   }
 
@@ -94,10 +108,11 @@ class Builder {
       plain(forward ? 0 : num_layers_ - 1, num_layers_);
       return;
     }
-    const int runs = static_cast<int>(cuts_.size()) - 1;
+    const std::vector<int>& cuts = scratch_.cuts;
+    const int runs = static_cast<int>(cuts.size()) - 1;
     for (int t = 0; t < runs; ++t) {
       const int k = forward ? t : runs - 1 - t;
-      const int a = cuts_[k], b = cuts_[k + 1];
+      const int a = cuts[k], b = cuts[k + 1];
       const auto [from, to] = Periods(a, b);
       const int repeat = (to - from) / period_;
       plain(forward ? a : b - 1, forward ? from - a : b - to);
@@ -109,6 +124,43 @@ class Builder {
   }
 
   // Ops until EndGroup run `repeat` times, moving layers and handles by the steps.
+  void BeginGroup(int repeat, int layer_step, int handle_step) { sink_.BeginGroup(repeat, layer_step, handle_step); }
+  void EndGroup() { sink_.EndGroup(); }
+
+ private:
+  // The whole periods of blocks [a, b): [from, to), aligned to the period.
+  std::pair<int, int> Periods(int a, int b) const {
+    const int from = std::min(b, (a + period_ - 1) / period_ * period_);
+    return {from, from + (b - from) / period_ * period_};
+  }
+  int Handle(Ref tensor) const { return tensor.layer < 0 ? tensor.base : tensor.base + tensor.layer; }
+  int Recorded(Ref tensor) const {
+    return tensor.layer < 0 ? tensor.base : tensor.base + scratch_.canonical[tensor.layer];
+  }
+
+  Sink& sink_;
+  bool grouped_;
+  Scratch& scratch_;
+  int num_handles_ = 0, num_layers_ = 0, period_ = 1;
+};
+
+
+// Appends the ops to a program.
+class ProgramSink {
+ public:
+  explicit ProgramSink(StepProgram* program) : p_(program) {
+    p_->ops.clear();
+    p_->groups.clear();
+  }
+  void Op(int64_t bytes, const char* name, int handle, int layer, MemoryEvent::Kind kind, Component component,
+          Phase phase) {
+    if (!in_group_ && !open_) {
+      p_->groups.push_back({static_cast<int>(p_->ops.size()), 0, 1, 0, 0});
+      open_ = true;
+    }
+    p_->ops.push_back({bytes, name, handle, layer, kind, component, phase});
+    ++p_->groups.back().num_ops;
+  }
   void BeginGroup(int repeat, int layer_step, int handle_step) {
     p_->groups.push_back({static_cast<int>(p_->ops.size()), 0, repeat, layer_step, handle_step});
     in_group_ = true;
@@ -120,75 +172,100 @@ class Builder {
   }
 
  private:
-  // The whole periods of blocks [a, b): [from, to), aligned to the period.
-  std::pair<int, int> Periods(int a, int b) const {
-    const int from = std::min(b, (a + period_ - 1) / period_ * period_);
-    return {from, from + (b - from) / period_ * period_};
-  }
-  int Handle(Ref tensor) const { return tensor.layer < 0 ? tensor.base : tensor.base + tensor.layer; }
-  int Recorded(Ref tensor) const { return tensor.layer < 0 ? tensor.base : tensor.base + canonical_[tensor.layer]; }
-
-  void Push(int64_t bytes, const char* name, int handle, int layer, MemoryEvent::Kind kind, Component component,
-            Phase phase) {
-    if (!in_group_ && !open_) {
-      p_->groups.push_back({static_cast<int>(p_->ops.size()), 0, 1, 0, 0});
-      open_ = true;
-    }
-    StepOp& op = p_->ops.emplace_back();
-    op.bytes = bytes;
-    op.tensor = name;
-    op.handle = handle;
-    op.layer = layer;
-    op.kind = kind;
-    op.component = component;
-    op.phase = phase;
-    ++p_->groups.back().num_ops;
-  }
-
   StepProgram* p_;
-  bool grouped_;
   bool in_group_ = false;
-  bool open_ = false;  // the last group takes ops outside any BeginGroup
-  int num_layers_ = 0, period_ = 1;
-  // Scratch reused across builds (the fast evaluator builds millions of programs).
-  static thread_local std::vector<std::pair<Component, int64_t>> allocations_;  // by recorded handle
-  static thread_local std::vector<int> canonical_;                             // by block
-  static thread_local std::vector<int> cuts_;                                  // run starts, then num_layers
+  bool open_ = false;  // the last group takes the ops outside any BeginGroup
 };
 
-thread_local std::vector<std::pair<Component, int64_t>> Builder::allocations_;
-thread_local std::vector<int> Builder::canonical_;
-thread_local std::vector<int> Builder::cuts_;
+// Live bytes by component (Component - 1), without protos: the evaluator
+// runs millions of times per second in searches.
+constexpr int kComponents = COMPONENT_TEMPORARIES;
+using Live = std::array<int64_t, kComponents>;
 
-}  // namespace
+// Finds the peak as the ops arrive: the first event whose live bytes exceed
+// every earlier one. A group's body arrives once; live bytes are affine in
+// its repetition (each adds the same bytes), so its largest moment is the
+// body's largest prefix at the last repetition when a repetition adds bytes,
+// else at the first. With kBreakdown the live bytes by component and the
+// event at the peak are kept too.
+template <bool kBreakdown>
+class PeakSink {
+ public:
+  void Op(int64_t bytes, const char* name, int /*handle*/, int layer, MemoryEvent::Kind kind, Component component,
+          Phase /*phase*/) {
+    const bool alloc = kind == MemoryEvent::ALLOC;
+    const int64_t delta = alloc ? bytes : -bytes;
+    if (in_group_) {
+      prefix_ += delta;
+      if constexpr (kBreakdown) prefix_live_[component - 1] += delta;
+      if (alloc && prefix_ > best_) {
+        best_ = prefix_;
+        if constexpr (kBreakdown) {
+          best_live_ = prefix_live_;
+          best_name_ = name;
+          best_layer_ = layer;
+        }
+      }
+      return;
+    }
+    total_ += delta;
+    if constexpr (kBreakdown) live_[component - 1] += delta;
+    if (alloc && total_ > peak_) {
+      peak_ = total_;
+      if constexpr (kBreakdown) {
+        peak_live_ = live_;
+        peak_name_ = name;
+        peak_layer_ = layer;
+      }
+    }
+  }
+  void BeginGroup(int repeat, int layer_step, int /*handle_step*/) {
+    in_group_ = true;
+    repeat_ = repeat;
+    layer_step_ = layer_step;
+    prefix_ = 0;
+    best_ = -1;
+    if constexpr (kBreakdown) prefix_live_ = {};
+  }
+  void EndGroup() {
+    in_group_ = false;
+    const int r = prefix_ > 0 ? repeat_ - 1 : 0;
+    if (best_ >= 0 && total_ + r * prefix_ + best_ > peak_) {
+      peak_ = total_ + r * prefix_ + best_;
+      if constexpr (kBreakdown) {
+        for (int c = 0; c < kComponents; ++c) peak_live_[c] = live_[c] + r * prefix_live_[c] + best_live_[c];
+        peak_name_ = best_name_;
+        peak_layer_ = best_layer_ + r * layer_step_;
+      }
+    }
+    total_ += repeat_ * prefix_;
+    if constexpr (kBreakdown) {
+      for (int c = 0; c < kComponents; ++c) live_[c] += repeat_ * prefix_live_[c];
+    }
+  }
 
-int64_t LiveTensorBytes(const MemoryBreakdown& b) {
-  return b.params_bytes() + b.grads_bytes() + b.master_params_bytes() +
-         b.optimizer_states_bytes() + b.activations_bytes() + b.logits_bytes() +
-         b.buffers_bytes() + b.temporaries_bytes();
-}
+  int64_t peak() const { return peak_; }  // tensor bytes; -1 without any op
+  const Live& peak_live() const { return peak_live_; }
+  std::string peak_event() const { return TensorName(peak_name_, peak_layer_); }
 
-void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
-  const int64_t tensors = LiveTensorBytes(*b);
-  b->set_runtime_bytes(s.runtime);
-  b->set_allocator_bytes(s.allocator_cached);
-  b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
-}
+ private:
+  int64_t total_ = 0, peak_ = -1;
+  Live live_{}, peak_live_{};
+  const char* peak_name_ = "";
+  int peak_layer_ = -1;
+  // The group whose body is arriving.
+  bool in_group_ = false;
+  int repeat_ = 1, layer_step_ = 0;
+  int64_t prefix_ = 0, best_ = -1;
+  Live prefix_live_{}, best_live_{};
+  const char* best_name_ = "";
+  int best_layer_ = -1;
+};
 
-std::string TensorName(const char* tensor, int layer) {
-  const char* mark = std::strchr(tensor, '#');
-  if (mark == nullptr) return tensor;
-  return absl::StrCat(absl::string_view(tensor, mark - tensor), layer, mark + 1);
-}
-
-StepProgram BuildStepProgram(const StepSizes& sizes, bool grouped) {
-  StepProgram program;
-  BuildStepProgram(sizes, grouped, &program);
-  return program;
-}
-
-void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
-  Builder r(program, grouped);
+// Sends the step's ops to `sink`; returns the number of handles.
+template <typename Sink>
+int Emit(const StepSizes& s, bool grouped, Sink* sink) {
+  Builder<Sink> r(sink, grouped);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -262,16 +339,18 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
   // checkpointed block (the spare buffers go); forward and backward group
   // the same blocks.
   const int last_checkpointed = last - last % period;
+  const int spares_go = s.checkpoint_slots > 0 ? last_checkpointed : -1;
   const int p = s.grad_partition_from, q = s.ipg_from, kept_from = s.gather_kept_from;
   r.Cuts(num_layers, period,
-         std::array<int, 9>{1, kept_from - 1, kept_from, p, p + 1, q, q + 1, last_checkpointed, last_checkpointed + 1});
+         std::array<int, 9>{1, kept_from - 1, kept_from, p, p + 1, q, q + 1, spares_go, spares_go + 1});
   r.Blocks(/*forward=*/true, [&](int i) {
     r.Alloc(Ref{kept_gather, i}, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered (kept)");
     r.Alloc(Ref{forward_gather, i}, COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered");
     if (s.Checkpointed(i)) {
-      r.Alloc(Ref{input, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i, "forward, layer #, checkpointed input");
+      r.Alloc(Ref{input, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+              "forward, layer #, checkpointed input");
       // DeepSpeed's copy of it, in a contiguous buffer (all allocated here, at the first) or its own.
       if (s.checkpoint_slots > 0 && i == 0) {
         for (int j = 0; j < s.checkpoint_slots; ++j) {
@@ -405,7 +484,7 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
     const bool recompute = s.Checkpointed(i);
     if (recompute) {
       // CheckpointFunction.backward drops its buffer list first: the spare ones go.
-      if (i == last_checkpointed) {
+      if (i == spares_go) {
         for (int j = s.NumCheckpointed(); j < s.checkpoint_slots; ++j) {
           r.Free(slot(j), PHASE_BACKWARD, i, "backward, layer #, spare contiguous checkpoint buffer released");
         }
@@ -458,7 +537,9 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
       // The rest of the half's gradients, once down_proj's input gradient is freed.
       r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp);
     }
-    if (recompute) r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
+    if (recompute) {
+      r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
+    }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
     // Attention half.
     if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
@@ -469,10 +550,13 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
       r.Alloc(Ref{kept_attn, i}, COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention);
     } else {
       r.Alloc(Ref{attn_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_attn_grad, PHASE_BACKWARD, i, attention);
-      r.Free(Ref{attn_weight_grad, i}, PHASE_BACKWARD, i, "backward, layer #, attention weight gradients into reduce bucket");
+      r.Free(Ref{attn_weight_grad, i}, PHASE_BACKWARD, i,
+             "backward, layer #, attention weight gradients into reduce bucket");
     }
     r.Free(Ref{attn_transient, i}, PHASE_BACKWARD, i, "backward, layer #, attention activation gradients freed");
-    if (recompute) r.Free(Ref{recomputed_attn, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed activations freed");
+    if (recompute) {
+      r.Free(Ref{recomputed_attn, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed activations freed");
+    }
     r.Free(attention_saved, PHASE_BACKWARD, i, "backward, layer #, attention activations freed");
     r.Free(Ref{backward_gather, i}, PHASE_BACKWARD, i, "backward, layer #, parameters released");
     r.Free(Ref{kept_gather, i}, PHASE_BACKWARD, i, "backward, layer #, kept parameters released");
@@ -526,7 +610,8 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
     const bool moved_first = s.epilogue_moved_grads > 0;
     const int64_t held = kept ? s.shards.trainable_elements * (s.mixed ? 2 : 4) : s.grads_resident;
     auto release = [&](bool into_bucket) {
-      free_kept(PHASE_BACKWARD, into_bucket ? "gradients moved into the IPG bucket" : "gradients moved into the partition");
+      free_kept(PHASE_BACKWARD,
+                into_bucket ? "gradients moved into the IPG bucket" : "gradients moved into the partition");
       r.Free(grads_resident, PHASE_BACKWARD, -1,
              into_bucket ? "accumulated gradients moved into the IPG bucket"
                          : "accumulated gradients moved into the partition");
@@ -552,7 +637,7 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
     r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
     r.Free(fp32, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
     r.Free(batch, PHASE_OPTIMIZER_STEP, -1, "the batch freed");
-    return;
+    return r.num_handles();
   }
 
   // Reduction (stage 0) and the optimizer step.
@@ -577,86 +662,48 @@ void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
   r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
   if (s.stage == 0 && s.step_grad_copies == 0) release_grads();
   r.Free(batch, PHASE_OPTIMIZER_STEP, -1, "the batch freed");
-}
-
-namespace {
-
-// Live bytes by component (Component - 1), without protos: the evaluator
-// runs millions of times per second in searches.
-constexpr int kComponents = COMPONENT_TEMPORARIES;
-using Live = std::array<int64_t, kComponents>;
-
-int64_t Signed(const StepOp& op) { return op.kind == MemoryEvent::ALLOC ? op.bytes : -op.bytes; }
-
-// Where the peak is: the first event whose total exceeds every earlier one.
-struct PeakAt {
-  int64_t total = -1;
-  int group = -1, repetition = 0, op = 0;
-  Live live_before{};  // at the start of that group
-};
-
-// Each group once: within a group live bytes are affine in the repetition
-// (the body adds the same bytes each time), so its largest moment is the
-// body's largest prefix at the last repetition when a repetition adds bytes,
-// else at the first.
-PeakAt FindPeak(const StepProgram& program, bool breakdown) {
-  PeakAt peak;
-  Live live{};
-  int64_t total = 0;
-  for (size_t g = 0; g < program.groups.size(); ++g) {
-    const StepGroup& group = program.groups[g];
-    const StepOp* body = program.ops.data() + group.first_op;
-    int64_t prefix = 0, best = -1;
-    int best_op = 0;
-    for (int j = 0; j < group.num_ops; ++j) {
-      prefix += Signed(body[j]);
-      if (body[j].kind == MemoryEvent::ALLOC && prefix > best) {
-        best = prefix;
-        best_op = j;
-      }
-    }
-    if (best >= 0) {
-      const int repetition = prefix > 0 ? group.repeat - 1 : 0;
-      const int64_t at = total + repetition * prefix + best;
-      if (at > peak.total) {
-        peak.total = at;
-        peak.group = static_cast<int>(g);
-        peak.repetition = repetition;
-        peak.op = best_op;
-        if (breakdown) peak.live_before = live;
-      }
-    }
-    total += group.repeat * prefix;
-    if (breakdown) {
-      for (int j = 0; j < group.num_ops; ++j) {
-        live[body[j].component - 1] += group.repeat * Signed(body[j]);
-      }
-    }
-  }
-  return peak;
-}
-
-StepProgram& Scratch() {
-  static thread_local StepProgram program;
-  return program;
+  return r.num_handles();
 }
 
 }  // namespace
 
+int64_t LiveTensorBytes(const MemoryBreakdown& b) {
+  return b.params_bytes() + b.grads_bytes() + b.master_params_bytes() +
+         b.optimizer_states_bytes() + b.activations_bytes() + b.logits_bytes() +
+         b.buffers_bytes() + b.temporaries_bytes();
+}
+
+void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
+  const int64_t tensors = LiveTensorBytes(*b);
+  b->set_runtime_bytes(s.runtime);
+  b->set_allocator_bytes(s.allocator_cached);
+  b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
+}
+
+std::string TensorName(const char* tensor, int layer) {
+  const char* mark = std::strchr(tensor, '#');
+  if (mark == nullptr) return tensor;
+  return absl::StrCat(absl::string_view(tensor, mark - tensor), layer, mark + 1);
+}
+
+StepProgram BuildStepProgram(const StepSizes& sizes, bool grouped) {
+  StepProgram program;
+  BuildStepProgram(sizes, grouped, &program);
+  return program;
+}
+
+void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
+  ProgramSink sink(program);
+  program->num_handles = Emit(s, grouped, &sink);
+}
+
+
 MemoryBreakdown StepPeak(const StepSizes& s) {
-  StepProgram& program = Scratch();
-  BuildStepProgram(s, /*grouped=*/true, &program);
-  const PeakAt peak = FindPeak(program, /*breakdown=*/true);
+  PeakSink</*kBreakdown=*/true> sink;
+  Emit(s, /*grouped=*/true, &sink);
   MemoryBreakdown result;
-  if (peak.group >= 0) {
-    // Live bytes at the peak: the group's start, whole repetitions before it, its body to the peak's op.
-    const StepGroup& group = program.groups[peak.group];
-    Live live = peak.live_before;
-    for (int j = 0; j < group.num_ops; ++j) {
-      const StepOp& op = program.ops[group.first_op + j];
-      live[op.component - 1] += (peak.repetition + (j <= peak.op ? 1 : 0)) * Signed(op);
-    }
-    const StepOp& op = program.ops[group.first_op + peak.op];
+  if (sink.peak() >= 0) {
+    const Live& live = sink.peak_live();
     result.set_params_bytes(live[COMPONENT_PARAMS - 1]);
     result.set_grads_bytes(live[COMPONENT_GRADS - 1]);
     result.set_master_params_bytes(live[COMPONENT_MASTER_PARAMS - 1]);
@@ -665,16 +712,16 @@ MemoryBreakdown StepPeak(const StepSizes& s) {
     result.set_logits_bytes(live[COMPONENT_LOGITS - 1]);
     result.set_buffers_bytes(live[COMPONENT_BUFFERS - 1]);
     result.set_temporaries_bytes(live[COMPONENT_TEMPORARIES - 1]);
-    result.set_peak_event(TensorName(op.tensor, op.layer + peak.repetition * group.layer_step));
+    result.set_peak_event(sink.peak_event());
   }
   FinishDeviceBreakdown(s, &result);
   return result;
 }
 
 int64_t StepPeakBytes(const StepSizes& s) {
-  StepProgram& program = Scratch();
-  BuildStepProgram(s, /*grouped=*/true, &program);
-  return std::max<int64_t>(0, FindPeak(program, /*breakdown=*/false).total) + s.runtime + s.allocator_cached;
+  PeakSink</*kBreakdown=*/false> sink;
+  Emit(s, /*grouped=*/true, &sink);
+  return std::max<int64_t>(0, sink.peak()) + s.runtime + s.allocator_cached;
 }
 
 }  // namespace zplan

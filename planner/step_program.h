@@ -23,8 +23,10 @@
 // peak is at its first or last repetition.
 //
 // Evaluators:
-//   * StepPeak / StepPeakBytes (here): visit each group once, at the
-//     repetition where its peak can be; what sweeps and max-batch searches run.
+//   * StepPeak / StepPeakBytes (here): the builder hands its ops straight to
+//     it (no program is stored), each group's body once, and it evaluates the
+//     group at the repetition where its peak can be; what sweeps and
+//     max-batch searches run, about a microsecond for a 32-block model.
 //   * SimulateStep (simulator.h): every event, for the timeline, the
 //     allocator replay and the Perfetto trace.
 // Both report the first event whose live bytes exceed every earlier one;
