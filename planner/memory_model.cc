@@ -66,7 +66,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
   std::vector<PartitionStart> from(partitions.size());
   std::vector<bool> seen(partitions.size(), false);
   // A reduction of the bucket holding parameters [lo, hi] at parameter i's
-  // hook. The closed form's moment of an attention half is its first
+  // hook. The step program's moment of an attention half is its first
   // gradient's (the widest point), so a partition made at a later hook of
   // the half counts from the next half; an MLP half's comes after
   // down_proj's hooks (BlockBackwardTransientBytes), which count for it.
@@ -447,8 +447,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.block_gather = (partitioned + prefetched) * w;
     s.gather_kept_block = partitioned * w;
     // Kept parameters (sharding.h): the later the block, the nearer its
-    // backward, so blocks from some index on are kept whole (the closed form
-    // relies on it; the simulator test checks it).
+    // backward, so blocks from some index on are kept whole (the step
+    // program's groups rely on it; the simulator test checks it).
     std::vector<bool> runs_backward;
     for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t, saves));
     const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero, runs_backward);
