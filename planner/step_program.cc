@@ -38,19 +38,24 @@ Scratch& TheScratch() {
 template <typename Sink>
 class Builder {
  public:
-  Builder(Sink* sink, bool grouped) : sink_(*sink), grouped_(grouped), scratch_(TheScratch()) {}
+  // `max_handles` bounds what Handles hands out.
+  Builder(Sink* sink, bool grouped, int max_handles) : sink_(*sink), grouped_(grouped), scratch_(TheScratch()) {
+    if (scratch_.allocations.size() < static_cast<size_t>(max_handles)) scratch_.allocations.resize(max_handles);
+    allocations_ = scratch_.allocations.data();
+    max_handles_ = max_handles;
+  }
 
   // A fresh handle, or `count` consecutive ones (one per block: Ref{base, layer}).
   int Handles(int count) {
     const int first = num_handles_;
     num_handles_ += count;
-    if (scratch_.allocations.size() < static_cast<size_t>(num_handles_)) scratch_.allocations.resize(num_handles_);
+    ZPLAN_CHECK(num_handles_ <= max_handles_);
     return first;
   }
   int num_handles() const { return num_handles_; }
 
   void Alloc(Ref tensor, Component component, int64_t bytes, Phase phase, int layer, const char* name) {
-    scratch_.allocations[Recorded(tensor)] = {component, bytes};
+    allocations_[Recorded(tensor)] = {component, bytes};
     if (bytes != 0) sink_.Op(bytes, name, Handle(tensor), layer, MemoryEvent::ALLOC, component, phase);
   }
   int Alloc(Component component, int64_t bytes, Phase phase, int layer, const char* name) {
@@ -60,7 +65,7 @@ class Builder {
   }
 
   void Free(Ref tensor, Phase phase, int layer, const char* name) {
-    auto& [component, bytes] = scratch_.allocations[Recorded(tensor)];
+    auto& [component, bytes] = allocations_[Recorded(tensor)];
     ZPLAN_CHECK(bytes >= 0);  // each allocation is freed once
     if (bytes > 0) sink_.Op(bytes, name, Handle(tensor), layer, MemoryEvent::FREE, component, phase);
     bytes = -1;
@@ -85,6 +90,7 @@ class Builder {
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
     std::vector<int>& canonical = scratch_.canonical;
     if (canonical.size() < static_cast<size_t>(num_layers)) canonical.resize(num_layers);
+    canonical_ = canonical.data();
     for (int i = 0; i < num_layers; ++i) canonical[i] = i;
     if (!grouped_) return;
     // A run's whole periods are one group: each block stands for its offset in the first period.
@@ -135,13 +141,15 @@ class Builder {
   }
   int Handle(Ref tensor) const { return tensor.layer < 0 ? tensor.base : tensor.base + tensor.layer; }
   int Recorded(Ref tensor) const {
-    return tensor.layer < 0 ? tensor.base : tensor.base + scratch_.canonical[tensor.layer];
+    return tensor.layer < 0 ? tensor.base : tensor.base + canonical_[tensor.layer];
   }
 
   Sink& sink_;
   bool grouped_;
   Scratch& scratch_;
-  int num_handles_ = 0, num_layers_ = 0, period_ = 1;
+  std::pair<Component, int64_t>* allocations_ = nullptr;  // scratch_'s, by recorded handle
+  const int* canonical_ = nullptr;                         // scratch_'s, by block
+  int num_handles_ = 0, max_handles_ = 0, num_layers_ = 0, period_ = 1;
 };
 
 
@@ -265,7 +273,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  Builder<Sink> r(sink, grouped);
+  // Handles: 22 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 22 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -341,8 +350,14 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   const int last_checkpointed = last - last % period;
   const int spares_go = s.checkpoint_slots > 0 ? last_checkpointed : -1;
   const int p = s.grad_partition_from, q = s.ipg_from, kept_from = s.gather_kept_from;
+  // Block 0's own sizes (LoRA, dropout masks, the reused input) and the buffers made there.
+  const bool block0_differs = s.block0_saved_less != 0 || s.block0_saved_mlp_less != 0 ||
+                              s.block0_saved_input != s.block_saved_input ||
+                              s.block0_mlp_dropout_saved != s.block_mlp_dropout_saved || s.checkpoint_slots > 0;
+  const int partly_kept = s.gather_kept_partial != 0 ? kept_from - 1 : -1;
   r.Cuts(num_layers, period,
-         std::array<int, 9>{1, kept_from - 1, kept_from, p, p + 1, q, q + 1, spares_go, spares_go + 1});
+         std::array<int, 9>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
+                            spares_go + 1});
   r.Blocks(/*forward=*/true, [&](int i) {
     r.Alloc(Ref{kept_gather, i}, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered (kept)");
