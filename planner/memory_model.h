@@ -39,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "planner/inventory.h"
 #include "planner/sharding.h"
-#include "planner/step_program.h"
+#include "planner/step_program.h"  // StepPeak, LiveTensorBytes, FinishDeviceBreakdown for memory_model.h users
 #include "planner/step_sizes.h"
 #include "proto/gpu.pb.h"
 #include "proto/memory.pb.h"

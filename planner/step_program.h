@@ -26,11 +26,16 @@
 //   * StepPeak / StepPeakBytes (here): the builder hands its ops straight to
 //     it (no program is stored), each group's body once, and it evaluates the
 //     group at the repetition where its peak can be; what sweeps and
-//     max-batch searches run, about a microsecond for a 32-block model.
+//     max-batch searches run, about 4,300 instructions for a 32-block model.
 //   * SimulateStep (simulator.h): every event, for the timeline, the
 //     allocator replay and the Perfetto trace.
 // Both report the first event whose live bytes exceed every earlier one;
 // tests check they agree on many configurations.
+//
+// Nothing here fails on input: sizes come validated from ComputeStepSizes
+// (memory_model.h). A builder bug -- a tensor freed twice -- aborts through
+// ZPLAN_CHECK. Building reuses per-thread scratch storage and never changes
+// `sizes`.
 //
 // Example:
 //   const StepProgram program = BuildStepProgram(sizes);

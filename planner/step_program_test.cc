@@ -1,5 +1,6 @@
 #include "planner/step_program.h"
 
+#include <map>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -68,6 +69,36 @@ TEST(StepProgramTest, PeakIsTheExpansionsPeak) {
             << preset << " stage " << stage << " every " << every << ": fast at \"" << fast.peak_event()
             << "\", expansion at \"" << step.peak.peak_event() << "\"";
         EXPECT_EQ(StepPeakBytes(s), step.peak.peak_bytes());
+      }
+    }
+  }
+}
+
+// The allocator replay (allocator_replay.h) maps handles to blocks: every
+// ALLOC names a handle not live, every FREE a live one of the same size and
+// component, and what is live at the end is the resident state.
+TEST(StepProgramTest, ExpandedHandlesPairAllocationsAndFrees) {
+  for (const char* preset : {"debug-tiny", "1b", "llama3-8b"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int every : {0, 1, 3}) {
+        const StepSizes s = Sizes(preset, stage, every);
+        const SimulatedStep step = SimulateStep(s);
+        ASSERT_EQ(step.event_handles.size(), step.events.size());
+        std::map<int, const MemoryEvent*> live;
+        for (size_t i = 0; i < step.events.size(); ++i) {
+          const MemoryEvent& event = step.events[i];
+          const int handle = step.event_handles[i];
+          if (event.kind() == MemoryEvent::ALLOC) {
+            ASSERT_TRUE(live.emplace(handle, &event).second) << preset << " event " << i << ": handle live";
+          } else {
+            auto it = live.find(handle);
+            ASSERT_NE(it, live.end()) << preset << " event " << i << ": freed handle not live";
+            EXPECT_EQ(it->second->bytes(), event.bytes());
+            EXPECT_EQ(it->second->component(), event.component());
+            live.erase(it);
+          }
+        }
+        for (const auto& [handle, event] : live) EXPECT_EQ(event->phase(), PHASE_INIT) << event->tensor();
       }
     }
   }
