@@ -6,6 +6,7 @@
 #include "planner/caching_allocator.h"
 #include "planner/simulator.h"
 #include "planner/status_macros.h"
+#include "planner/step_program.h"
 
 namespace zplan {
 
@@ -36,7 +37,7 @@ int64_t ReplayedPeakReservedBytes(const StepSizes& sizes) {
 
 StepSizes WithAllocatorCache(StepSizes sizes) {
   sizes.allocator_cached = 0;
-  const int64_t tensors = ClosedFormPeakBytes(sizes) - sizes.runtime;
+  const int64_t tensors = StepPeakBytes(sizes) - sizes.runtime;
   sizes.allocator_cached = std::max<int64_t>(0, ReplayedPeakReservedBytes(sizes) - tensors);
   return sizes;
 }

@@ -22,7 +22,7 @@
 //
 // Example:
 //   StepSizes sizes = WithAllocatorCache(sizer.For(micro_batch, seq));
-//   ClosedFormDevicePeak(sizes).allocator_bytes();  // reserved - tensors at the peak
+//   StepPeak(sizes).allocator_bytes();  // reserved - tensors at the peak
 #ifndef ZPLAN_PLANNER_ALLOCATOR_REPLAY_H_
 #define ZPLAN_PLANNER_ALLOCATOR_REPLAY_H_
 

@@ -11,6 +11,7 @@
 #include "planner/model_spec.h"
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
+#include "planner/step_program.h"
 #include "planner/zplan_command.h"
 #include "proto/plan.pb.h"
 
@@ -42,13 +43,13 @@ TEST(AllocatorReplayTest, CpuRanksHaveNoCachingAllocator) {
 
 TEST(AllocatorReplayTest, ReservedCoversTheTensorsAndEntersThePeak) {
   const StepSizes sizes = SizesFor("h100-80gb", 0, false);
-  const int64_t tensors = ClosedFormPeakBytes(sizes) - sizes.runtime;
+  const int64_t tensors = StepPeakBytes(sizes) - sizes.runtime;
   const StepSizes cached = WithAllocatorCache(sizes);
   EXPECT_GT(cached.allocator_cached, 0);
   EXPECT_EQ(tensors + cached.allocator_cached, ReplayedPeakReservedBytes(sizes));
-  const MemoryBreakdown peak = ClosedFormDevicePeak(cached);
+  const MemoryBreakdown peak = StepPeak(cached);
   EXPECT_EQ(peak.allocator_bytes(), cached.allocator_cached);
-  EXPECT_EQ(peak.peak_bytes(), ClosedFormPeakBytes(cached));
+  EXPECT_EQ(peak.peak_bytes(), StepPeakBytes(cached));
   EXPECT_EQ(OffloadWaitRiskBytes(sizes), 0);  // no offload stream
 }
 

@@ -1,15 +1,12 @@
 #include "planner/memory_model.h"
 
 #include <algorithm>
-#include <array>
-#include <numeric>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
 #include "planner/run_config.h"
@@ -18,15 +15,6 @@
 
 namespace zplan {
 namespace {
-
-// The MLP half's widest moment (the activation's backward, down_proj's hooks
-// done) against its weight-gradient moment (the transient plus
-// block_max_mlp_grad): that weight gradient has gone into a bucket, or waits
-// whole when larger than one, and the residual dropout's mask is freed.
-int64_t WidestMlpMomentOverWeightGradient(const StepSizes& s, int layer) {
-  return s.block_down_weight_grad_waiting + s.MlpTransientPastDownProjHooks(layer) - s.block_bwd_mlp_transient -
-         s.block_max_mlp_grad;
-}
 
 DType WorkingDtype(Precision precision) {
   switch (precision) {
@@ -40,351 +28,6 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
   int64_t total = 0;
   for (const TensorSpec& t : tensors) total += TensorBytes(t);
   return total;
-}
-
-// Live tensor bytes by component at one moment of the step (no protos: the
-// closed form runs millions of times per second in searches).
-enum Slot { kParams, kGrads, kMaster, kOptimizer, kActivations, kLogits, kBuffers, kTemps, kSlots };
-using Live = std::array<int64_t, kSlots>;
-
-struct Moment {
-  Live live{};
-  const char* label = "";   // printf format with one %d when layer >= 0
-  int layer = -1;
-  int64_t Total() const { return std::accumulate(live.begin(), live.end(), int64_t{0}); }
-};
-
-Live Resident(const StepSizes& s) {
-  Live l{};
-  l[kParams] = s.params_resident;
-  l[kGrads] = s.grads_resident;
-  l[kMaster] = s.master_resident;
-  l[kOptimizer] = s.optimizer_resident;
-  l[kBuffers] = s.buckets_resident + s.offload_staging_resident + s.cublas_workspace;
-  return l;
-}
-
-// Stage 3: gathered bytes of blocks 0..i kept since their forward.
-int64_t KeptThrough(const StepSizes& s, int i) {
-  if (i < s.gather_kept_from - 1) return 0;
-  return s.gather_kept_partial + std::max(0, i - s.gather_kept_from + 1) * s.gather_kept_block;
-}
-
-// Stage 3: gathered block parameters while block i computes. Forward: the
-// block and its prefetch beside the earlier blocks kept. Backward: a kept
-// block is still there (and DeepSpeed prefetches past it while anything
-// below is partitioned); another is gathered again with its prefetch.
-int64_t ForwardGather(const StepSizes& s, int i) { return s.block_gather + KeptThrough(s, i - 1); }
-int64_t BackwardGather(const StepSizes& s, int i) {
-  if (i < s.gather_kept_from) return s.block_gather;
-  const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
-  return KeptThrough(s, i) + (below ? s.block_gather - s.gather_kept_block : 0);
-}
-
-// The moments where a step can peak, in step order; the first largest wins
-// (the simulator breaks ties the same way).
-Moment BestMoment(const StepSizes& s) {
-  Moment best;
-  int64_t best_total = -1;
-  auto consider = [&](const Live& live, const char* label, int layer = -1) {
-    const int64_t total = std::accumulate(live.begin(), live.end(), int64_t{0});
-    if (total > best_total) {
-      best_total = total;
-      best.live = live;
-      best.label = label;
-      best.layer = layer;
-    }
-  };
-  const int last = s.num_layers - 1;
-  // Gradients produced in backward are kept (stage 0/1 without accumulation)
-  // or are temporaries moved into a bucket / added into resident gradients.
-  const Slot produced = s.grads_kept_on_production ? kGrads : kTemps;
-  // What blocks 0..i keep on the device after their forward: a checkpointed
-  // block its input (none when offloaded), another all it saves. Block 0 is
-  // always checkpointed when any is.
-  auto saved_through = [&](int i) -> int64_t {
-    if (i < 0) return 0;
-    if (!s.checkpointing) return s.block_saved * (i + 1) - s.block0_saved_less;
-    const int64_t checkpointed = i / s.checkpoint_every + 1;
-    return checkpointed * s.checkpoint_kept_inputs * s.block_input + (i + 1 - checkpointed) * s.block_saved;
-  };
-  // DeepSpeed's contiguous checkpoint buffers that hold no input of blocks
-  // 0..i yet (forward; all exist from block 0), and after the forward the
-  // spare ones, alive until the first checkpointed block's backward.
-  auto empty_slots = [&](int i) -> int64_t {
-    return s.checkpoint_slots > 0 ? (s.checkpoint_slots - (i / s.checkpoint_every + 1)) * s.block_input : 0;
-  };
-  const int last_checkpointed = last - last % s.checkpoint_every;
-  auto spare_slots_in_backward = [&](int i) { return i > last_checkpointed ? empty_slots(last) : 0; };
-  // What block i saves, and of that its MLP half (block 0 may keep less).
-  auto saved_of = [&](int i) { return s.block_saved - (i == 0 ? s.block0_saved_less : 0); };
-  auto saved_mlp_of = [&](int i) { return s.block_saved_mlp - (i == 0 ? s.block0_saved_mlp_less : 0); };
-  // The IPG buckets, from the first gradient of backward (part as ipg_from).
-  auto ipg_in = [&](int part, bool attention) {
-    return s.ipg_from > part || (s.ipg_from == part && (attention || !s.ipg_at_attention)) ? s.ipg_buckets : 0;
-  };
-  // The stage-1/2 gradient partition from backward part `part` on (a carried
-  // over one is in base), and the IPG buckets once the first gradient exists.
-  const bool carried = s.grad_partition_from == s.kBeforeForward();
-  auto partition_at = [&](int part) {
-    return !carried && s.grad_partition_from >= part ? s.grad_partition : 0;
-  };
-  Live base = Resident(s);
-  if (carried) base[kGrads] += s.grad_partition;
-  // A kept embedding stays gathered from its forward to its backward.
-  const int64_t embed_kept = s.embed_kept ? s.embed_gather : 0;
-  base[kActivations] += s.rope_tables + s.step_batch + s.embed_saved;
-  // The eager mask outlives the forward only as a checkpointed block's input.
-  if (s.checkpointing) base[kActivations] += s.attention_mask;
-
-  // With checkpointing every k-th block, both kinds of block appear, each
-  // peaking at its last (forward) or at the ends of the backward's regions.
-  const int k = s.checkpoint_every;
-  auto with_both_kinds = [&](std::vector<int> blocks) {
-    if (s.checkpointing && k > 1) {
-      for (int i : std::vector<int>(blocks)) {
-        blocks.insert(blocks.end(), {i - i % k, i - i % k + k, i - 1, i + 1});
-      }
-    }
-    std::vector<int> valid;
-    for (int i : blocks) {
-      if (i >= 0 && i <= last) valid.push_back(i);
-    }
-    std::sort(valid.rbegin(), valid.rend());
-    valid.erase(std::unique(valid.begin(), valid.end()), valid.end());
-    return valid;
-  };
-
-  // 1. Forward through the last block of each kind (activations only grow):
-  // at attention (its temporaries, the MLP half not yet saved) and at the
-  // block's end. A checkpointed block's input is on the device while it runs.
-  std::vector<int> forward_blocks = with_both_kinds({last});
-  std::reverse(forward_blocks.begin(), forward_blocks.end());  // step order: ties go to the first
-  for (int i : forward_blocks) {
-    Live l = base;
-    if (!s.checkpointing) l[kActivations] += s.attention_mask;
-    l[kParams] += embed_kept + ForwardGather(s, i);
-    l[kActivations] += saved_through(i - 1) + empty_slots(i);
-    if (s.Checkpointed(i)) {
-      // Its input (and DeepSpeed's copy of it).
-      l[kActivations] += s.block_input * (s.checkpoint_copy_on_device ? 2 : 1);
-      l[kTemps] += s.block_nograd_peak;
-      consider(l, "forward, layer %d", i);
-    } else {
-      l[kActivations] += saved_of(i) - saved_mlp_of(i);
-      Live attention = l;
-      attention[kTemps] += s.block_fwd_transient;
-      consider(attention, "forward, layer %d", i);
-      l[kActivations] += saved_mlp_of(i);
-      consider(l, "forward, layer %d", i);
-    }
-  }
-
-  // The final norm's saved tensors appear while the eager mask is still alive.
-  {
-    Live l = base;
-    l[kActivations] += saved_through(last) + empty_slots(last) + s.final_norm_saved +
-                       (s.checkpointing ? 0 : s.attention_mask);
-    if (s.fused_loss) l[kActivations] += s.block_input;  // its output, which nothing saves
-    l[kParams] += embed_kept + KeptThrough(s, last);
-    consider(l, "final norm saved");
-  }
-
-  // 2. Loss: logits, fp32 upcast, log-softmax and their gradients.
-  // Stage 3: the LM head (a tied one is the embedding) is gathered for its
-  // forward, and stays for the loss when kept; it is gathered for its backward.
-  Live loss = base;
-  loss[kActivations] += saved_through(last) + empty_slots(last) + s.final_norm_saved;
-  // (A kept tied embedding is the head, below, with the learned positions.)
-  loss[kParams] += KeptThrough(s, last) + (s.tied && s.embed_kept ? s.embed_gather - s.head_gather : embed_kept);
-  const int64_t head_in_loss = s.head_kept || (s.tied && s.embed_kept) ? s.head_gather : 0;
-  if (s.has_head && s.fused_loss) {
-    // The final norm's output, the labels, both gradients, the per-token
-    // losses and one chunk; in backward the gradients are handed on.
-    Live chunk = loss;
-    chunk[kActivations] += s.block_input;
-    chunk[kLogits] += s.loss_labels + s.act_grad + s.head_grad + s.loss_rows + s.loss_chunk + s.loss_chunk_temps;
-    consider(chunk, "loss forward, fused linear cross-entropy chunk");
-    Live l = loss;
-    l[kTemps] += s.act_grad;
-    l[produced] += s.head_grad;
-    l[kBuffers] += ipg_in(s.kHeadPart(), false);
-    consider(l, "backward, LM head weight gradient");
-  } else if (s.has_head) {
-    const int64_t lw = s.logits_working, l32 = s.logits_fp32;
-    auto with_logits = [&](int64_t bytes) {
-      Live l = loss;
-      l[kLogits] += bytes;
-      l[kParams] += head_in_loss;
-      return l;
-    };
-    if (head_in_loss == 0 && s.head_gather > 0) {
-      Live head = with_logits(lw);
-      head[kParams] += s.head_gather;
-      consider(head, "loss forward, LM head logits");
-    }
-    if (s.mixed) consider(with_logits(lw + l32), "loss forward, fp32 upcast of logits");
-    consider(with_logits(2 * l32), "loss forward, log-softmax");
-    consider(with_logits(3 * l32), "loss backward, log-softmax gradient");
-    if (s.mixed) consider(with_logits(l32 + lw), "loss backward, logits gradient cast");
-    Live l = with_logits(lw);
-    l[kParams] += s.head_gather - head_in_loss;
-    l[kTemps] += s.act_grad;
-    l[produced] += s.head_grad;
-    l[kBuffers] += ipg_in(s.kHeadPart(), false);
-    consider(l, "backward, LM head weight gradient");
-  }
-
-  // Final norm backward: gradients w.r.t. its output and its input.
-  {
-    Live l = base;
-    l[kActivations] += saved_through(last) + empty_slots(last) + s.final_norm_saved;
-    l[kTemps] += 2 * s.act_grad;
-    l[kParams] += embed_kept + KeptThrough(s, last);
-    l[produced] += s.final_norm_grads;
-    if (s.grads_kept_on_production || s.tied) l[produced] += s.head_grad;
-    l[kBuffers] += ipg_in(s.num_layers, false);
-    l[kGrads] += partition_at(s.num_layers);
-    consider(l, "backward, final norm");
-  }
-
-  // 3. Backward through block i: recompute (checkpointing), then gradients.
-  // Everything is linear in i on either side of the block where the gradient
-  // partition appears, so those blocks' ends bound the rest: when it appears
-  // in block p's attention half, p - 1 is the first block whose MLP half has it.
-  const int64_t grads_before_blocks = s.head_grad + s.final_norm_grads;
-  for (int i : with_both_kinds({last, s.grad_partition_from + 1, s.grad_partition_from, s.grad_partition_from - 1,
-                                 s.gather_kept_from, s.gather_kept_from - 1, s.ipg_from + 1, s.ipg_from, s.ipg_from - 1,
-                                 1, 0})) {
-    // The partition may appear only in the block's attention half.
-    const int64_t partition_mlp =
-        i == s.grad_partition_from && s.grad_partition_at_attention ? 0 : partition_at(i);
-    Live l = base;
-    l[kActivations] += spare_slots_in_backward(i);
-    l[kTemps] += s.act_grad;
-    l[kParams] += embed_kept + BackwardGather(s, i);
-    l[kGrads] += partition_mlp;
-    if (s.grads_kept_on_production) {
-      l[kGrads] += grads_before_blocks + s.block_grads * (last - i);
-    } else if (s.tied) {
-      l[kTemps] += s.head_grad;  // held for the embedding's contribution
-    }
-    if (s.Checkpointed(i)) {
-      // What it kept of its input (and the copy back from the host), then the recompute.
-      l[kActivations] += saved_through(i - 1) + (s.checkpoint_kept_inputs + s.checkpoint_copy_on_host) * s.block_input;
-      Live recompute = l;
-      recompute[kActivations] += saved_of(i) - saved_mlp_of(i) - s.RecomputeReusedInput(i);
-      recompute[kTemps] += s.block_fwd_transient;
-      consider(recompute, "backward, layer %d, recompute", i);
-      l[kActivations] += saved_of(i) - s.RecomputeReusedInput(i);
-    } else {
-      l[kActivations] += saved_through(i);
-    }
-    // The MLP half's backward, then attention's once the MLP's saved
-    // tensors are gone.
-    Live mlp = l;
-    mlp[kBuffers] += ipg_in(i, false);
-    mlp[kTemps] += s.block_bwd_mlp_transient;
-    if (s.grads_kept_on_production) {
-      mlp[kGrads] += s.block_grads_down;  // the rest come once down_proj's input gradient is freed
-    } else {
-      mlp[kTemps] += s.block_max_mlp_grad;
-    }
-    if (i == s.grad_partition_from && s.grad_partition_at_down_proj_hook) {
-      // Before the hook, without the partition; at it, down_proj's saved
-      // input (as large as the GELU MLP's transient) is freed; then the
-      // weight gradient goes.
-      Live before = mlp;
-      before[kGrads] -= s.grad_partition;
-      consider(before, "backward, layer %d, MLP gradients", i);
-      Live at_hook = mlp;
-      at_hook[kTemps] -= s.block_bwd_mlp_transient;
-      consider(at_hook, "gradient partition", i);
-      mlp[kTemps] += WidestMlpMomentOverWeightGradient(s, i);
-    } else if (!s.grads_kept_on_production && s.block_down_weight_grad_waiting > 0) {
-      Live widest = mlp;
-      widest[kTemps] += WidestMlpMomentOverWeightGradient(s, i);
-      consider(widest, "backward, layer %d, MLP gradients", i);
-    }
-    consider(mlp, "backward, layer %d, MLP gradients", i);
-    if (s.grads_kept_on_production) {
-      Live rest = mlp;
-      rest[kTemps] -= s.block_bwd_mlp_transient;
-      rest[kGrads] += s.block_grads_mlp - s.block_grads_down;
-      consider(rest, "backward, layer %d, MLP gradients", i);
-    }
-    Live attention = l;
-    attention[kGrads] += partition_at(i) - partition_mlp;
-    attention[kBuffers] += ipg_in(i, true);
-    attention[kActivations] -= saved_mlp_of(i);
-    attention[kTemps] += s.block_bwd_attn_transient;
-    if (s.grads_kept_on_production) {
-      attention[kGrads] += s.block_grads;
-    } else {
-      attention[kTemps] += s.block_max_attn_grad;
-    }
-    consider(attention, "backward, layer %d, attention gradients", i);
-  }
-
-  // 4. Embedding backward: the embedding's and learned positions' gradients.
-  if (s.embed_backward) {
-    Live l = base;
-    l[kActivations] -= s.embed_saved + (s.checkpointing ? s.attention_mask : 0);
-    l[kTemps] += s.act_grad;
-    l[kParams] += s.embed_gather;
-    l[kBuffers] += ipg_in(-1, false);
-    l[kGrads] += partition_at(-1);
-    if (s.grads_kept_on_production) {
-      l[kGrads] += grads_before_blocks + s.block_grads * s.num_layers;
-    } else if (s.tied) {
-      l[kTemps] += s.head_grad;
-    }
-    l[(s.grads_kept_on_production && !s.tied) ? kGrads : kTemps] += s.embed_grad;
-    l[produced] += s.pos_grad;
-    consider(l, "backward, embedding gradient");
-  }
-
-  // 5. After backward: every gradient, the reduce bucket, then the step.
-  // The batch lives through the step (the Trainer's inputs, zrun's too).
-  Live after = Resident(s);
-  after[kActivations] += s.step_batch;
-  if (s.grads_kept_on_production) after[kGrads] += s.shards.trainable_elements * (s.mixed ? 2 : 4);
-  if (s.stage == 1 || s.stage == 2) {
-    // The epilogue reduces what is left (stage 1: everything) into the
-    // partition while the gradients and buckets still exist; the step then
-    // works on the partition alone.
-    Live epilogue = after;
-    epilogue[kBuffers] += ipg_in(-1, false);
-    epilogue[kGrads] += s.grad_partition - s.epilogue_moved_grads;
-    consider(epilogue, "backward epilogue, gradient partition");
-    Live step = Resident(s);
-    step[kActivations] += s.step_batch;
-    step[kGrads] += s.grad_partition - s.grads_resident;
-    Live norm = step;
-    norm[kTemps] += s.step_norm_copy;
-    consider(norm, "optimizer step, fp64 gradient copies for the norm");
-    Live flat = step;
-    flat[kTemps] += s.step_flat_grads + s.step_fp32_grads;
-    consider(flat, "optimizer step, flattened fp32 gradients");
-    Live adam = step;
-    adam[kGrads] -= s.grad_partition;
-    adam[kTemps] += s.step_fp32_grads + s.step_optimizer_temps;
-    consider(adam, "optimizer step, Adam temporaries");
-    return best;
-  }
-  Live reduce = after;
-  reduce[kTemps] += s.reduce_temp;
-  consider(reduce, "gradient reduction bucket");
-  Live step = after;
-  step[kTemps] += s.step_upcast + (s.step_grad_copies > 0 ? s.step_grad_copies : s.step_optimizer_temps);
-  consider(step, "optimizer step, fp32 gradient upcast");
-  if (s.step_grad_copies > 0) {
-    Live adam = after;
-    adam[kGrads] = 0;  // stage 0: every gradient was set to None
-    adam[kTemps] += s.step_upcast + s.step_optimizer_temps;
-    consider(adam, "optimizer step, Adam temporaries");
-  }
-  return best;
 }
 
 // Fp32 temporaries per stepped element an Adam implementation allocates:
@@ -423,7 +66,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
   std::vector<PartitionStart> from(partitions.size());
   std::vector<bool> seen(partitions.size(), false);
   // A reduction of the bucket holding parameters [lo, hi] at parameter i's
-  // hook. The closed form's moment of an attention half is its first
+  // hook. The step program's moment of an attention half is its first
   // gradient's (the widest point), so a partition made at a later hook of
   // the half counts from the next half; an MLP half's comes after
   // down_proj's hooks (BlockBackwardTransientBytes), which count for it.
@@ -804,8 +447,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     s.block_gather = (partitioned + prefetched) * w;
     s.gather_kept_block = partitioned * w;
     // Kept parameters (sharding.h): the later the block, the nearer its
-    // backward, so blocks from some index on are kept whole (the closed form
-    // relies on it; the simulator test checks it).
+    // backward, so blocks from some index on are kept whole (the step
+    // program's groups rely on it; the simulator test checks it).
     std::vector<bool> runs_backward;
     for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t, saves));
     const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero, runs_backward);
@@ -974,7 +617,7 @@ StepSizes StepSizer::For(int64_t b, int64_t seq) const {
   int64_t best_peak = -1;
   for (const RankVariant& v : variants_) {
     Apply(v, &s);
-    const int64_t peak = ClosedFormPeakBytes(s);
+    const int64_t peak = StepPeakBytes(s);
     if (peak > best_peak) {
       best_peak = peak;
       best = s;
@@ -1093,12 +736,6 @@ absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConf
   return sizer.For(config.micro_batch_size(), config.seq_length());
 }
 
-int64_t LiveTensorBytes(const MemoryBreakdown& b) {
-  return b.params_bytes() + b.grads_bytes() + b.master_params_bytes() +
-         b.optimizer_states_bytes() + b.activations_bytes() + b.logits_bytes() +
-         b.buffers_bytes() + b.temporaries_bytes();
-}
-
 std::vector<NamedBytes> TensorComponents(const MemoryBreakdown& b) {
   return {{"params", b.params_bytes()},
           {"grads", b.grads_bytes()},
@@ -1108,34 +745,6 @@ std::vector<NamedBytes> TensorComponents(const MemoryBreakdown& b) {
           {"logits", b.logits_bytes()},
           {"buffers", b.buffers_bytes()},
           {"temporaries", b.temporaries_bytes()}};
-}
-
-void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
-  const int64_t tensors = LiveTensorBytes(*b);
-  b->set_runtime_bytes(s.runtime);
-  b->set_allocator_bytes(s.allocator_cached);
-  b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
-}
-
-MemoryBreakdown ClosedFormDevicePeak(const StepSizes& s) {
-  const Moment m = BestMoment(s);
-  MemoryBreakdown result;
-  result.set_params_bytes(m.live[kParams]);
-  result.set_grads_bytes(m.live[kGrads]);
-  result.set_master_params_bytes(m.live[kMaster]);
-  result.set_optimizer_states_bytes(m.live[kOptimizer]);
-  result.set_activations_bytes(m.live[kActivations]);
-  result.set_logits_bytes(m.live[kLogits]);
-  result.set_buffers_bytes(m.live[kBuffers]);
-  result.set_temporaries_bytes(m.live[kTemps]);
-  result.set_peak_event(absl::StrReplaceAll(m.label, {{"%d", absl::StrCat(m.layer)}}));
-  FinishDeviceBreakdown(s, &result);
-  return result;
-}
-
-int64_t ClosedFormPeakBytes(const StepSizes& s) {
-  const int64_t tensors = BestMoment(s).Total();
-  return tensors + s.runtime + s.allocator_cached;
 }
 
 MemoryBreakdown ScaledBreakdown(const MemoryBreakdown& b, int64_t factor) {

@@ -10,6 +10,7 @@
 #include "planner/model_spec.h"
 #include "planner/run_config.h"
 #include "planner/simulator.h"
+#include "planner/step_program.h"
 #include "planner/units.h"
 
 namespace zplan {
@@ -166,7 +167,7 @@ TEST(MemoryModelTest, Zero12BucketsLiveOnlyThroughBackward) {
     // backward and released before the step.
     // The other buffer is the cuBLAS workspace, resident from the start.
     EXPECT_EQ(sizes.cublas_workspace, 32 << 20);
-    EXPECT_EQ(ClosedFormDevicePeak(sizes).buffers_bytes(), sizes.ipg_buckets + sizes.cublas_workspace);
+    EXPECT_EQ(StepPeak(sizes).buffers_bytes(), sizes.ipg_buckets + sizes.cublas_workspace);
     const SimulatedStep step = SimulateStep(sizes);
     std::vector<Phase> phases;
     for (const MemoryEvent& e : step.events) {
@@ -194,8 +195,8 @@ TEST(MemoryModelTest, Stage2PartitionAppearsAtTheFirstReductionOfEachRank) {
   EXPECT_LT(rank0.grad_partition_from, model->num_layers());
   EXPECT_GT(rank0.grad_partition, 0);
   // The plan's sizes are the rank with the larger peak.
-  const int64_t worst = std::max(ClosedFormPeakBytes(rank0), ClosedFormPeakBytes(rank1));
-  EXPECT_EQ(ClosedFormPeakBytes(sizer->For(2, 128)), worst);
+  const int64_t worst = std::max(StepPeakBytes(rank0), StepPeakBytes(rank1));
+  EXPECT_EQ(StepPeakBytes(sizer->For(2, 128)), worst);
 }
 
 TEST(MemoryModelTest, AdamImplementationSetsStepTemporaries) {
@@ -239,9 +240,9 @@ TEST(MemoryModelTest, CheckpointingKeepsOnlyBlockInputs) {
   RunConfig config = Config(3, 8);
   config.set_seq_length(8192);
   config.set_activation_checkpointing(true);
-  const MemoryBreakdown with = ClosedFormDevicePeak(Sizes(*model, config));
+  const MemoryBreakdown with = StepPeak(Sizes(*model, config));
   config.set_activation_checkpointing(false);
-  const MemoryBreakdown without = ClosedFormDevicePeak(Sizes(*model, config));
+  const MemoryBreakdown without = StepPeak(Sizes(*model, config));
   EXPECT_LT(with.activations_bytes() * 3, without.activations_bytes());
 }
 
@@ -266,9 +267,9 @@ TEST(MemoryModelTest, CheckpointedRecomputeSavesItsKeptInputNoSecondTime) {
   EXPECT_EQ(llama_fp32.block_saved_input, llama_fp32.block_input);
   EXPECT_TRUE(offloaded.checkpoint_copy_on_host);
   EXPECT_EQ(offloaded.RecomputeReusedInput(1), offloaded.block_input);
-  // The simulator allocates the recompute as the closed form counts it.
+  // The expansion and the fast evaluator count the recompute alike.
   for (const StepSizes& s : {gpt2, llama_fp32, offloaded}) {
-    EXPECT_EQ(SimulateStep(s).peak.peak_bytes(), ClosedFormPeakBytes(s));
+    EXPECT_EQ(SimulateStep(s).peak.peak_bytes(), StepPeakBytes(s));
   }
 }
 
@@ -308,22 +309,22 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   ASSERT_TRUE(waits.grad_partition_at_down_proj_hook);
   EXPECT_EQ(waits.block_down_weight_grad_waiting,
             down_elements * waits.block_grads_down / (down_elements + vit->hidden_size()));
-  EXPECT_EQ(SimulateStep(waits).peak.peak_bytes(), ClosedFormPeakBytes(waits));
+  EXPECT_EQ(SimulateStep(waits).peak.peak_bytes(), StepPeakBytes(waits));
   StepSizes reduced = waits;
   reduced.block_down_weight_grad_waiting = 0;
-  const int64_t waiting_adds = ClosedFormPeakBytes(waits) - ClosedFormPeakBytes(reduced);
+  const int64_t waiting_adds = StepPeakBytes(waits) - StepPeakBytes(reduced);
   EXPECT_GT(waiting_adds, 0);
   EXPECT_LE(waiting_adds, waits.block_down_weight_grad_waiting);
   const StepSizes rank1 = rank1_with_bucket(down_elements);
   EXPECT_EQ(rank1.grad_partition_from, vit->num_layers() - 1);
   ASSERT_TRUE(rank1.grad_partition_at_down_proj_hook);
-  EXPECT_EQ(SimulateStep(rank1).peak.peak_bytes(), ClosedFormPeakBytes(rank1));
-  EXPECT_EQ(SimulateStep(rank1).peak.peak_event(), ClosedFormDevicePeak(rank1).peak_event());
+  EXPECT_EQ(SimulateStep(rank1).peak.peak_bytes(), StepPeakBytes(rank1));
+  EXPECT_EQ(SimulateStep(rank1).peak.peak_event(), StepPeak(rank1).peak_event());
   // Counted before that MLP half instead, the partition would meet the
   // weight gradient of down_proj: that much more.
   StepSizes before = rank1;
   before.grad_partition_at_down_proj_hook = false;
-  EXPECT_EQ(ClosedFormPeakBytes(before) - ClosedFormPeakBytes(rank1),
+  EXPECT_EQ(StepPeakBytes(before) - StepPeakBytes(rank1),
             std::min({rank1.block_max_mlp_grad, rank1.grad_partition, rank1.block_bwd_mlp_transient}));
   // SwiGLU's widest moment comes after down_proj's hooks.
   auto llama = LoadPreset("debug-tiny");
@@ -338,7 +339,7 @@ TEST(MemoryModelTest, LogitsDominateLongSequencesWithLargeVocabularies) {
   RunConfig config = Config(3, 8);
   config.set_seq_length(8192);
   config.set_activation_checkpointing(true);
-  const MemoryBreakdown peak = ClosedFormDevicePeak(Sizes(*model, config));
+  const MemoryBreakdown peak = StepPeak(Sizes(*model, config));
   // Three fp32 copies of 8192 x 128256 at the log-softmax gradient.
   EXPECT_EQ(peak.logits_bytes(), 3 * int64_t{8192} * 128256 * 4);
   EXPECT_EQ(peak.peak_event(), "loss backward, log-softmax gradient");
@@ -430,9 +431,9 @@ TEST(FusedLossTest, LogitsDoNotScaleWithTokensTimesVocabulary) {
   config.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
   const StepSizes fused = Sizes(*model, config);
   EXPECT_EQ(fused.loss_chunk, FusedLossChunkTokens(2 * 8192, model->vocab_size(), 2048) * model->vocab_size() * 2);
-  const MemoryBreakdown peak = ClosedFormDevicePeak(fused);
+  const MemoryBreakdown peak = StepPeak(fused);
   config.set_loss(LOSS_IMPL_FULL_LOGITS);
-  const MemoryBreakdown full = ClosedFormDevicePeak(Sizes(*model, config));
+  const MemoryBreakdown full = StepPeak(Sizes(*model, config));
   // The full loss peaks with three fp32 b·s·V tensors; the fused one holds none.
   EXPECT_GE(full.logits_bytes(), 3 * fused.logits_fp32);
   EXPECT_LT(peak.logits_bytes(), fused.logits_fp32 / 4);
@@ -472,7 +473,7 @@ TEST(DeepSpeedCheckpointingTest, CopiesBesideOrInPlaceOfInputs) {
   // Four spare buffers on the device through the loss.
   const StepSizes slots = with(2, false, 20);
   EXPECT_EQ(slots.checkpoint_slots, 20);
-  EXPECT_EQ(ClosedFormPeakBytes(slots) - ClosedFormPeakBytes(z2), 4 * z2.block_input);
+  EXPECT_EQ(StepPeakBytes(slots) - StepPeakBytes(z2), 4 * z2.block_input);
 }
 
 TEST(DeepSpeedCheckpointingTest, RefusedWhereDeepSpeedFailsOrIsNotModelled) {

@@ -14,6 +14,7 @@
 #include "planner/run_config.h"
 #include "planner/simulator.h"
 #include "planner/status_macros.h"
+#include "planner/step_program.h"
 
 namespace zplan {
 namespace {
@@ -44,7 +45,7 @@ struct RankMemory {
   MemoryBreakdown device, host;
 };
 RankMemory RankBreakdowns(const StepSizes& s) {
-  RankMemory m{ClosedFormDevicePeak(s), HostPerRank(s)};
+  RankMemory m{StepPeak(s), HostPerRank(s)};
   if (s.cpu_ranks) {
     // On CPU ranks "device" is all of the rank's tensors, which is what zrun's
     // counting allocator measures: "offloaded" states live in the same RAM
@@ -140,8 +141,8 @@ Plan PlanFor(const Prepared& p, const PlanOptions& options) {
   plan.set_model_states_bytes_per_rank(ModelStatesBytes(s));
 
   const SimulatedStep step = SimulateStep(s, options.record_timeline);
-  // The simulator and the closed form are tested to agree; a mismatch here is a planner bug.
-  ZPLAN_CHECK(step.peak.peak_bytes() == ClosedFormPeakBytes(s));
+  // The expansion and the fast evaluator are tested to agree; a mismatch here is a planner bug.
+  ZPLAN_CHECK(step.peak.peak_bytes() == StepPeakBytes(s));
   if (options.record_timeline) {
     for (const MemoryEvent& e : step.events) *plan.add_timeline() = e;
   }
@@ -205,13 +206,13 @@ absl::StatusOr<int64_t> LargestFittingShape(const Prepared& p, int64_t budget_by
   };
   // A ViT's sequence is its image's: it fits or nothing does.
   if (!search_batch && p.model.has_vision()) {
-    return ClosedFormPeakBytes(p.sizes) <= budget ? seq : 0;
+    return StepPeakBytes(p.sizes) <= budget ? seq : 0;
   }
   // The tensors alone bound the answer (the allocator's cache only adds).
   ZPLAN_ASSIGN_OR_RETURN(const int64_t bound, LargestFitting(search_batch ? kMaxMicroBatch : kMaxSeqLength,
                                                               [&](int64_t n) -> absl::StatusOr<bool> {
                                                                 const auto sizes = sizes_at(n);
-                                                                return sizes && ClosedFormPeakBytes(*sizes) <= budget;
+                                                                return sizes && StepPeakBytes(*sizes) <= budget;
                                                               }));
   // Walk down from there: the cache replayed at a shape that does not fit
   // says how far (it changes little between neighbouring shapes), and a
@@ -219,16 +220,16 @@ absl::StatusOr<int64_t> LargestFittingShape(const Prepared& p, int64_t budget_by
   int64_t fail = bound + 1, n = bound;
   while (n > 0) {
     const StepSizes sizes = WithAllocatorCache(*sizes_at(n));
-    if (ClosedFormPeakBytes(sizes) <= budget) break;
+    if (StepPeakBytes(sizes) <= budget) break;
     fail = n;
     ZPLAN_ASSIGN_OR_RETURN(n, LargestFitting(n - 1, [&](int64_t m) -> absl::StatusOr<bool> {
                              const auto smaller = sizes_at(m);
-                             return smaller && ClosedFormPeakBytes(*smaller) + sizes.allocator_cached <= budget;
+                             return smaller && StepPeakBytes(*smaller) + sizes.allocator_cached <= budget;
                            }));
   }
   while (fail - n > 1) {
     const int64_t mid = n + (fail - n) / 2;
-    (ClosedFormPeakBytes(WithAllocatorCache(*sizes_at(mid))) <= budget ? n : fail) = mid;
+    (StepPeakBytes(WithAllocatorCache(*sizes_at(mid))) <= budget ? n : fail) = mid;
   }
   return n;
 }

@@ -4,7 +4,7 @@
 // stage x offload grid.
 //
 // BuildPlan resolves DeepSpeed defaults, validates the model and the config,
-// computes the closed-form breakdown and the simulated step, and judges the
+// computes the step program's peak (step_program.h) and its events, and judges the
 // fit against the budget (GPU capacity by default; host RAM when known).
 // Errors are kInvalidArgument naming the field; a configuration that does
 // not fit is not an error (Plan.fits = false).

@@ -1,26 +1,20 @@
 // File: simulator.h
-// Replays one training step of one rank as an ordered list of ALLOC/FREE
-// events and reports the peak and the event that sets it.
-//
-// The step is the last micro-step of a gradient-accumulation window (the one
-// that ends with the optimizer step): resident model states and buckets,
-// forward block by block (stage-3 gathers and releases, checkpointed inputs or
-// saved activations), loss (logits, fp32 upcast, log-softmax and gradient),
-// backward block by block (recompute, gradient temporaries, weight gradients
-// kept or moved into reduce buckets), embedding backward, the stage-0/1
-// reduction bucket and the optimizer's fp32 upcast. Runtime and allocator
-// band are added to the peak as in the closed form (memory_model.h), which
-// this must agree with exactly; tests check that on many configurations.
+// Expands one rank's step program (step_program.h) into its ordered ALLOC/FREE
+// events and reports the peak and the event that sets it: the timeline, the
+// allocator replay (allocator_replay.h) and the Perfetto trace read these.
+// The peak is StepPeak's (step_program.h), which visits each group of
+// identical blocks once; tests check the two agree on many configurations.
 //
 // Example:
 //   SimulatedStep step = SimulateStep(sizes);
-//   step.peak.peak_bytes == ClosedFormDevicePeak(sizes).peak_bytes();
+//   step.peak.peak_bytes() == StepPeakBytes(sizes);
 #ifndef ZPLAN_PLANNER_SIMULATOR_H_
 #define ZPLAN_PLANNER_SIMULATOR_H_
 
 #include <vector>
 
 #include "planner/memory_model.h"
+#include "planner/step_program.h"
 #include "proto/memory.pb.h"
 
 namespace zplan {
@@ -32,8 +26,12 @@ struct SimulatedStep {
   int peak_event_index = -1;         // into events
 };
 
-// With record_events false only the peak is computed (no event list kept),
-// which is what sweeps and max-batch searches need.
+// Every event of `program`, built from `sizes` (whose runtime and allocator
+// bytes complete the peak). With record_events false only the peak is
+// computed (no event list kept).
+SimulatedStep ExpandStepProgram(const StepProgram& program, const StepSizes& sizes, bool record_events = true);
+
+// ExpandStepProgram(BuildStepProgram(sizes), sizes, record_events).
 SimulatedStep SimulateStep(const StepSizes& sizes, bool record_events = true);
 
 }  // namespace zplan

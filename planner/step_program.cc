@@ -1,0 +1,742 @@
+#include "planner/step_program.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "planner/status_macros.h"
+
+namespace zplan {
+namespace {
+
+// A tensor the step allocates: one per step (layer -1), or one per block
+// (base + layer, for bases from Builder::Handles(num_layers)).
+struct Ref {
+  int base = 0;
+  int layer = -1;
+};
+
+// Storage a build reuses from the last one on its thread (the fast
+// evaluator runs millions of builds).
+struct Scratch {
+  std::vector<std::pair<Component, int64_t>> allocations;  // by recorded handle
+  std::vector<int> canonical;                              // by block
+  std::vector<int> cuts;                                   // run starts, then num_layers
+};
+Scratch& TheScratch() {
+  static thread_local Scratch scratch;
+  return scratch;
+}
+
+// Sends the step's ops to a sink (a program, or the peak evaluator), and knows each allocation's
+// component and bytes so that a free names only the tensor, as the step's
+// own code does. Blocks are grouped where they run identical ops: a group's
+// code runs once, for its first block, and stands for every repetition; an
+// allocation is recorded once per group, under its canonical block.
+template <typename Sink>
+class Builder {
+ public:
+  // `max_handles` bounds what Handles hands out.
+  Builder(Sink* sink, bool grouped, int max_handles) : sink_(*sink), grouped_(grouped), scratch_(TheScratch()) {
+    if (scratch_.allocations.size() < static_cast<size_t>(max_handles)) scratch_.allocations.resize(max_handles);
+    allocations_ = scratch_.allocations.data();
+    max_handles_ = max_handles;
+  }
+
+  // A fresh handle, or `count` consecutive ones (one per block: Ref{base, layer}).
+  int Handles(int count) {
+    const int first = num_handles_;
+    num_handles_ += count;
+    ZPLAN_CHECK(num_handles_ <= max_handles_);
+    return first;
+  }
+  int num_handles() const { return num_handles_; }
+
+  void Alloc(Ref tensor, Component component, int64_t bytes, Phase phase, int layer, const char* name) {
+    allocations_[Recorded(tensor)] = {component, bytes};
+    if (bytes != 0) sink_.Op(bytes, name, Handle(tensor), layer, MemoryEvent::ALLOC, component, phase);
+  }
+  int Alloc(Component component, int64_t bytes, Phase phase, int layer, const char* name) {
+    const int handle = Handles(1);
+    Alloc(Ref{handle}, component, bytes, phase, layer, name);
+    return handle;
+  }
+
+  void Free(Ref tensor, Phase phase, int layer, const char* name) {
+    auto& [component, bytes] = allocations_[Recorded(tensor)];
+    ZPLAN_CHECK(bytes >= 0);  // each allocation is freed once
+    if (bytes > 0) sink_.Op(bytes, name, Handle(tensor), layer, MemoryEvent::FREE, component, phase);
+    bytes = -1;
+  }
+  void Free(int handle, Phase phase, int layer, const char* name) { Free(Ref{handle}, phase, layer, name); }
+
+  // Where blocks start to differ: a cut c starts a new run at block c; within
+  // a run block i and i + period run the same ops (Checkpointed() is periodic
+  // in it). Called once, before Blocks.
+  template <size_t N>
+  void Cuts(int num_layers, int period, const std::array<int, N>& at) {
+    num_layers_ = num_layers;
+    period_ = period;
+    std::vector<int>& cuts = scratch_.cuts;
+    cuts.clear();
+    cuts.push_back(0);
+    for (int c : at) {
+      if (c > 0 && c < num_layers) cuts.push_back(c);
+    }
+    cuts.push_back(num_layers);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<int>& canonical = scratch_.canonical;
+    if (canonical.size() < static_cast<size_t>(num_layers)) canonical.resize(num_layers);
+    canonical_ = canonical.data();
+    for (int i = 0; i < num_layers; ++i) canonical[i] = i;
+    if (!grouped_) return;
+    // A run's whole periods are one group: each block stands for its offset in the first period.
+    for (size_t t = 0; t + 1 < cuts.size(); ++t) {
+      const auto [from, to] = Periods(cuts[t], cuts[t + 1]);
+      for (int i = from, offset = 0; i < to; ++i, offset = offset + 1 == period_ ? 0 : offset + 1) {
+        canonical[i] = from + offset;
+      }
+    }
+  }
+
+  // Runs block(i) for every block, first to last (forward) or last to first,
+  // each run's whole periods as one group.
+  template <typename Block>
+  void Blocks(bool forward, const Block& block) {
+    const int dir = forward ? 1 : -1;
+    auto plain = [&](int from, int count) {
+      for (int t = 0; t < count; ++t) block(from + dir * t);
+    };
+    if (!grouped_) {
+      plain(forward ? 0 : num_layers_ - 1, num_layers_);
+      return;
+    }
+    const std::vector<int>& cuts = scratch_.cuts;
+    const int runs = static_cast<int>(cuts.size()) - 1;
+    for (int t = 0; t < runs; ++t) {
+      const int k = forward ? t : runs - 1 - t;
+      const int a = cuts[k], b = cuts[k + 1];
+      const auto [from, to] = Periods(a, b);
+      const int repeat = (to - from) / period_;
+      plain(forward ? a : b - 1, forward ? from - a : b - to);
+      if (repeat > 1) BeginGroup(repeat, dir * period_, dir * period_);
+      if (repeat > 0) plain(forward ? from : to - 1, period_);
+      if (repeat > 1) EndGroup();
+      plain(forward ? to : from - 1, forward ? b - to : from - a);
+    }
+  }
+
+  // Ops until EndGroup run `repeat` times, moving layers and handles by the steps.
+  void BeginGroup(int repeat, int layer_step, int handle_step) { sink_.BeginGroup(repeat, layer_step, handle_step); }
+  void EndGroup() { sink_.EndGroup(); }
+
+ private:
+  // The whole periods of blocks [a, b): [from, to), aligned to the period.
+  std::pair<int, int> Periods(int a, int b) const {
+    const int from = std::min(b, (a + period_ - 1) / period_ * period_);
+    return {from, from + (b - from) / period_ * period_};
+  }
+  int Handle(Ref tensor) const { return tensor.layer < 0 ? tensor.base : tensor.base + tensor.layer; }
+  int Recorded(Ref tensor) const {
+    return tensor.layer < 0 ? tensor.base : tensor.base + canonical_[tensor.layer];
+  }
+
+  Sink& sink_;
+  bool grouped_;
+  Scratch& scratch_;
+  std::pair<Component, int64_t>* allocations_ = nullptr;  // scratch_'s, by recorded handle
+  const int* canonical_ = nullptr;                         // scratch_'s, by block
+  int num_handles_ = 0, max_handles_ = 0, num_layers_ = 0, period_ = 1;
+};
+
+
+// Appends the ops to a program.
+class ProgramSink {
+ public:
+  explicit ProgramSink(StepProgram* program) : p_(program) {
+    p_->ops.clear();
+    p_->groups.clear();
+  }
+  void Op(int64_t bytes, const char* name, int handle, int layer, MemoryEvent::Kind kind, Component component,
+          Phase phase) {
+    if (!in_group_ && !open_) {
+      p_->groups.push_back({static_cast<int>(p_->ops.size()), 0, 1, 0, 0});
+      open_ = true;
+    }
+    p_->ops.push_back({bytes, name, handle, layer, kind, component, phase});
+    ++p_->groups.back().num_ops;
+  }
+  void BeginGroup(int repeat, int layer_step, int handle_step) {
+    p_->groups.push_back({static_cast<int>(p_->ops.size()), 0, repeat, layer_step, handle_step});
+    in_group_ = true;
+  }
+  void EndGroup() {
+    if (p_->groups.back().num_ops == 0) p_->groups.pop_back();
+    in_group_ = false;
+    open_ = false;
+  }
+
+ private:
+  StepProgram* p_;
+  bool in_group_ = false;
+  bool open_ = false;  // the last group takes the ops outside any BeginGroup
+};
+
+// Live bytes by component (Component - 1), without protos: the evaluator
+// runs millions of times per second in searches.
+constexpr int kComponents = COMPONENT_TEMPORARIES;
+using Live = std::array<int64_t, kComponents>;
+
+// Finds the peak as the ops arrive: the first event whose live bytes exceed
+// every earlier one. A group's body arrives once; live bytes are affine in
+// its repetition (each adds the same bytes), so its largest moment is the
+// body's largest prefix at the last repetition when a repetition adds bytes,
+// else at the first. With kBreakdown the live bytes by component and the
+// event at the peak are kept too.
+template <bool kBreakdown>
+class PeakSink {
+ public:
+  void Op(int64_t bytes, const char* name, int /*handle*/, int layer, MemoryEvent::Kind kind, Component component,
+          Phase /*phase*/) {
+    const bool alloc = kind == MemoryEvent::ALLOC;
+    const int64_t delta = alloc ? bytes : -bytes;
+    if (in_group_) {
+      prefix_ += delta;
+      if constexpr (kBreakdown) prefix_live_[component - 1] += delta;
+      if (alloc && prefix_ > best_) {
+        best_ = prefix_;
+        if constexpr (kBreakdown) {
+          best_live_ = prefix_live_;
+          best_name_ = name;
+          best_layer_ = layer;
+        }
+      }
+      return;
+    }
+    total_ += delta;
+    if constexpr (kBreakdown) live_[component - 1] += delta;
+    if (alloc && total_ > peak_) {
+      peak_ = total_;
+      if constexpr (kBreakdown) {
+        peak_live_ = live_;
+        peak_name_ = name;
+        peak_layer_ = layer;
+      }
+    }
+  }
+  void BeginGroup(int repeat, int layer_step, int /*handle_step*/) {
+    in_group_ = true;
+    repeat_ = repeat;
+    layer_step_ = layer_step;
+    prefix_ = 0;
+    best_ = -1;
+    if constexpr (kBreakdown) prefix_live_ = {};
+  }
+  void EndGroup() {
+    in_group_ = false;
+    const int r = prefix_ > 0 ? repeat_ - 1 : 0;
+    if (best_ >= 0 && total_ + r * prefix_ + best_ > peak_) {
+      peak_ = total_ + r * prefix_ + best_;
+      if constexpr (kBreakdown) {
+        for (int c = 0; c < kComponents; ++c) peak_live_[c] = live_[c] + r * prefix_live_[c] + best_live_[c];
+        peak_name_ = best_name_;
+        peak_layer_ = best_layer_ + r * layer_step_;
+      }
+    }
+    total_ += repeat_ * prefix_;
+    if constexpr (kBreakdown) {
+      for (int c = 0; c < kComponents; ++c) live_[c] += repeat_ * prefix_live_[c];
+    }
+  }
+
+  int64_t peak() const { return peak_; }  // tensor bytes; -1 without any op
+  const Live& peak_live() const { return peak_live_; }
+  std::string peak_event() const { return TensorName(peak_name_, peak_layer_); }
+
+ private:
+  int64_t total_ = 0, peak_ = -1;
+  Live live_{}, peak_live_{};
+  const char* peak_name_ = "";
+  int peak_layer_ = -1;
+  // The group whose body is arriving.
+  bool in_group_ = false;
+  int repeat_ = 1, layer_step_ = 0;
+  int64_t prefix_ = 0, best_ = -1;
+  Live prefix_live_{}, best_live_{};
+  const char* best_name_ = "";
+  int best_layer_ = -1;
+};
+
+// Sends the step's ops to `sink`; returns the number of handles.
+template <typename Sink>
+int Emit(const StepSizes& s, bool grouped, Sink* sink) {
+  // Handles: 22 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 22 * s.num_layers + s.checkpoint_slots + 128);
+  const bool kept = s.grads_kept_on_production;
+  const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
+  const int num_layers = s.num_layers, last = num_layers - 1;
+  // Period of the blocks' pattern: checkpointed blocks 0, k, 2k, ...
+  const int period = s.checkpointing ? s.checkpoint_every : 1;
+
+  // Resident state at the start of the step.
+  r.Alloc(COMPONENT_PARAMS, s.params_resident, PHASE_INIT, -1, "parameters (resident)");
+  const int grads_resident = r.Alloc(COMPONENT_GRADS, s.grads_resident, PHASE_INIT, -1,
+                                     s.stage >= 2 ? "gradient partition" : "accumulated gradients");
+  r.Alloc(COMPONENT_MASTER_PARAMS, s.master_resident, PHASE_INIT, -1, "fp32 master parameters");
+  r.Alloc(COMPONENT_OPTIMIZER_STATES, s.optimizer_resident, PHASE_INIT, -1, "Adam m and v");
+  r.Alloc(COMPONENT_BUFFERS, s.buckets_resident, PHASE_INIT, -1, "reduce buckets");
+  r.Alloc(COMPONENT_BUFFERS, s.offload_staging_resident, PHASE_INIT, -1, "offload gradient staging");
+  r.Alloc(COMPONENT_BUFFERS, s.cublas_workspace, PHASE_INIT, -1, "cuBLAS workspace");
+  // The stage-1/2 gradient partition, from the first bucket reduction (memory_model.h).
+  const bool zero12 = s.stage == 1 || s.stage == 2;
+  int partition = -1, ipg = -1;
+  auto partition_from = [&](int part, Phase phase) {
+    if (s.grad_partition_from == part) {
+      partition = r.Alloc(COMPONENT_GRADS, s.grad_partition, phase, part,
+                          part == StepSizes::kAtEpilogue ? "backward epilogue, gradient partition"
+                                                         : "gradient partition");
+    }
+  };
+  partition_from(s.kBeforeForward(), PHASE_FORWARD);
+  // The IPG buckets at the backward's first gradient (StepSizes::ipg_from).
+  auto buckets_at = [&](int part, bool attention, int layer, const char* what) {
+    if (ipg < 0 && s.ipg_from == part && attention == (part >= 0 && s.ipg_at_attention)) {
+      ipg = r.Alloc(COMPONENT_BUFFERS, s.ipg_buckets, PHASE_BACKWARD, layer, what);
+    }
+  };
+
+  // Forward.
+  const int batch = r.Alloc(COMPONENT_ACTIVATIONS, s.step_batch, PHASE_FORWARD, -1, "the batch");
+  const int rope = r.Alloc(COMPONENT_ACTIVATIONS, s.rope_tables, PHASE_FORWARD, -1, "RoPE tables");
+  const int embed_saved = r.Alloc(COMPONENT_ACTIVATIONS, s.embed_saved, PHASE_FORWARD, -1, "embedding dropout mask");
+  const int mask = r.Alloc(COMPONENT_ACTIVATIONS, s.attention_mask, PHASE_FORWARD, -1, "attention mask");
+  // Stage 3: gathered parameters kept from their forward to their backward
+  // (memory_model.h) have their own handles.
+  int embed_kept = -1;
+  {
+    const int g = r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_FORWARD, -1, "embedding gathered");
+    if (s.embed_kept) {
+      embed_kept = g;
+    } else {
+      r.Free(g, PHASE_FORWARD, -1, "embedding released");
+    }
+  }
+  auto kept_of_block = [&](int i) {
+    return i >= s.gather_kept_from ? s.gather_kept_block : i == s.gather_kept_from - 1 ? s.gather_kept_partial : 0;
+  };
+  // What block i saves, and of that its MLP half (block 0 may keep less).
+  auto saved_of = [&](int i) { return s.block_saved - (i == 0 ? s.block0_saved_less : 0); };
+  auto saved_mlp_of = [&](int i) { return s.block_saved_mlp - (i == 0 ? s.block0_saved_mlp_less : 0); };
+  // Per-block tensors: handle base + layer.
+  auto per_block = [&] { return r.Handles(num_layers); };
+  const int kept_gather = per_block(), forward_gather = per_block(), input = per_block(), copy = per_block(),
+            nograd = per_block(), saved_attn = per_block(), scores = per_block(), saved_mlp = per_block();
+  // DeepSpeed's contiguous checkpoint buffers: slot j holds block j*k's copy
+  // (the copy's handle); the spare ones have their own.
+  const int spare_slots = r.Handles(s.checkpoint_slots);
+  auto slot = [&](int j) { return j < s.NumCheckpointed() ? Ref{copy, j * s.checkpoint_every} : Ref{spare_slots + j}; };
+  // What a block keeps of its attention half: a checkpointed block its input
+  // or DeepSpeed's copy of it (StepSizes::checkpoint_kept_inputs).
+  auto attention_kept = [&](int i) {
+    return Ref{!s.Checkpointed(i) ? saved_attn : s.checkpoint_copy_on_device ? copy : input, i};
+  };
+  // Blocks differ at block 0, around the stage-3 kept ones and, in backward,
+  // where the partition and the IPG buckets appear and at the first
+  // checkpointed block (the spare buffers go); forward and backward group
+  // the same blocks.
+  const int last_checkpointed = last - last % period;
+  const int spares_go = s.checkpoint_slots > 0 ? last_checkpointed : -1;
+  const int p = s.grad_partition_from, q = s.ipg_from, kept_from = s.gather_kept_from;
+  // Block 0's own sizes (LoRA, dropout masks, the reused input) and the buffers made there.
+  const bool block0_differs = s.block0_saved_less != 0 || s.block0_saved_mlp_less != 0 ||
+                              s.block0_saved_input != s.block_saved_input ||
+                              s.block0_mlp_dropout_saved != s.block_mlp_dropout_saved || s.checkpoint_slots > 0;
+  const int partly_kept = s.gather_kept_partial != 0 ? kept_from - 1 : -1;
+  r.Cuts(num_layers, period,
+         std::array<int, 9>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
+                            spares_go + 1});
+  r.Blocks(/*forward=*/true, [&](int i) {
+    r.Alloc(Ref{kept_gather, i}, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
+            "forward, layer #, parameters gathered (kept)");
+    r.Alloc(Ref{forward_gather, i}, COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
+            "forward, layer #, parameters gathered");
+    if (s.Checkpointed(i)) {
+      r.Alloc(Ref{input, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+              "forward, layer #, checkpointed input");
+      // DeepSpeed's copy of it, in a contiguous buffer (all allocated here, at the first) or its own.
+      if (s.checkpoint_slots > 0 && i == 0) {
+        for (int j = 0; j < s.checkpoint_slots; ++j) {
+          r.Alloc(slot(j), COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+                  "forward, layer #, contiguous checkpoint buffers");
+        }
+      }
+      if (s.checkpoint_copy_on_device && s.checkpoint_slots == 0) {
+        r.Alloc(Ref{copy, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+                "forward, layer #, copy of the checkpointed input");
+      }
+      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, "forward, layer #");
+      r.Free(Ref{nograd, i}, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
+      if (s.checkpoint_copy_on_device) {
+        r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input released (its copy is kept)");
+      } else if (s.checkpoint_kept_inputs == 0) {
+        r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input to the host");
+      }
+    } else {
+      r.Alloc(Ref{saved_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_FORWARD, i,
+              "forward, layer #");
+      r.Alloc(Ref{scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, "forward, layer #");
+      r.Free(Ref{scores, i}, PHASE_FORWARD, i, "forward, layer #, attention scores freed");
+      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_FORWARD, i, "forward, layer #");
+    }
+    r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
+  });
+  const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
+  // The fused loss's input, which nothing saves for backward.
+  const int norm_output =
+      s.fused_loss ? r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, -1, "final norm output") : -1;
+  if (!s.checkpointing) r.Free(mask, PHASE_FORWARD, -1, "attention mask freed");
+
+  // Loss and the LM head's backward. Gradients kept on production are
+  // released together after the step: those before the blocks, each
+  // block's, those after.
+  std::vector<int> kept_before_blocks, kept_after_blocks;
+  int act_grad = -1, head_grad = -1;
+  if (s.has_head && s.fused_loss) {
+    // Liger's fused linear cross-entropy: both gradients in the forward,
+    // one chunk of logits at a time; backward hands them on.
+    const int labels = r.Alloc(COMPONENT_LOGITS, s.loss_labels, PHASE_LOSS, -1, "loss forward, labels");
+    const int grad_input = r.Alloc(COMPONENT_LOGITS, s.act_grad, PHASE_LOSS, -1, "loss forward, input gradient");
+    const int grad_weight = r.Alloc(COMPONENT_LOGITS, s.head_grad, PHASE_LOSS, -1, "loss forward, LM head gradient");
+    const int rows = r.Alloc(COMPONENT_LOGITS, s.loss_rows, PHASE_LOSS, -1, "loss forward, per-token losses");
+    const int chunk = r.Alloc(COMPONENT_LOGITS, s.loss_chunk + s.loss_chunk_temps, PHASE_LOSS, -1,
+                              "loss forward, fused linear cross-entropy chunk");
+    r.Free(chunk, PHASE_LOSS, -1, "chunk freed");
+    r.Free(rows, PHASE_LOSS, -1, "per-token losses summed");
+    r.Free(labels, PHASE_LOSS, -1, "labels freed");
+    r.Free(norm_output, PHASE_LOSS, -1, "final norm output freed");
+    r.Free(grad_input, PHASE_BACKWARD, -1, "input gradient handed on");
+    r.Free(grad_weight, PHASE_BACKWARD, -1, "LM head gradient handed on");
+    act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
+    head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
+    if (kept) kept_before_blocks.push_back(head_grad);
+    if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
+  } else if (s.has_head) {
+    // The LM head (a tied one is the embedding, maybe still gathered) for
+    // its forward; released after it unless kept for its backward.
+    const bool head_is_kept_embedding = s.tied && embed_kept >= 0;
+    int gather =
+        head_is_kept_embedding ? -1 : r.Alloc(COMPONENT_PARAMS, s.head_gather, PHASE_LOSS, -1, "LM head gathered");
+    const int logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, LM head logits");
+    if (gather >= 0 && !s.head_kept) {
+      r.Free(gather, PHASE_LOSS, -1, "LM head released");
+      gather = -1;
+    }
+    int logits32 = logits;
+    if (s.mixed) {
+      logits32 = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, fp32 upcast of logits");
+      r.Free(logits, PHASE_LOSS, -1, "logits (working dtype) freed");
+    }
+    const int logprobs = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, log-softmax");
+    r.Free(logits32, PHASE_LOSS, -1, "fp32 logits freed");
+    const int grad_logprobs =
+        r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_BACKWARD, -1, "loss backward, NLL gradient");
+    const int grad32 =
+        r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_BACKWARD, -1, "loss backward, log-softmax gradient");
+    r.Free(grad_logprobs, PHASE_BACKWARD, -1, "NLL gradient freed");
+    r.Free(logprobs, PHASE_BACKWARD, -1, "log-softmax output freed");
+    int grad_logits = grad32;
+    if (s.mixed) {
+      grad_logits =
+          r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_BACKWARD, -1, "loss backward, logits gradient cast");
+      r.Free(grad32, PHASE_BACKWARD, -1, "fp32 logits gradient freed");
+    }
+    if (gather < 0 && !head_is_kept_embedding) {
+      gather = r.Alloc(COMPONENT_PARAMS, s.head_gather, PHASE_BACKWARD, -1, "LM head gathered");
+    }
+    act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
+    head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
+    if (kept) kept_before_blocks.push_back(head_grad);
+    if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
+    r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient freed");
+    if (gather >= 0) r.Free(gather, PHASE_BACKWARD, -1, "LM head released");
+  } else {
+    act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
+  }
+
+  // Final norm backward.
+  partition_from(s.num_layers, PHASE_BACKWARD);
+  const int act_grad_in =
+      r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm input");
+  const int norm_grads = r.Alloc(produced, s.final_norm_grads, PHASE_BACKWARD, -1, "backward, final norm");
+  buckets_at(s.num_layers, false, -1, "backward, final norm");
+  if (kept) kept_before_blocks.push_back(norm_grads);
+  if (!kept) r.Free(norm_grads, PHASE_BACKWARD, -1, "final norm gradients into reduce bucket");
+  r.Free(act_grad, PHASE_BACKWARD, -1, "gradient of final norm output freed");
+  r.Free(final_norm, PHASE_BACKWARD, -1, "final norm saved freed");
+
+  // Blocks, last to first.
+  const int backward_gather = per_block(), back = per_block(), recomputed_attn = per_block(),
+            recompute_scores = per_block(), recomputed_mlp = per_block(), mlp_transient = per_block(),
+            mlp_transient_past_hooks = per_block(), mlp_weight_grad = per_block(), waiting = per_block(),
+            kept_down = per_block(), kept_mlp_rest = per_block(), attn_transient = per_block(),
+            attn_weight_grad = per_block(), kept_attn = per_block();
+  r.Blocks(/*forward=*/false, [&](int i) {
+    if (!s.grad_partition_at_attention && !s.grad_partition_at_down_proj_hook) partition_from(i, PHASE_BACKWARD);
+    // A kept block is still gathered (DeepSpeed prefetches past it while
+    // anything below is partitioned); another is gathered again.
+    const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
+    const int64_t gather_bytes = i >= s.gather_kept_from ? (below ? s.block_gather - s.gather_kept_block : 0)
+                                                         : s.block_gather - kept_of_block(i);
+    r.Alloc(Ref{backward_gather, i}, COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i,
+            "backward, layer #, parameters gathered");
+    Ref attention_saved = attention_kept(i);
+    const bool recompute = s.Checkpointed(i);
+    if (recompute) {
+      // CheckpointFunction.backward drops its buffer list first: the spare ones go.
+      if (i == spares_go) {
+        for (int j = s.NumCheckpointed(); j < s.checkpoint_slots; ++j) {
+          r.Free(slot(j), PHASE_BACKWARD, i, "backward, layer #, spare contiguous checkpoint buffer released");
+        }
+      }
+      if (s.checkpoint_copy_on_host) {
+        r.Alloc(Ref{back, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
+                "backward, layer #, checkpointed input back from the host");
+        attention_saved = Ref{back, i};
+      }
+      r.Alloc(Ref{recomputed_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.RecomputeReusedInput(i),
+              PHASE_BACKWARD, i, "backward, layer #, recompute");
+      r.Alloc(Ref{recompute_scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i,
+              "backward, layer #, recompute");
+      r.Free(Ref{recompute_scores, i}, PHASE_BACKWARD, i, "backward, layer #, recompute scores freed");
+      r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_BACKWARD, i,
+              "backward, layer #, recomputed");
+    }
+    // MLP half: its gradients, then what it saved is freed.
+    const char* mlp = "backward, layer #, MLP gradients";
+    Ref transient{mlp_transient, i};
+    r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    bool waits = false;
+    buckets_at(i, false, i, mlp);
+    if (kept) {
+      r.Alloc(Ref{kept_down, i}, COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp);
+    } else {
+      r.Alloc(Ref{mlp_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
+      const bool partition_here = s.grad_partition_at_down_proj_hook && s.grad_partition_from == i;
+      if (partition_here) {
+        // down_proj's saved input is freed before its hook; the transient,
+        // as large, stands for it and comes back as GELU's input gradient.
+        r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
+        partition_from(i, PHASE_BACKWARD);
+      }
+      r.Free(Ref{mlp_weight_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP weight gradients into reduce bucket");
+      if (partition_here || s.block_down_weight_grad_waiting > 0) {
+        // The activation's backward, the half's widest moment: the residual
+        // dropout's mask is freed by then; down_proj's weight gradient,
+        // larger than a bucket, waits for the next reduction.
+        if (!partition_here) r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
+        transient = Ref{mlp_transient_past_hooks, i};
+        r.Alloc(transient, COMPONENT_TEMPORARIES, s.MlpTransientPastDownProjHooks(i), PHASE_BACKWARD, i, mlp);
+        r.Alloc(Ref{waiting, i}, COMPONENT_TEMPORARIES, s.block_down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
+        waits = true;
+      }
+    }
+    r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, MLP activation gradients freed");
+    if (waits) r.Free(Ref{waiting, i}, PHASE_BACKWARD, i, "backward, layer #, down_proj weight gradient reduced");
+    if (kept) {
+      // The rest of the half's gradients, once down_proj's input gradient is freed.
+      r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp);
+    }
+    if (recompute) {
+      r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
+    }
+    r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    // Attention half.
+    if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
+    const char* attention = "backward, layer #, attention gradients";
+    r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
+    buckets_at(i, true, i, attention);
+    if (kept) {
+      r.Alloc(Ref{kept_attn, i}, COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention);
+    } else {
+      r.Alloc(Ref{attn_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_attn_grad, PHASE_BACKWARD, i, attention);
+      r.Free(Ref{attn_weight_grad, i}, PHASE_BACKWARD, i,
+             "backward, layer #, attention weight gradients into reduce bucket");
+    }
+    r.Free(Ref{attn_transient, i}, PHASE_BACKWARD, i, "backward, layer #, attention activation gradients freed");
+    if (recompute) {
+      r.Free(Ref{recomputed_attn, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed activations freed");
+    }
+    r.Free(attention_saved, PHASE_BACKWARD, i, "backward, layer #, attention activations freed");
+    r.Free(Ref{backward_gather, i}, PHASE_BACKWARD, i, "backward, layer #, parameters released");
+    r.Free(Ref{kept_gather, i}, PHASE_BACKWARD, i, "backward, layer #, kept parameters released");
+  });
+  if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
+  r.Free(embed_saved, PHASE_BACKWARD, -1, "embedding dropout mask freed");
+
+  // Embedding backward: the token embedding's and the learned positions'
+  // gradients (a model without a vocabulary may still have positions).
+  partition_from(-1, PHASE_BACKWARD);
+  buckets_at(-1, false, -1, "backward, embedding gradient");
+  if (s.embed_backward) {
+    const int gather = embed_kept >= 0 ? embed_kept
+                                       : r.Alloc(COMPONENT_PARAMS, s.embed_gather, PHASE_BACKWARD, -1,
+                                                 "embedding gathered");
+    const int contribution = r.Alloc(kept && !s.tied ? COMPONENT_GRADS : COMPONENT_TEMPORARIES, s.embed_grad,
+                                     PHASE_BACKWARD, -1, "backward, embedding gradient");
+    const int pos = r.Alloc(produced, s.pos_grad, PHASE_BACKWARD, -1, "backward, embedding gradient");
+    if (s.tied || !kept) r.Free(contribution, PHASE_BACKWARD, -1, "embedding gradient accumulated");
+    if (kept) {
+      if (!s.tied) kept_after_blocks.push_back(contribution);
+      kept_after_blocks.push_back(pos);
+    }
+    if (!kept) {
+      r.Free(pos, PHASE_BACKWARD, -1, "position gradient into reduce bucket");
+      if (s.tied && head_grad >= 0) r.Free(head_grad, PHASE_BACKWARD, -1, "tied embedding gradient into reduce bucket");
+    }
+    r.Free(gather, PHASE_BACKWARD, -1, "embedding released");
+  }
+  r.Free(act_grad_in, PHASE_BACKWARD, -1, "block input gradient freed");
+  r.Free(rope, PHASE_BACKWARD, -1, "RoPE tables freed");
+
+  // The gradients kept on production, in the order they were made.
+  auto free_kept = [&](Phase phase, const char* tensor) {
+    if (!kept) return;
+    for (int g : kept_before_blocks) r.Free(g, phase, -1, tensor);
+    if (num_layers > 0) {
+      if (grouped) r.BeginGroup(num_layers, 0, -1);
+      for (int t = 0; t < (grouped ? 1 : num_layers); ++t) {
+        for (int base : {kept_down, kept_mlp_rest, kept_attn}) r.Free(Ref{base, last - t}, phase, -1, tensor);
+      }
+      if (grouped) r.EndGroup();
+    }
+    for (int g : kept_after_blocks) r.Free(g, phase, -1, tensor);
+  };
+
+  if (zero12) {
+    // The epilogue, then the step on the partition (memory_model.h). Stage 1
+    // without overlap_comm has moved its first gradients into the bucket by
+    // the time the partition appears.
+    const bool moved_first = s.epilogue_moved_grads > 0;
+    const int64_t held = kept ? s.shards.trainable_elements * (s.mixed ? 2 : 4) : s.grads_resident;
+    auto release = [&](bool into_bucket) {
+      free_kept(PHASE_BACKWARD,
+                into_bucket ? "gradients moved into the IPG bucket" : "gradients moved into the partition");
+      r.Free(grads_resident, PHASE_BACKWARD, -1,
+             into_bucket ? "accumulated gradients moved into the IPG bucket"
+                         : "accumulated gradients moved into the partition");
+    };
+    if (moved_first) release(true);
+    const int unmoved = r.Alloc(COMPONENT_GRADS, moved_first ? held - s.epilogue_moved_grads : 0, PHASE_BACKWARD, -1,
+                                "gradients not yet in the IPG bucket");
+    partition_from(StepSizes::kAtEpilogue, PHASE_BACKWARD);
+    if (!moved_first) release(false);
+    r.Free(unmoved, PHASE_BACKWARD, -1, "gradients moved into the partition");
+    if (ipg >= 0) r.Free(ipg, PHASE_BACKWARD, -1, "IPG reduce buckets released");
+    const int norm = r.Alloc(COMPONENT_TEMPORARIES, s.step_norm_copy, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, fp64 gradient copies for the norm");
+    r.Free(norm, PHASE_OPTIMIZER_STEP, -1, "fp64 copy freed");
+    const int flat = r.Alloc(COMPONENT_TEMPORARIES, s.step_flat_grads, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, flattened gradients");
+    const int fp32 = r.Alloc(COMPONENT_TEMPORARIES, s.step_fp32_grads, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, flattened fp32 gradients");
+    r.Free(flat, PHASE_OPTIMIZER_STEP, -1, "flattened gradients freed");
+    if (partition >= 0) r.Free(partition, PHASE_OPTIMIZER_STEP, -1, "gradient partition released");
+    const int adam = r.Alloc(COMPONENT_TEMPORARIES, s.step_optimizer_temps, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, Adam temporaries");
+    r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
+    r.Free(fp32, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
+    r.Free(batch, PHASE_OPTIMIZER_STEP, -1, "the batch freed");
+    return r.num_handles();
+  }
+
+  // Reduction (stage 0) and the optimizer step.
+  const int bucket = r.Alloc(COMPONENT_TEMPORARIES, s.reduce_temp, PHASE_BACKWARD, -1, "gradient reduction bucket");
+  r.Free(bucket, PHASE_BACKWARD, -1, "reduction bucket freed");
+  const int copies = r.Alloc(COMPONENT_TEMPORARIES, s.step_grad_copies, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, fp32 copies of the gradients");
+  const int upcast = r.Alloc(COMPONENT_TEMPORARIES, s.step_upcast, PHASE_OPTIMIZER_STEP, -1,
+                             "optimizer step, fp32 gradient upcast");
+  auto release_grads = [&] {
+    r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
+    free_kept(PHASE_OPTIMIZER_STEP, "gradients set to None");
+  };
+  if (s.step_grad_copies > 0) {
+    r.Free(copies, PHASE_OPTIMIZER_STEP, -1, "fp32 copies freed");
+    release_grads();
+  }
+  const int adam = r.Alloc(COMPONENT_TEMPORARIES, s.step_optimizer_temps, PHASE_OPTIMIZER_STEP, -1,
+                           s.step_grad_copies > 0 ? "optimizer step, Adam temporaries"
+                                                  : "optimizer step, fp32 gradient upcast");
+  r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
+  r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
+  if (s.stage == 0 && s.step_grad_copies == 0) release_grads();
+  r.Free(batch, PHASE_OPTIMIZER_STEP, -1, "the batch freed");
+  return r.num_handles();
+}
+
+}  // namespace
+
+int64_t LiveTensorBytes(const MemoryBreakdown& b) {
+  return b.params_bytes() + b.grads_bytes() + b.master_params_bytes() +
+         b.optimizer_states_bytes() + b.activations_bytes() + b.logits_bytes() +
+         b.buffers_bytes() + b.temporaries_bytes();
+}
+
+void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
+  const int64_t tensors = LiveTensorBytes(*b);
+  b->set_runtime_bytes(s.runtime);
+  b->set_allocator_bytes(s.allocator_cached);
+  b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
+}
+
+std::string TensorName(const char* tensor, int layer) {
+  const char* mark = std::strchr(tensor, '#');
+  if (mark == nullptr) return tensor;
+  return absl::StrCat(absl::string_view(tensor, mark - tensor), layer, mark + 1);
+}
+
+StepProgram BuildStepProgram(const StepSizes& sizes, bool grouped) {
+  StepProgram program;
+  BuildStepProgram(sizes, grouped, &program);
+  return program;
+}
+
+void BuildStepProgram(const StepSizes& s, bool grouped, StepProgram* program) {
+  ProgramSink sink(program);
+  program->num_handles = Emit(s, grouped, &sink);
+}
+
+
+MemoryBreakdown StepPeak(const StepSizes& s) {
+  PeakSink</*kBreakdown=*/true> sink;
+  Emit(s, /*grouped=*/true, &sink);
+  MemoryBreakdown result;
+  if (sink.peak() >= 0) {
+    const Live& live = sink.peak_live();
+    result.set_params_bytes(live[COMPONENT_PARAMS - 1]);
+    result.set_grads_bytes(live[COMPONENT_GRADS - 1]);
+    result.set_master_params_bytes(live[COMPONENT_MASTER_PARAMS - 1]);
+    result.set_optimizer_states_bytes(live[COMPONENT_OPTIMIZER_STATES - 1]);
+    result.set_activations_bytes(live[COMPONENT_ACTIVATIONS - 1]);
+    result.set_logits_bytes(live[COMPONENT_LOGITS - 1]);
+    result.set_buffers_bytes(live[COMPONENT_BUFFERS - 1]);
+    result.set_temporaries_bytes(live[COMPONENT_TEMPORARIES - 1]);
+    result.set_peak_event(sink.peak_event());
+  }
+  FinishDeviceBreakdown(s, &result);
+  return result;
+}
+
+int64_t StepPeakBytes(const StepSizes& s) {
+  PeakSink</*kBreakdown=*/false> sink;
+  Emit(s, /*grouped=*/true, &sink);
+  return std::max<int64_t>(0, sink.peak()) + s.runtime + s.allocator_cached;
+}
+
+}  // namespace zplan

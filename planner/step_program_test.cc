@@ -1,0 +1,113 @@
+#include "planner/step_program.h"
+
+#include <map>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "planner/gpu_catalog.h"
+#include "planner/memory_model.h"
+#include "planner/model_spec.h"
+#include "planner/run_config.h"
+#include "planner/simulator.h"
+
+namespace zplan {
+namespace {
+
+// Sizes of `preset` at a stage, with checkpointing every `every` blocks (0: none).
+StepSizes Sizes(const std::string& preset, int stage, int every, int64_t rank = 0) {
+  auto model = LoadPreset(preset);
+  EXPECT_TRUE(model.ok()) << model.status();
+  RunConfig config;
+  config.mutable_cluster()->set_gpus_per_node(8);
+  config.mutable_zero()->set_stage(stage);
+  config.mutable_zero()->set_reduce_bucket_elements(3'000'000);
+  config.set_seq_length(512);
+  config.set_micro_batch_size(2);
+  config.set_activation_checkpointing(every > 0);
+  config.set_checkpoint_every_n_layers(std::max(every, 1));
+  if (stage == 3) config.mutable_zero()->set_stage3_max_reuse_distance(CountParameters(*model));
+  config = ResolveRunConfig(config);
+  auto sizer = StepSizer::Create(*model, config, *FindGpu(config.cluster().gpu()));
+  EXPECT_TRUE(sizer.ok()) << sizer.status();
+  return sizer->ForRank(2, 512, rank);
+}
+
+// Grouping identical blocks changes nothing in the step: the grouped
+// program's events are the per-block program's, one for one.
+TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
+  for (const char* preset : {"debug-tiny", "gpt2", "1b", "llama3-8b"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int every : {0, 1, 2, 3}) {
+        for (int64_t rank : {0, 3, 7}) {
+          const StepSizes s = Sizes(preset, stage, every, rank);
+          SCOPED_TRACE(std::string(preset) + " stage " + std::to_string(stage) + " every " + std::to_string(every) +
+                       " rank " + std::to_string(rank));
+          const StepProgram grouped = BuildStepProgram(s), flat = BuildStepProgram(s, /*grouped=*/false);
+          const SimulatedStep a = ExpandStepProgram(grouped, s), b = ExpandStepProgram(flat, s);
+          ASSERT_EQ(a.events.size(), b.events.size());
+          for (size_t i = 0; i < a.events.size(); ++i) {
+            ASSERT_EQ(a.events[i].SerializeAsString(), b.events[i].SerializeAsString()) << "event " << i;
+          }
+          EXPECT_EQ(a.peak.SerializeAsString(), b.peak.SerializeAsString());
+          // The grouped program is smaller wherever blocks repeat.
+          if (s.num_layers >= 8) EXPECT_LT(grouped.ops.size(), flat.ops.size());
+        }
+      }
+    }
+  }
+}
+
+// The fast evaluator finds the expansion's peak: bytes, breakdown and event.
+TEST(StepProgramTest, PeakIsTheExpansionsPeak) {
+  for (const char* preset : {"debug-tiny", "gpt2", "1b", "qwen3-0.6b", "llama3-8b"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int every : {0, 1, 2, 3}) {
+        const StepSizes s = Sizes(preset, stage, every);
+        const MemoryBreakdown fast = StepPeak(s);
+        const SimulatedStep step = SimulateStep(s, /*record_events=*/false);
+        EXPECT_EQ(fast.SerializeAsString(), step.peak.SerializeAsString())
+            << preset << " stage " << stage << " every " << every << ": fast at \"" << fast.peak_event()
+            << "\", expansion at \"" << step.peak.peak_event() << "\"";
+        EXPECT_EQ(StepPeakBytes(s), step.peak.peak_bytes());
+      }
+    }
+  }
+}
+
+// The allocator replay (allocator_replay.h) maps handles to blocks: every
+// ALLOC names a handle not live, every FREE a live one of the same size and
+// component, and what is live at the end is the resident state.
+TEST(StepProgramTest, ExpandedHandlesPairAllocationsAndFrees) {
+  for (const char* preset : {"debug-tiny", "1b", "llama3-8b"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int every : {0, 1, 3}) {
+        const StepSizes s = Sizes(preset, stage, every);
+        const SimulatedStep step = SimulateStep(s);
+        ASSERT_EQ(step.event_handles.size(), step.events.size());
+        std::map<int, const MemoryEvent*> live;
+        for (size_t i = 0; i < step.events.size(); ++i) {
+          const MemoryEvent& event = step.events[i];
+          const int handle = step.event_handles[i];
+          if (event.kind() == MemoryEvent::ALLOC) {
+            ASSERT_TRUE(live.emplace(handle, &event).second) << preset << " event " << i << ": handle live";
+          } else {
+            auto it = live.find(handle);
+            ASSERT_NE(it, live.end()) << preset << " event " << i << ": freed handle not live";
+            EXPECT_EQ(it->second->bytes(), event.bytes());
+            EXPECT_EQ(it->second->component(), event.component());
+            live.erase(it);
+          }
+        }
+        for (const auto& [handle, event] : live) EXPECT_EQ(event->phase(), PHASE_INIT) << event->tensor();
+      }
+    }
+  }
+}
+
+TEST(StepProgramTest, TensorNameTakesTheLayer) {
+  EXPECT_EQ(TensorName("forward, layer #, parameters gathered", 12), "forward, layer 12, parameters gathered");
+  EXPECT_EQ(TensorName("the batch", 3), "the batch");
+}
+
+}  // namespace
+}  // namespace zplan

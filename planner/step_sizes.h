@@ -1,0 +1,253 @@
+// File: step_sizes.h
+// StepSizes: every byte count and order fact one rank's training step needs,
+// computed by ComputeStepSizes / StepSizer (memory_model.h), the one place
+// sizes come from, and read by the step program (step_program.h), which
+// says when each tensor is allocated and freed.
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(StepSizes sizes, ComputeStepSizes(model, config, gpu));
+//   int64_t bytes = StepPeakBytes(sizes);
+#ifndef ZPLAN_PLANNER_STEP_SIZES_H_
+#define ZPLAN_PLANNER_STEP_SIZES_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "planner/sharding.h"
+
+namespace zplan {
+
+// Every size a step needs, in bytes unless named otherwise; one rank.
+struct StepSizes {
+  // Configuration.
+  int stage = 0;
+  int64_t world_size = 1;
+  int64_t ranks_per_node = 1;
+  int num_layers = 0;
+  int64_t grad_accum = 1;
+  bool mixed = true;                 // bf16/fp16 with fp32 master
+  bool checkpointing = false;
+  int checkpoint_every = 1;          // with checkpointing: blocks 0, k, 2k, ... (RunConfig)
+  bool Checkpointed(int layer) const { return checkpointing && layer % checkpoint_every == 0; }
+  int NumCheckpointed() const { return checkpointing ? (num_layers + checkpoint_every - 1) / checkpoint_every : 0; }
+  // What a checkpointed block keeps of its input, in copies of b·s·h on the
+  // device after its forward: 1 as torch.utils.checkpoint; 0 when it went to
+  // the host (transformers' offload: save_on_cpu). deepspeed.checkpointing.
+  // checkpoint with partition_activations keeps a copy made before the block
+  // runs (checkpointing.py, partition_activations) and releases the input
+  // after it (get_partitioned_activations_for_backward).
+  int checkpoint_kept_inputs = 1;
+  bool checkpoint_copy_on_device = false;  // DeepSpeed's copy: +1 while the block runs
+  bool checkpoint_copy_on_host = false;    // offloaded: +1 once brought back for the backward
+  // DeepSpeed's contiguous_memory_optimization: the copies go into this many
+  // buffers (number_checkpoints), all allocated at the first checkpointed
+  // block; the spare ones go at the first checkpointed backward.
+  int checkpoint_slots = 0;
+  // The host copies, and whether pinned (transformers' save_on_cpu) or
+  // pageable (DeepSpeed's .cpu() copies and contiguous buffers).
+  int host_checkpoint_blocks = 0;
+  bool host_checkpoint_pinned = false;
+  bool offload_optimizer = false;
+  bool offload_param = false;
+  bool pin_memory = true;
+  bool tied = false;
+  // The model ends in a head with logits and a cross-entropy loss: an LM
+  // head over the vocabulary, or a ViT's classifier on its CLS token.
+  bool has_head = true;
+  bool cpu_ranks = false;            // device tensors live in host RAM
+  // Stage 0, and stage 1 without overlap_comm, without accumulation
+  // allocate gradients during backward and keep them; otherwise produced
+  // gradients are temporaries (moved into a bucket or added into the
+  // resident gradient).
+  bool grads_kept_on_production = false;
+  // Stage 1 without overlap_comm moves the kept (or accumulated) gradients
+  // into the IPG bucket in parameter order after backward
+  // (stage_1_and_2.py, reduce_gradients), freeing each; these bytes of them
+  // are gone when the first full bucket makes the partition.
+  int64_t epilogue_moved_grads = 0;
+  ShardLayout shards;
+
+  // Resident for the whole step (device).
+  int64_t params_resident = 0;       // full, or stage-3 shard + persistent
+  int64_t grads_resident = 0;        // stage-2/3 shard; stage-0/1 full with accumulation
+  int64_t master_resident = 0;
+  int64_t optimizer_resident = 0;
+  int64_t buckets_resident = 0;      // stage-3 reduce buckets
+  // Stages 1/2 with optimizer offload (stage_1_and_2.py, __init__): a device
+  // gradient staging buffer the size of the largest parameter
+  // (temp_grad_buffer_for_gpu_offload); its host twin and a working-dtype
+  // copy of the partition are host_offload_staging.
+  int64_t offload_staging_resident = 0;
+  // Of the reduce buckets (resident or IPG), the bytes ever written: a
+  // bucket larger than the model's gradients is never filled, and unwritten
+  // pages take no host RAM.
+  int64_t buckets_touched = 0;
+
+  // Stages 1/2 (DeepSpeed stage_1_and_2.py). The IPG reduce buckets exist
+  // from the first gradient hook of a backward (setup_buckets) to its end
+  // (_release_ipg_buffers). The gradient partition (copy_grads_in_partition)
+  // appears at the first bucket reduction -- in backward part
+  // grad_partition_from: num_layers the final norm, a block index, -1 the
+  // embedding, kAtEpilogue after backward when none reaches the rank, or
+  // kBeforeForward when accumulation carries it over -- and lives into the
+  // step until its flattened fp32 copy exists (_release_preflattened_grad_buffers).
+  // Both depend on the rank (sharding.h, FlatPartition).
+  static constexpr int kAtEpilogue = -2;
+  int64_t ipg_buckets = 0;
+  int64_t grad_partition = 0;
+  int grad_partition_from = kAtEpilogue;
+  bool grad_partition_at_attention = false;  // in that block's attention half, not its MLP's
+  // In its MLP half at down_proj's hook, past a GELU MLP's widest moment:
+  // down_proj's saved input is freed by then, its weight gradient not yet.
+  bool grad_partition_at_down_proj_hook = false;
+  int kBeforeForward() const { return num_layers + 1; }
+
+  // The backward part whose gradient hook fires first, where the IPG
+  // buckets appear: kHeadPart the LM head (untied, trainable), num_layers the
+  // final norm, a block index (its attention half when ipg_at_attention),
+  // -1 the embedding; kNoGradients when nothing trains.
+  static constexpr int kNoGradients = -3;
+  int ipg_from = kNoGradients;
+  bool ipg_at_attention = false;
+  int kHeadPart() const { return num_layers + 1; }
+
+  // Per block.
+  int64_t block_saved = 0;           // tensors saved for backward, no checkpointing
+  int64_t block_saved_mlp = 0;       // of which the MLP half's (freed first in backward)
+  // With LoRA block 0's input does not require grad (the embedding is
+  // frozen), so it keeps this much less than the others (inventory.h), of
+  // which block0_saved_mlp_less in its MLP half.
+  int64_t block0_saved_less = 0;
+  int64_t block0_saved_mlp_less = 0;
+  // Of block_saved (block 0's), the block's input itself (IsBlockInputItself):
+  // a checkpointed block's recompute saves the input on the device (kept, or
+  // brought back from the host) and allocates this no second time.
+  int64_t block_saved_input = 0;
+  int64_t block0_saved_input = 0;
+  int64_t RecomputeReusedInput(int layer) const { return layer == 0 ? block0_saved_input : block_saved_input; }
+  int64_t block_input = 0;           // b·s·h in the working dtype
+  int64_t block_fwd_transient = 0;   // extra inside forward with grad
+  int64_t block_nograd_peak = 0;     // checkpointed forward: live intermediates
+  int64_t block_bwd_mlp_transient = 0;   // MLP half's backward temporaries
+  int64_t block_bwd_attn_transient = 0;  // attention half's
+  int64_t block_grads = 0;           // all block parameters, working dtype
+  int64_t block_grads_mlp = 0;       // of which the MLP half's
+  int64_t block_grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
+  int64_t block_max_mlp_grad = 0;    // largest single parameter of each half
+  int64_t block_max_attn_grad = 0;
+  // Stages 1/2 (reduced in the hooks): down_proj's weight gradient when it is
+  // larger than a reduce bucket. Its hook comes after its bias's (autograd
+  // finishes a linear's bias gradient first), and it waits, whole, for the
+  // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
+  // the activation's backward: the half's widest moment.
+  int64_t block_down_weight_grad_waiting = 0;
+  // The MLP's residual-dropout mask (block0_: block 0's), freed with its
+  // backward before the activation's backward (the widest moment).
+  int64_t block_mlp_dropout_saved = 0;
+  int64_t block0_mlp_dropout_saved = 0;
+  // The MLP half's activation-gradient temporaries past down_proj's hooks:
+  // the transient, less the mask freed by then.
+  int64_t MlpTransientPastDownProjHooks(int layer) const {
+    const int64_t mask = layer == 0 ? block0_mlp_dropout_saved : block_mlp_dropout_saved;
+    return block_bwd_mlp_transient - std::min(mask, block_bwd_mlp_transient);
+  }
+  int64_t block_gather = 0;          // stage 3: gathered block + prefetch
+  // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
+  // keeps from their forward to their backward -- blocks gather_kept_from
+  // onwards whole (gather_kept_block bytes each) and gather_kept_partial bytes
+  // of the block before; the embedding through the whole step when
+  // embed_kept; the LM head from its forward to its backward when head_kept.
+  int gather_kept_from = 0;
+  int64_t gather_kept_block = 0;
+  int64_t gather_kept_partial = 0;
+  bool embed_kept = false;
+  bool head_kept = false;
+
+  // Model ends.
+  int64_t rope_tables = 0;           // RoPE cos/sin tables, to the end of backward
+  int64_t step_batch = 0;            // ids + targets (a ViT: pixels + labels), through the step
+  int64_t embed_saved = 0;           // the embedding dropout's mask: to the embedding's backward
+  bool embed_backward = true;        // the embeddings run a backward (not when frozen)
+  // Eager attention's additive causal mask [b,1,s,s] (transformers'
+  // eager_mask): from the embedding to the final norm, or with checkpointing
+  // (a checkpointed block's input) to block 0's backward.
+  int64_t attention_mask = 0;
+  int64_t act_grad = 0;              // gradient carried between blocks, b·s·h
+  int64_t final_norm_saved = 0;
+  int64_t final_norm_grads = 0;
+  int64_t head_grad = 0;             // V·h (the tied embedding's, or lm_head's)
+  int64_t embed_grad = 0;            // V·h: the embedding's contribution
+  int64_t pos_grad = 0;              // learned positions
+  int64_t embed_gather = 0;          // stage 3: the embedding (and learned positions) gathered
+  int64_t head_gather = 0;           // stage 3: the head gathered (a tied one is the embedding)
+  int64_t logits_working = 0;        // b·s·V in the working dtype (a ViT: b·labels)
+  int64_t logits_fp32 = 0;           // b·s·V·4
+  // Liger's fused linear cross-entropy (RunConfig.loss;
+  // liger_kernel/ops/fused_linear_cross_entropy.py,
+  // fused_linear_cross_entropy_forward) in place of the logits: from the
+  // loss forward to its backward, its input gradient (act_grad) and the
+  // head's weight gradient (head_grad) exist; during the forward also the
+  // final norm's output, the labels, the fp32 per-token losses and, one
+  // chunk of tokens at a time, the chunk's logits and the temporaries of its
+  // weight-gradient product.
+  bool fused_loss = false;
+  int64_t loss_labels = 0;           // padded + shifted int64 labels, the non-ignored mask
+  int64_t loss_rows = 0;             // loss_1d: fp32 [b·s]
+  int64_t loss_chunk = 0;            // [chunk, V] logits, working dtype
+  int64_t loss_chunk_temps = 0;      // beside them, at the widest moment of a chunk
+
+  // After backward and in the step.
+  int64_t reduce_temp = 0;           // stage 0 reduce bucket
+  int64_t step_upcast = 0;           // stages 0/3: fp32 gradient upcast per sub-group
+  // Stage 0 in mixed precision (DeepSpeed's FP16_Optimizer.step,
+  // runtime/fp16/fused_optimizer.py): every gradient upcast to fp32, all
+  // alive while _flatten_dense_tensors makes step_upcast of them; then the
+  // gradients are set to None before the optimizer steps.
+  int64_t step_grad_copies = 0;
+  // Stages 1/2 (stage_1_and_2.py, step): each gradient piece of the
+  // partition copied to fp64 for the norm (get_grad_norm_direct), the
+  // partition flattened in the working dtype and upcast to fp32.
+  int64_t step_norm_copy = 0;
+  int64_t step_flat_grads = 0;       // the working-dtype flat copy (mixed precision)
+  int64_t step_fp32_grads = 0;
+  // What the Adam implementation allocates beside the stepped fp32 tensor
+  // (the flat partition, or one stage-3 sub-group).
+  int64_t step_optimizer_temps = 0;
+
+  // CUDA ranks: one cuBLAS(Lt) workspace, allocated through the caching
+  // allocator at the first matmul and kept (the catalog's size).
+  int64_t cublas_workspace = 0;
+  // Runtime outside the allocator (CUDA context, NCCL), from the catalog.
+  int64_t runtime = 0;
+  // What the caching allocator holds reserved but free at the peak: 0 here,
+  // set by WithAllocatorCache (allocator_replay.h), which replays the step.
+  int64_t allocator_cached = 0;
+
+  // Host, per rank.
+  int64_t host_process = 0;
+  int64_t host_params = 0;           // offload_param shard
+  int64_t host_grads = 0;            // offload_optimizer fp32 grads
+  int64_t host_master = 0;
+  int64_t host_optimizer = 0;
+  int64_t host_offload_staging = 0;  // temp_grad_buffer_for_cpu_offload + param_buffer_of_bit16_for_cpu_offload_groups
+  // Stage 2 with offload and accumulation: every parameter touching the
+  // rank's partition, whole, in the working dtype (stage_1_and_2.py,
+  // async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu), and
+  // those blocks rounded up to powers of two when pinned (0 otherwise).
+  int64_t host_grad_accumulation = 0;
+  int64_t host_grad_accumulation_pinned = 0;
+  // Checkpoint offload: the checkpointed blocks' inputs on the host at the
+  // end of the forward, and those as pinned blocks (each a power of two).
+  int64_t host_checkpoints = 0;
+  int64_t host_checkpoints_pinned = 0;
+  // Page-locked blocks as allocated (each rounded up to a power of two), and
+  // what that rounding adds: the host breakdown's allocator component.
+  int64_t host_pinned = 0;
+  int64_t host_pinned_rounding = 0;
+  int64_t host_init_per_rank = 0;    // model construction peak tensors
+  int64_t construction = 0;          // zrun's construction peak, device and host (Plan field)
+};
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_STEP_SIZES_H_
