@@ -100,6 +100,7 @@ std::vector<std::string> LiveCases(Suite s) {
   // (each recording keeps its run's wall time); the test checks the cover.
   if (s == Suite::kZrun) {
     return {
+        "tiny-z0-fp32-w1",                               // world 1
         "tiny-z0-fp32-w2-ckpt-eager",                    // ZeRO-0, eager, checkpointing
         "tiny-z1-bf16-w4-ga2",                           // world 4, accumulation
         "tiny-z1-bf16-emulated-5of8",                    // an emulated rank
@@ -115,17 +116,16 @@ std::vector<std::string> LiveCases(Suite s) {
     };
   }
   return {
-      "z0-bf16",
-      "z1-fp32-w2-eager",
-      "z2-bf16-offload-w2",
-      "z3-bf16-offload-both-ckpt",
-      "z3-bf16-b4-s256-w4",
-      "vit-z2-bf16-dropout-ckpt",
-      "z3-bf16-mistral-ckpt-every2-offload",
-      "fused-loss-z2-bf16-mistral-ga2-ckpt",
-      "lora-embed-head-z1-bf16",
-      "ds-ckpt-partitioned-cpu-z1-fp32-qwen3-every2",
-      "ds-ckpt-contiguous-z3-bf16-mistral-s512",
+      "lora-head-z0-bf16",                             // ZeRO-0, world 1, LoRA with modules_to_save
+      "z0-bf16-gpt2-default-buckets",                  // GPT-2
+      "z1-bf16-w4",                                    // ZeRO-1, world 4, Qwen3
+      "vit-z2-bf16-dropout-eager",                     // ViT, dropout, eager
+      "vit-z1-fp32-ckpt-every2",                       // fp32, checkpointing every k
+      "fused-loss-z2-bf16-qwen2-offload",              // fused loss, optimizer offload, Qwen2
+      "fused-loss-z2-bf16-mistral-ga2-ckpt",           // accumulation, Mistral
+      "z3-bf16-mistral-ckpt-every2-offload",           // ZeRO-3, checkpoint offload
+      "lora-z3-bf16-qwen3-offload-both-all-linear",    // parameter offload, LoRA at ZeRO-3
+      "ds-ckpt-contiguous-z3-bf16-mistral-s512",       // DeepSpeed's checkpointing, partitioned, contiguous
   };
 }
 
