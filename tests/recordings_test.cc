@@ -7,10 +7,15 @@
 // (tests/accuracy_test, tests/deepspeed_agreement_test) must cover every
 // mechanism of its suite.
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "planner/memory_model.h"
 #include "planner/plan_builder.h"
@@ -72,6 +77,43 @@ TEST_P(RecordingsTest, TheLiveSubsetCoversEveryMechanismOfTheSuite) {
   }
   EXPECT_TRUE(missing.empty()) << "no live " << SuiteName(suite) << " case exercises: " << absl::StrJoin(missing, ", ")
                                << " (tools/recordings.cc, LiveCases)";
+}
+
+// README.md's "Supported model types" table counts, per model_type, the rows
+// of each suite: the counts must be the matrices' own.
+TEST_P(RecordingsTest, TheReadmeCountsTheRowsOfEachModelType) {
+  const Suite suite = GetParam();
+  const AccuracyOptions o = RunfilesAccuracyOptions(std::string(std::getenv("TEST_TMPDIR")) + "/types-" +
+                                                    SuiteName(suite));
+  std::map<std::string, int> rows;
+  int index = 0;
+  for (const AccuracyCase& c : SuiteMatrix(suite)) {
+    auto plan = PlanCase(c, o, CaseDir(c, o, ++index));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ++rows[plan->model().model_type()];
+  }
+  auto readme = ReadFile("README.md");
+  ASSERT_TRUE(readme.ok()) << readme.status();
+  // | `llama` | Llama (...) | zrun rows | DeepSpeed rows | H100 rows |
+  const int column = suite == Suite::kZrun ? 2 : 3;
+  std::map<std::string, int> listed;
+  for (absl::string_view line : absl::StrSplit(*readme, '\n')) {
+    if (!absl::StartsWith(line, "| `")) continue;
+    const std::vector<std::string> cells = absl::StrSplit(line.substr(2), " | ");
+    int count = 0;
+    if (cells.size() < 5 || !absl::SimpleAtoi(cells[column], &count)) continue;
+    listed[std::string(absl::StripPrefix(absl::StripSuffix(cells[0], "`"), "`"))] = count;
+  }
+  for (const auto& [type, count] : rows) {
+    auto it = listed.find(type);
+    EXPECT_TRUE(it != listed.end() && it->second == count)
+        << "README.md's supported model types: `" << type << "` has " << count << " " << SuiteName(suite)
+        << " rows, the table says " << (it == listed.end() ? "nothing" : std::to_string(it->second));
+  }
+  for (const auto& [type, count] : listed) {
+    EXPECT_TRUE(count == 0 || rows.count(type) > 0) << "README.md lists " << count << " " << SuiteName(suite)
+                                                    << " rows of `" << type << "`, the suite has none";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Suites, RecordingsTest, ::testing::Values(Suite::kZrun, Suite::kDeepSpeed),

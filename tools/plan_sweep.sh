@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs zplan over a corpus of invocations and keeps every output: the plan
-# (binary .pb) and, for each invocation, stdout, stderr and the exit code.
-# Two runs of it (before and after a planner change) are compared with
-#   diff -r BEFORE AFTER   (or cmp per file)
-# which must report nothing when the change is a pure refactor.
+# The flag sweep half of tools/compare_plans.sh: zplan over ~1,000 invocations
+# (stage x offload x precision x checkpointing x attention x accumulation x
+# LoRA x fused loss x ViT x world size, presets, grids, formats, max-batch,
+# sweep, show, timelines), keeping per invocation the plan (<name>.pb, binary),
+# stdout and stderr together (<name>.out) and the exit code (<name>.rc), the
+# layout tools/plan_corpus.h compares.
 #
-# usage: tools/step_program_corpus.sh ZPLAN_BINARY OUT_DIR
-# Run from the repository root (the configs are relative paths).
+# usage: tools/plan_sweep.sh ZPLAN_BINARY OUT_DIR   (from the repository root)
 set -u
 zplan="$1"
 out="$2"
@@ -17,7 +17,7 @@ n=0
 run() {
   local name="$1"
   shift
-  "$zplan" "$@" --out "$out/$name.pb" >"$out/$name.stdout" 2>"$out/$name.stderr"
+  "$zplan" "$@" --out "$out/$name.pb" >"$out/$name.out" 2>&1
   echo $? >"$out/$name.rc"
   n=$((n + 1))
 }
@@ -25,7 +25,7 @@ run() {
 text() {
   local name="$1"
   shift
-  "$zplan" "$@" >"$out/$name.stdout" 2>"$out/$name.stderr"
+  "$zplan" "$@" >"$out/$name.out" 2>&1
   echo $? >"$out/$name.rc"
   n=$((n + 1))
 }
