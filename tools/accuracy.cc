@@ -55,14 +55,16 @@ AccuracyCase Case(std::string name, const std::vector<std::string>& model, std::
   return {std::move(name), std::move(all), emulate_rank};
 }
 
-// fork/exec with stdout and stderr to `log`; returns the exit code.
-absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log) {
+}  // namespace
+
+absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log, const std::string& dir) {
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     // Relative paths in the arguments are relative to this folder, not to
     // where `bazel run` was started.
     unsetenv("BUILD_WORKING_DIRECTORY");
+    if (!dir.empty() && chdir(dir.c_str()) != 0) _exit(126);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -78,8 +80,6 @@ absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::s
   if (waitpid(pid, &status, 0) < 0) return absl::InternalError("waitpid failed");
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
-
-}  // namespace
 
 std::string CaseDir(const AccuracyCase& c, const AccuracyOptions& o, int index) {
   return absl::StrCat(o.work_dir, "/", index, "-", c.name);

@@ -119,6 +119,11 @@ struct AccuracyOptions {
 // (relative to its working directory), writing into `work_dir`.
 AccuracyOptions RunfilesAccuracyOptions(std::string work_dir);
 
+// fork/exec `argv` (in `dir` when given) with stdout and stderr to `log`;
+// the exit code (128 + the signal when it was killed).
+absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
+                              const std::string& dir = "");
+
 inline bool IsDeepSpeed(const AccuracyCase& c) { return !c.ds_config_json.empty(); }
 
 // The three steps of a row, for callers that measure once and judge many

@@ -1,7 +1,5 @@
 #include "tools/plan_corpus.h"
 
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +20,7 @@
 #include "proto/plan.pb.h"
 #include "proto/seed.pb.h"
 #include "tools/accuracy.h"
+#include "tools/seed_tables.h"
 
 namespace zplan {
 
@@ -33,32 +32,6 @@ namespace fs = std::filesystem;
 
 constexpr char kInputsDir[] = "inputs";
 
-// The configuration of one seed row and of an option on it, as
-// tools/seed_tables.cc's RowConfig and WithOption build them.
-RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c) {
-  RunConfig config = s.config();
-  if (c.micro_batch_size() > 0) config.set_micro_batch_size(c.micro_batch_size());
-  if (c.seq_length() > 0) config.set_seq_length(c.seq_length());
-  if (c.has_zero_stage()) config.mutable_zero()->set_stage(c.zero_stage());
-  if (c.has_offload_optimizer()) config.mutable_zero()->set_offload_optimizer(c.offload_optimizer());
-  if (c.has_offload_param()) config.mutable_zero()->set_offload_param(c.offload_param());
-  if (c.gpus_per_node() > 0) {
-    config.mutable_cluster()->set_gpus_per_node(c.gpus_per_node());
-    config.mutable_cluster()->set_num_nodes(1);
-  }
-  if (!c.gpu().empty()) config.mutable_cluster()->set_gpu(c.gpu());
-  if (c.has_activation_checkpointing()) config.set_activation_checkpointing(c.activation_checkpointing());
-  return config;
-}
-
-RunConfig WithOption(RunConfig config, const SeedOption& o) {
-  if (o.has_zero_stage()) config.mutable_zero()->set_stage(o.zero_stage());
-  if (o.has_offload_optimizer()) config.mutable_zero()->set_offload_optimizer(o.offload_optimizer());
-  if (o.has_offload_param()) config.mutable_zero()->set_offload_param(o.offload_param());
-  if (o.has_checkpoint_offload()) config.set_checkpoint_offload(o.checkpoint_offload());
-  if (o.loss() != LOSS_IMPL_UNSPECIFIED) config.set_loss(o.loss());
-  return config;
-}
 
 const char* OffloadFlag(OffloadDevice d) { return d == OFFLOAD_CPU ? "cpu" : "none"; }
 
@@ -271,29 +244,6 @@ void AddZplanCases(std::vector<CorpusCase>* corpus) {
   }
 }
 
-// fork/exec `argv` in `dir`, stdout and stderr to `log`; the exit code.
-absl::StatusOr<int> RunIn(const std::vector<std::string>& argv, const std::string& dir, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    // zplan resolves paths against BUILD_WORKING_DIRECTORY when set (bazel run).
-    unsetenv("BUILD_WORKING_DIRECTORY");
-    if (chdir(dir.c_str()) != 0) _exit(126);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  if (waitpid(pid, &status, 0) < 0) return absl::InternalError("waitpid failed");
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 // Names of the files in `dir` with `extension`, without it, sorted.
 std::set<std::string> Stems(const std::string& dir, const std::string& extension) {
@@ -373,7 +323,7 @@ absl::StatusOr<int> WriteCorpusPlans(const std::string& zplan, const std::string
     std::vector<std::string> argv = {binary};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
     argv.push_back(absl::StrCat("--out=", c.name, ".pb"));
-    ZPLAN_ASSIGN_OR_RETURN(int code, RunIn(argv, dir, absl::StrCat(dir, "/", c.name, ".out")));
+    ZPLAN_ASSIGN_OR_RETURN(int code, RunLogged(argv, absl::StrCat(dir, "/", c.name, ".out"), dir));
     if (code == 126 || code == 127) return absl::InternalError(absl::StrCat("cannot run ", binary, " in ", dir));
     ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", c.name, ".rc"), absl::StrCat(code, "\n")));
     ++ran;

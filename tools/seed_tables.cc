@@ -36,30 +36,6 @@ std::string Claimed(const SeedClaim& c) {
   return absl::StrCat(Num(c.low_gb()), "-", Num(c.high_gb()));
 }
 
-RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c) {
-  RunConfig config = s.config();
-  if (c.micro_batch_size() > 0) config.set_micro_batch_size(c.micro_batch_size());
-  if (c.seq_length() > 0) config.set_seq_length(c.seq_length());
-  if (c.has_zero_stage()) config.mutable_zero()->set_stage(c.zero_stage());
-  if (c.has_offload_optimizer()) config.mutable_zero()->set_offload_optimizer(c.offload_optimizer());
-  if (c.has_offload_param()) config.mutable_zero()->set_offload_param(c.offload_param());
-  if (c.gpus_per_node() > 0) {
-    config.mutable_cluster()->set_gpus_per_node(c.gpus_per_node());
-    config.mutable_cluster()->set_num_nodes(1);
-  }
-  if (!c.gpu().empty()) config.mutable_cluster()->set_gpu(c.gpu());
-  if (c.has_activation_checkpointing()) config.set_activation_checkpointing(c.activation_checkpointing());
-  return config;
-}
-
-RunConfig WithOption(RunConfig config, const SeedOption& o) {
-  if (o.has_zero_stage()) config.mutable_zero()->set_stage(o.zero_stage());
-  if (o.has_offload_optimizer()) config.mutable_zero()->set_offload_optimizer(o.offload_optimizer());
-  if (o.has_offload_param()) config.mutable_zero()->set_offload_param(o.offload_param());
-  if (o.has_checkpoint_offload()) config.set_checkpoint_offload(o.checkpoint_offload());
-  if (o.loss() != LOSS_IMPL_UNSPECIFIED) config.set_loss(o.loss());
-  return config;
-}
 
 // The scenario's model with its LoRA adapters (at `rank` when > 0).
 absl::StatusOr<ModelSpec> ScenarioModel(const SeedScenario& s, const SeedClaim& c, int64_t rank = 0) {
@@ -265,6 +241,31 @@ const char* OffloadName(const ZeroConfig& z) {
 }
 
 }  // namespace
+
+RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c) {
+  RunConfig config = s.config();
+  if (c.micro_batch_size() > 0) config.set_micro_batch_size(c.micro_batch_size());
+  if (c.seq_length() > 0) config.set_seq_length(c.seq_length());
+  if (c.has_zero_stage()) config.mutable_zero()->set_stage(c.zero_stage());
+  if (c.has_offload_optimizer()) config.mutable_zero()->set_offload_optimizer(c.offload_optimizer());
+  if (c.has_offload_param()) config.mutable_zero()->set_offload_param(c.offload_param());
+  if (c.gpus_per_node() > 0) {
+    config.mutable_cluster()->set_gpus_per_node(c.gpus_per_node());
+    config.mutable_cluster()->set_num_nodes(1);
+  }
+  if (!c.gpu().empty()) config.mutable_cluster()->set_gpu(c.gpu());
+  if (c.has_activation_checkpointing()) config.set_activation_checkpointing(c.activation_checkpointing());
+  return config;
+}
+
+RunConfig WithOption(RunConfig config, const SeedOption& o) {
+  if (o.has_zero_stage()) config.mutable_zero()->set_stage(o.zero_stage());
+  if (o.has_offload_optimizer()) config.mutable_zero()->set_offload_optimizer(o.offload_optimizer());
+  if (o.has_offload_param()) config.mutable_zero()->set_offload_param(o.offload_param());
+  if (o.has_checkpoint_offload()) config.set_checkpoint_offload(o.checkpoint_offload());
+  if (o.loss() != LOSS_IMPL_UNSPECIFIED) config.set_loss(o.loss());
+  return config;
+}
 
 absl::StatusOr<std::string> GenerateSeedTables() {
   std::string out =

@@ -18,12 +18,19 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "proto/run_config.pb.h"
+#include "proto/seed.pb.h"
 
 namespace zplan {
 
 inline constexpr double kPointTolerance = 0.25;  // the issue's +-25% of a point figure
 inline constexpr double kSumTolerance = 0.05;    // a total "adds up" within 5%
 inline constexpr double kImpossibleRatio = 2.0;  // model-state figure off by more than 2x
+
+// The configuration of one seed row (the scenario's, with the claim's
+// overrides), and of an option shown on a row.
+RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c);
+RunConfig WithOption(RunConfig config, const SeedOption& o);
 
 absl::StatusOr<std::string> GenerateSeedTables();
 
