@@ -35,7 +35,9 @@ case_timeout_s=${CASE_TIMEOUT_S:-150}
 limit() { timeout --kill-after=15 "$case_timeout_s" "$@"; }
 
 if (( dry_run )); then
-  gpu=cpu model=debug-tiny seq=128 batch=2 steps=3
+  # Two steps (one measured after the warm-up) and a short speed row: the dry run
+  # proves the matrix runs and agrees, in the test command's minutes.
+  gpu=cpu model=debug-tiny seq=128 batch=2 steps=2 speed_steps=3
   big_model=debug-tiny big_seq=256 speed_batch=2 huge_params=3e7
   model_8b=debug-tiny gpt2=debug-tiny long_seq=256 short_seq=64
   vit=(--hf-config "$root/configs/hf/tiny/vit-wide.json" --seq 257 --micro-batch 2)
@@ -52,7 +54,7 @@ else
     *A100*80*) gpu=a100-80gb ;;
     *) gpu=h100-80gb ;;
   esac
-  model=qwen3-0.6b seq=2048 batch=2 steps=4
+  model=qwen3-0.6b seq=2048 batch=2 steps=4 speed_steps=8
   big_model=1b big_seq=8192 speed_batch=4 huge_params=70e9
   model_8b=llama3-8b gpt2=gpt2 long_seq=4096 short_seq=1024
   vit=(--model vit-b-encoder --seq 257 --micro-batch 64)  # seed 002's ViT-B/16 at 256 px
@@ -170,13 +172,15 @@ speed_case() {  # label, zplan flags...
   "$ZPLAN" --gpu "$gpu" "$@" --gpus 1 --zero-stage 0 --precision bf16 --out "$out/$slug.pb" \
     > "$out/$slug.plan.txt" 2>&1 || { speed_rows+=("$label|zplan failed"); return; }
   "$ZPLAN" show "$out/$slug.pb" --format json > "$out/$slug.plan.json"
-  limit "$ZRUN" "$out/$slug.pb" --steps 8 --report "$out/$slug.report.json" --profile_dir "$out/$slug.profile" \
+  limit "$ZRUN" "$out/$slug.pb" --steps "$speed_steps" --report "$out/$slug.report.json" \
+    --profile_dir "$out/$slug.profile" \
     > "$out/$slug.zrun.txt" 2>&1
   local peak
   peak=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['gpu'].get('peak_dense_bf16_flops', 0))" \
     "$out/$slug.plan.json")
   for weights in working fp32-master; do
-    limit "$PY" "$root/tools/torch_reference_loop.py" "$out/$slug.plan.json" --steps 8 --weights "$weights" \
+    limit "$PY" "$root/tools/torch_reference_loop.py" "$out/$slug.plan.json" --steps "$speed_steps" \
+      --weights "$weights" \
       --peak-flops "$peak" --profile "$out/$slug.profile/torch_$weights.trace.json" \
       > "$out/$slug.torch_$weights.json" 2> "$out/$slug.torch_$weights.txt"
   done
@@ -215,7 +219,7 @@ speed_case "$big_model bf16 seq 2048, mb $speed_batch" --model "$big_model" --se
     printf '%-34s %9s %9s %7s %9s %7s %8s %8s  %s\n' "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
   done
   echo
-  printf '%-34s %9s %6s | %-22s | %-22s\n' "speed (medians of 7 steps)" "zrun t/s" "MFU" \
+  printf '%-34s %9s %6s | %-22s | %-22s\n' "speed (medians of $((speed_steps - 1)) steps)" "zrun t/s" "MFU" \
     "PyTorch bf16-only" "PyTorch fp32-master"
   for row in "${speed_rows[@]}"; do
     IFS='|' read -r label a b c d e f g h <<< "$row"
