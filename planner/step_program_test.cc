@@ -50,7 +50,9 @@ TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
           }
           EXPECT_EQ(a.peak.SerializeAsString(), b.peak.SerializeAsString());
           // The grouped program is smaller wherever blocks repeat.
-          if (s.num_layers >= 8) EXPECT_LT(grouped.ops.size(), flat.ops.size());
+          if (s.num_layers >= 8) {
+            EXPECT_LT(grouped.ops.size(), flat.ops.size());
+          }
         }
       }
     }
