@@ -156,7 +156,9 @@ TEST(ZeroEngineTest, EachElementHasOneOwner) {
       EXPECT_LE(owned, working.numel());
     }
     for (const auto& [name, count] : owners) {
-      for (size_t i = 0; i < count.size(); ++i) ASSERT_EQ(count[i], 1) << "stage " << stage << " " << name << "[" << i << "]";
+      for (size_t i = 0; i < count.size(); ++i) {
+        ASSERT_EQ(count[i], 1) << "stage " << stage << " " << name << "[" << i << "]";
+      }
     }
   }
 }
