@@ -172,7 +172,7 @@ class HookOrder : public torch::autograd::FunctionPostHook {
 
 // The blocks' and the head's hooks fire in the order torch's own modules
 // give DeepSpeed: reverse parameter order (as the planner assumes:
-// memory_model.cc, FirstReductionPartByRank), so a linear's bias before its
+// zero_buckets.cc, FirstReductionPartByRank), so a linear's bias before its
 // weight, but a LayerNorm's weight before its bias (native_layer_norm_backward
 // makes both; AccumulateGrad takes them in output order). The order decides
 // whether a weight gradient larger than a bucket is still waiting when its

@@ -48,6 +48,15 @@
 // Adam is the configured implementation's (fused, or torch's for-loop /
 // foreach with their temporaries).
 //
+// One class, its members in one file per ZeRO concern, each named as the
+// planner file that sizes it (docs/zero_concerns.md): zero_partitioning.cc
+// (ownership, parameters in place, model states), zero_buckets.cc (gradient
+// hooks, IPG buckets, reduction, gradient partitions), zero_gather.cc (the
+// stage-3 gather coordinator and prefetch), zero_offload.cc (host buffers,
+// staging, offloaded gradients), zero_optimizer_step.cc (norm, loss scale,
+// Adam); zero_engine.cc builds the engine and saves and loads checkpoints.
+// What DeepSpeed refuses is refused first (planner/zero_refusals.h).
+//
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(&model, comm.get(), config));
 //   for (micro...) { (loss * engine->loss_scale()).backward(); ZPLAN_RETURN_IF_ERROR(engine->AfterBackward()); }
@@ -56,6 +65,7 @@
 #define ZPLAN_EXECUTOR_ZERO_ENGINE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +74,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "executor/collectives.h"
+#include "executor/counting_allocator.h"
 #include "executor/transformer.h"
 #include "planner/sharding.h"
 #include "proto/checkpoint.pb.h"
@@ -142,6 +153,27 @@ class ZeroEngine {
   };
 
   ZeroEngine() = default;
+  // Create's steps, in this order (each in its concern's file).
+  // Who owns what: own_lo/own_hi/own_dst of every slot, owned_begin_,
+  // owned_numel_; stage 3 adds the frozen chunks' elements to *frozen_numel.
+  void AssignOwnership(int64_t total, int world, int rank, int64_t* frozen_numel);
+  // The AccumulateGrad post-hooks (GradReadyHook, or GradKeptHook at stage 0).
+  void RegisterGradHooks();
+  // The flat parameter buffer (stages 0-2), or the stage-3 chunks with the
+  // parts, the retention and everything released; allocates under the
+  // caller's memory tag.
+  void PlaceParameters(int64_t total, int world, const at::TensorOptions& options, bool pin, int64_t frozen_numel,
+                       int num_layers);
+  // Master weights and Adam states (and the offloaded fp32 gradients), each
+  // under its component, set through `tag`.
+  void AllocateModelStates(std::optional<ScopedMemoryTag>& tag, bool pin);
+  // Stages 1/2 with optimizer offload: DeepSpeed's staging buffers.
+  void AllocateOffloadBuffers(std::optional<ScopedMemoryTag>& tag, bool pin, const at::TensorOptions& options);
+  // Stage 3: hooks_ (gather with prefetch before a part, release after).
+  void InstallGatherHooks(int num_layers);
+  // A zeroed host buffer; `pinned`: allocated page-locked (one CachingHostAllocator
+  // block, rounded up to a power of two), not a pinned copy of a pageable one.
+  static at::Tensor HostZeros(int64_t numel, at::ScalarType dtype, bool pinned);
   // Stages 1/2: the IPG buckets, made at a backward's first gradient and
   // released after it (stage 3 keeps them from Create).
   void AllocateBuckets();

@@ -9,6 +9,7 @@
 #include "planner/limits.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
+#include "planner/zero_refusals.h"
 
 namespace zplan {
 namespace {
@@ -24,7 +25,7 @@ absl::Status ReadOffload(const JsonObject& zero, absl::string_view key, OffloadD
     } else if (*dev == "none") {
       *device = OFFLOAD_NONE;
     } else if (*dev == "nvme") {
-      return offload->Error("device", "NVMe offload is not modelled; use \"cpu\" or \"none\"");
+      return offload->Error("device", kNvmeOffloadRefusal);
     } else {
       return offload->Error("device", absl::StrCat("unknown device ", QuoteInput(*dev), "; use \"cpu\" or \"none\""));
     }
@@ -89,8 +90,7 @@ absl::Status ApplyDeepSpeedConfig(absl::string_view text, absl::string_view sour
     precision_auto |= section->IsAuto("enabled");
     ZPLAN_ASSIGN_OR_RETURN(auto enabled, section->Bool("enabled"));
     if (enabled && *enabled && precision_set) {
-      return section->Error("enabled", "fp16 and bf16 are both enabled; DeepSpeed refuses that (\"bfloat16 and "
-                                       "fp16 modes cannot be simultaneously enabled\"): enable one");
+      return section->Error("enabled", kFp16AndBf16Refusal);
     }
     if (enabled && *enabled) {
       config->set_precision(std::string(key) == "fp16" ? PRECISION_FP16 : PRECISION_BF16);
@@ -108,8 +108,7 @@ absl::Status ApplyDeepSpeedConfig(absl::string_view text, absl::string_view sour
     // _configure_basic_optimizer); other optimizers keep other states.
     ZPLAN_ASSIGN_OR_RETURN(std::optional<std::string> type, optimizer->String("type"));
     if (type && absl::AsciiStrToLower(*type) != "adam" && absl::AsciiStrToLower(*type) != "adamw") {
-      return optimizer->Error("type", "zplan models Adam and AdamW (fp32 m and v per parameter); remove the "
-                                      "optimizer block or use \"AdamW\"");
+      return optimizer->Error("type", kOptimizerTypeRefusal);
     }
     ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> params, optimizer->Object("params"));
     if (params) {

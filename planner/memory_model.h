@@ -21,6 +21,14 @@
 //     the GPU catalog; what the caching allocator holds reserved beyond the
 //     tensors comes from replaying the step (allocator_replay.h).
 //
+// StepSizer::Create works out what every part needs once and sizes the ZeRO
+// concerns through one file each, named as the executor's files that
+// allocate them (docs/zero_concerns.md): zero_partitioning.h (model states,
+// construction), zero_buckets.h (reduce buckets, gradient partitions),
+// zero_gather.h (stage-3 gathers and prefetch), zero_offload.h (host states,
+// staging, pinned buffers), zero_optimizer_step.h (the step's temporaries);
+// what DeepSpeed fails on is refused first (zero_refusals.h).
+//
 // ComputeStepSizes is the one place sizes come from. When each tensor is
 // allocated and freed is the step program's (step_program.h), which turns
 // StepSizes into one rank's ordered allocations and frees; its evaluators
@@ -41,6 +49,9 @@
 #include "planner/sharding.h"
 #include "planner/step_program.h"  // StepPeak, LiveTensorBytes, FinishDeviceBreakdown for memory_model.h users
 #include "planner/step_sizes.h"
+#include "planner/zero_buckets.h"        // RankVariant
+#include "planner/zero_partitioning.h"   // kMasterBytesPerParam, ... for memory_model.h users
+#include "planner/zero_refusals.h"       // Stage3MixesPartitionDtypes for memory_model.h users
 #include "proto/gpu.pb.h"
 #include "proto/memory.pb.h"
 #include "proto/model.pb.h"
@@ -48,12 +59,8 @@
 
 namespace zplan {
 
-// Bytes per parameter of mixed-precision Adam beyond the working copy (ZeRO
-// paper K = 12): fp32 master 4 + momentum 4 + variance 4.
-inline constexpr int64_t kMasterBytesPerParam = 4;
-inline constexpr int64_t kAdamStateBytesPerParam = 8;  // m + v, fp32
-// DeepSpeed's CPU Adam keeps an fp32 gradient partition beside master, m, v.
-inline constexpr int64_t kOffloadGradBytesPerParam = 4;
+// kMasterBytesPerParam, kAdamStateBytesPerParam, kOffloadGradBytesPerParam:
+// zero_partitioning.h.
 inline constexpr int64_t kTokenIdBytes = 8;  // int64 ids and targets
 
 // Tokens per chunk of Liger's fused linear cross-entropy
@@ -82,23 +89,7 @@ class StepSizer {
   const std::vector<TensorSpec>& parameters() const { return params_; }
 
  private:
-  // What distinguishes one rank from another (stages 1/2).
-  struct RankVariant {
-    int64_t grad_partition = 0;
-    int grad_partition_from = StepSizes::kAtEpilogue;
-    bool grad_partition_at_attention = false;
-    bool grad_partition_at_down_proj_hook = false;
-    int64_t step_norm_copy = 0;
-    int64_t host_grad_accumulation = 0;
-    int64_t host_grad_accumulation_pinned = 0;
-    bool operator==(const RankVariant& o) const {
-      return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
-             grad_partition_at_attention == o.grad_partition_at_attention &&
-             grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook &&
-             step_norm_copy == o.step_norm_copy && host_grad_accumulation == o.host_grad_accumulation &&
-             host_grad_accumulation_pinned == o.host_grad_accumulation_pinned;
-    }
-  };
+  // What distinguishes one rank from another: RankVariant (zero_buckets.h).
   StepSizer() = default;
   StepSizes Shape(int64_t micro_batch, int64_t seq_length) const;
   void Apply(const RankVariant& variant, StepSizes* sizes) const;
@@ -139,12 +130,7 @@ class StepSizer {
 // must be resolved.
 SavePolicy SavePolicyFor(const RunConfig& config);
 
-// True where DeepSpeed cannot start: ZeRO-3 under zero.Init in bf16/fp16
-// partitions peft's fp32 adapters (SavePolicyFor) with a modules_to_save
-// copy in the working dtype, and stage3.py's
-// _create_fp16_partitions_with_defragmentation asserts one dtype (DeepSpeed
-// 0.19.8). StepSizer::Create refuses it; the stage grid leaves the row out.
-bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config);
+// Stage3MixesPartitionDtypes and every other refusal: zero_refusals.h.
 
 // Sizes for one rank: StepSizer::Create(...)->For(micro_batch, seq_length).
 absl::StatusOr<StepSizes> ComputeStepSizes(const ModelSpec& model, const RunConfig& config,

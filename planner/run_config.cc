@@ -5,6 +5,7 @@
 #include "planner/limits.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
+#include "planner/zero_refusals.h"
 
 namespace zplan {
 
@@ -102,38 +103,13 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
         "deepspeed.checkpointing.checkpoint; drop it and set activation_checkpointing.cpu_checkpointing in the "
         "DeepSpeed config instead");
   }
-  // deepspeed.checkpointing.configure asserts both.
-  if (ds.contiguous_memory_optimization() && !ds.partition_activations()) {
-    return absl::InvalidArgumentError(
-        "activation_checkpointing.contiguous_memory_optimization: DeepSpeed allows it only with "
-        "partition_activations (\"Contiguous Checkpointing is only available with partitioned activations\"); "
-        "set partition_activations true or drop it");
-  }
-  if (ds.contiguous_memory_optimization() && ds.number_checkpoints() <= 0) {
-    return absl::InvalidArgumentError(
-        "activation_checkpointing.number_checkpoints: contiguous_memory_optimization allocates this many buffers "
-        "(DeepSpeed: \"Must specify the number of layers with contiguous memory checkpointing\"); set it to the "
-        "number of checkpointed blocks");
-  }
+  ZPLAN_RETURN_IF_ERROR(RefuseDeepSpeedCheckpointing(config));  // zero_refusals.h
   const ZeroConfig& zero = config.zero();
   if (zero.stage() < 0 || zero.stage() > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         "zero.stage (--zero-stage): ZeRO has stages 0, 1, 2 and 3, got ", zero.stage()));
   }
-  // Liger's transformers forwards (e.g. liger_kernel/transformers/model/llama.py, lce_forward) read
-  // lm_head.weight without calling the module, so ZeRO-3's gather hook never runs and the kernel gets
-  // the rank's empty partition.
-  if (config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR && zero.stage() == 3) {
-    return absl::InvalidArgumentError(
-        "loss (--loss liger-fused): under ZeRO-3 Liger's fused loss reads lm_head.weight as the rank's empty "
-        "partition (its forward never calls the LM head, so DeepSpeed gathers nothing); use ZeRO stage 0-2 or "
-        "--loss full");
-  }
-  if (zero.offload_param() == OFFLOAD_CPU && zero.stage() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "zero.offload_param (--offload-param): parameter offload needs ZeRO stage 3, got stage ",
-        zero.stage(), "; use --zero-stage 3 or drop --offload-param"));
-  }
+  ZPLAN_RETURN_IF_ERROR(RefuseZeroConfig(config));
   ZPLAN_RETURN_IF_ERROR(CheckFields({
       {"zero.reduce_bucket_elements (reduce_bucket_size)", zero.reduce_bucket_elements(), 1, kMaxBucketElements,
        "elements, e.g. 5e8"},
@@ -154,17 +130,7 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
   if (config.precision() == PRECISION_UNSPECIFIED) {
     return absl::InvalidArgumentError("precision (--precision): choose bf16, fp16 or fp32");
   }
-  // At stage 0 with mixed precision DeepSpeed wraps a torch optimizer in
-  // FP16_UnfusedOptimizer (runtime/fp16/unfused_optimizer.py): per-parameter
-  // fp32 masters and gradients, not modelled yet (docs/deepspeed_model.md, row 9).
-  const AdamImplementation adam = config.optimizer().implementation();
-  if (zero.stage() == 0 && config.precision() != PRECISION_FP32 &&
-      (adam == ADAM_IMPL_TORCH || adam == ADAM_IMPL_TORCH_FOREACH || adam == ADAM_IMPL_TORCH_FUSED)) {
-    return absl::InvalidArgumentError(
-        "optimizer.params.torch_adam: a torch optimizer at ZeRO stage 0 with bf16/fp16 runs DeepSpeed's "
-        "FP16_UnfusedOptimizer, which zplan does not model yet; use ZeRO stage >= 1, fp32, or DeepSpeed's "
-        "FusedAdam (drop torch_adam)");
-  }
+  ZPLAN_RETURN_IF_ERROR(RefuseTorchAdamAtStage0(config));
   ZPLAN_ASSIGN_OR_RETURN(GpuSpec gpu, FindGpu(config.cluster().gpu()));
   if (config.precision() == PRECISION_BF16 && !gpu.supports_bf16()) {
     return absl::InvalidArgumentError(absl::StrCat("precision (--precision): ", gpu.name(),

@@ -1,0 +1,63 @@
+// File: zero_buckets.h
+// ZeRO's gradient reduction for one rank, the sizes of what
+// executor/zero_buckets.cc allocates: DeepSpeed's contiguous-gradients (IPG)
+// reduce buckets (stages 1/2 per backward, two with overlap_comm; stage 3
+// once), stage 0's flat reduce bucket, the backward part whose gradient hook
+// brings the buckets, and per rank the stage-1/2 gradient partition
+// (copy_grads_in_partition) with the moment it appears. One of StepSizer's
+// concerns (zero_partitioning.h lists them); never fails.
+//
+// Example:
+//   SizeReduceBuckets(in, &sizes);  // ipg_buckets, buckets_resident, reduce_temp, ipg_from, ...
+//   SizeGradPartitions(in, sizes, &variants, &rank_variant);
+#ifndef ZPLAN_PLANNER_ZERO_BUCKETS_H_
+#define ZPLAN_PLANNER_ZERO_BUCKETS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/step_sizes.h"
+#include "planner/zero_partitioning.h"
+
+namespace zplan {
+
+// What distinguishes one rank from another (stages 1/2): its gradient
+// partition, when that appears, its fp64 norm copy, and with optimizer
+// offload and accumulation its host gradient buffers (StepSizes fields of
+// the same names).
+struct RankVariant {
+  int64_t grad_partition = 0;
+  int grad_partition_from = StepSizes::kAtEpilogue;
+  bool grad_partition_at_attention = false;
+  bool grad_partition_at_down_proj_hook = false;
+  int64_t step_norm_copy = 0;
+  int64_t host_grad_accumulation = 0;
+  int64_t host_grad_accumulation_pinned = 0;
+  bool operator==(const RankVariant& o) const {
+    return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
+           grad_partition_at_attention == o.grad_partition_at_attention &&
+           grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook &&
+           step_norm_copy == o.step_norm_copy && host_grad_accumulation == o.host_grad_accumulation &&
+           host_grad_accumulation_pinned == o.host_grad_accumulation_pinned;
+  }
+};
+
+// The reduce buckets (ipg_buckets or buckets_resident, buckets_touched,
+// epilogue_moved_grads), stage 0's reduce_temp, and ipg_from /
+// ipg_at_attention.
+void SizeReduceBuckets(const ZeroSizingInputs& in, StepSizes* sizes);
+
+// Stages 1/2 (and stage 2 with offload and accumulation): each rank's
+// RankVariant; appends the distinct ones to `variants` and, per rank, its
+// index there to `rank_variant`. Nothing at other stages.
+void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vector<RankVariant>* variants,
+                        std::vector<int>* rank_variant);
+
+// block_down_weight_grad_waiting: down_proj's weight gradient of
+// `down_weight_elements`, when larger than a bucket, waits whole for the next
+// reduction (stage_1_and_2.py, extra_large_param_to_reduce).
+void SizeDownWeightGradWaiting(const ZeroSizingInputs& in, int64_t down_weight_elements, StepSizes* sizes);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_ZERO_BUCKETS_H_

@@ -1,0 +1,82 @@
+#include "planner/zero_gather.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+
+namespace zplan {
+
+void SizeStage3Gathers(const ZeroSizingInputs& in, const std::vector<TensorSpec>& block_params,
+                       const SavePolicy& saves, StepSizes* sizes) {
+  StepSizes& s = *sizes;
+  const ModelSpec& model = in.model;
+  const ZeroConfig& zero = in.config.zero();
+  const std::vector<TensorSpec>& params = in.params;
+  const int64_t w = in.w;
+  const int64_t h = model.hidden_size();
+  const int64_t vocab = model.vocab_size();
+  // Blocks: the gathered block, its prefetch and what stays gathered.
+  if (s.stage == 3 && s.world_size > 1) {
+    int64_t partitioned = 0;
+    for (const TensorSpec& t : block_params) {
+      if (NumElements(t) > zero.stage3_param_persistence_threshold()) partitioned += NumElements(t);
+    }
+    // The block being computed plus the next one's parameters prefetched in
+    // order while fewer than min(prefetch bucket, live cap - gathered) are
+    // in flight (DeepSpeed's PartitionedParameterCoordinator; the parameter
+    // that crosses the limit is included).
+    const int64_t limit = std::min(zero.stage3_prefetch_bucket_elements(),
+                                   zero.stage3_max_live_parameters() - partitioned);
+    int64_t prefetched = 0;
+    for (const TensorSpec& t : block_params) {
+      if (prefetched >= limit) break;
+      if (NumElements(t) > zero.stage3_param_persistence_threshold()) prefetched += NumElements(t);
+    }
+    s.block_gather = (partitioned + prefetched) * w;
+    s.gather_kept_block = partitioned * w;
+    // Kept parameters (sharding.h): the later the block, the nearer its
+    // backward, so blocks from some index on are kept whole (the step
+    // program's groups rely on it; the simulator test checks it).
+    std::vector<bool> runs_backward;
+    for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t, saves));
+    const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero, runs_backward);
+    std::vector<int64_t> kept(s.num_layers, 0);
+    for (size_t j = 0; j < params.size(); ++j) {
+      const TensorSpec& t = params[j];
+      if (t.layer() >= 0 && retention.kept_after_forward[j] && NumElements(t) > zero.stage3_param_persistence_threshold()) {
+        kept[t.layer()] += NumElements(t) * w;
+      }
+    }
+    int from = s.num_layers;
+    while (from > 0 && kept[from - 1] == s.gather_kept_block) --from;
+    s.gather_kept_from = from;
+    s.gather_kept_partial = from > 0 ? kept[from - 1] : 0;
+    s.embed_kept = retention.embedding_kept;
+    s.head_kept = retention.head_kept;
+  }
+  // Model ends: the embedding and head, partitioned ones gathered.
+  if (model.has_vision()) {
+    // The patch projection and CLS token, the positions and the classifier
+    // (inventory.h); at stage 3 the partitioned ones are gathered together.
+    for (const TensorSpec& t : params) {
+      if (t.layer() >= 0 || absl::StartsWith(t.name(), "final_norm")) continue;
+      const int64_t bytes = NumElements(t) * w;
+      const bool head = absl::StartsWith(t.name(), "classifier");
+      if (s.stage == 3 && s.world_size > 1 && NumElements(t) > zero.stage3_param_persistence_threshold()) {
+        (head ? s.head_gather : s.embed_gather) += bytes;
+      }
+    }
+  } else if (s.has_head) {
+    if (s.stage == 3 && s.world_size > 1 && vocab * h > zero.stage3_param_persistence_threshold()) {
+      s.embed_gather = s.head_gather = vocab * h * w;
+    }
+    // Learned positions (GPT-2's wpe) are gathered, and kept, with it.
+    const int64_t positions =
+        model.position_embedding() == POSITION_LEARNED ? model.max_position_embeddings() * h : 0;
+    if (s.stage == 3 && s.world_size > 1 && positions > zero.stage3_param_persistence_threshold()) {
+      s.embed_gather += positions * w;
+    }
+  }
+}
+
+}  // namespace zplan
