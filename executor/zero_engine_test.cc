@@ -12,6 +12,7 @@
 
 #include "executor/collectives.h"
 #include "executor/counting_allocator.h"
+#include "executor/tiny_model_testing.h"
 #include "executor/transformer.h"
 #include "gtest/gtest.h"
 #include "planner/gpu_catalog.h"
@@ -29,21 +30,6 @@ namespace {
 
 constexpr int64_t kBucketElements = 3000;  // some gradients fit, some are larger
 constexpr int64_t kPersistenceThreshold = 100;  // the norms stay whole
-
-ModelSpec TinyModel() {
-  ModelSpec spec;
-  spec.set_name("tiny");
-  spec.set_num_layers(2);
-  spec.set_hidden_size(64);
-  spec.set_num_attention_heads(4);
-  spec.set_num_kv_heads(2);
-  spec.set_ffn_hidden_size(160);
-  spec.set_ffn_type(FFN_SWIGLU);
-  spec.set_vocab_size(256);
-  spec.set_norm_type(NORM_RMSNORM);
-  spec.set_attention_impl(ATTENTION_SDPA);
-  return ResolveModelSpec(spec);
-}
 
 RunConfig Config(int stage, int world) {
   RunConfig config;
