@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "executor/fused_linear_cross_entropy.h"
 #include "planner/inventory.h"
+#include "planner/block_layout.h"
 #include "planner/model_spec.h"
 #include "planner/status_macros.h"
 
@@ -387,71 +388,21 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t b = x.size(0), s = x.size(1);
   const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = spec_.head_dim();
-  const bool layernorm = spec_.norm_type() == NORM_LAYERNORM;
   auto norm = [&](const at::Tensor& in, const std::string& name) {
-    if (layernorm) {
+    if (spec_.norm_type() == NORM_LAYERNORM) {
       return at::layer_norm(in, {in.size(-1)}, Param(name + ".weight"), Param(name + ".bias"), kNormEps);
     }
     return HfRmsNorm(in, Param(name + ".weight"));
   };
-  auto linear = [&](const at::Tensor& in, const std::string& name, bool bias) { return Linear(in, name, bias); };
-
-  const at::Tensor n1 = norm(x, p + "attn_norm");
-  const bool qkv_bias = spec_.attention_qkv_bias();
-  at::Tensor q = linear(n1, p + "attn.q_proj", qkv_bias).view({b, s, a, d});
-  at::Tensor k = linear(n1, p + "attn.k_proj", qkv_bias).view({b, s, kv, d});
-  at::Tensor v = linear(n1, p + "attn.v_proj", qkv_bias).view({b, s, kv, d});
-  if (spec_.qk_norm()) {
-    q = HfRmsNorm(q, Param(p + "attn.q_norm.weight"));
-    k = HfRmsNorm(k, Param(p + "attn.k_norm.weight"));
-  }
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  v = v.transpose(1, 2);
-  if (spec_.position_embedding() == POSITION_ROPE) {
-    q = q * cos + RotateHalf(q) * sin;
-    k = k * cos + RotateHalf(k) * sin;
-  }
-  at::Tensor attn;
-  const double dropout = spec_.attention_dropout();
-  if (spec_.attention_impl() == ATTENTION_EAGER) {
-    // transformers' eager_attention_forward: scores plus the additive causal
-    // mask, softmax in fp32 (kept) cast back to the working dtype (kept), or
-    // (GPT-2) softmax in the working dtype.
-    const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
-    at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(d)));
-    if (mask.defined()) scores = scores + mask;  // a ViT has none
-    at::Tensor probs = spec_.eager_softmax_in_working_dtype()
-                           ? at::softmax(scores, -1)
-                           : at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
-    scores.reset();
-    if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
-    attn = at::matmul(probs, vv);
-  } else {
-    attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/!spec_.has_vision(),
-                                            /*scale=*/std::nullopt, /*enable_gqa=*/kv != a);
-  }
-  at::Tensor out = linear(attn.transpose(1, 2).reshape({b, s, a * d}), p + "attn.o_proj", spec_.attention_out_bias());
-  // What transformers' attention module returns with: its locals are gone
-  // (what autograd saved stays).
-  q.reset();
-  k.reset();
-  v.reset();
-  attn.reset();
-  const double residual_dropout = spec_.residual_dropout();
-  if (residual_dropout > 0) out = at::dropout(out, residual_dropout, /*train=*/true);
-  at::Tensor h = x + out;
-  out.reset();
-
-  const at::Tensor n2 = norm(h, p + "mlp_norm");
-  const bool mlp_bias = spec_.mlp_bias();
-  at::Tensor mlp;
-  if (spec_.ffn_type() == FFN_SWIGLU) {
-    const at::Tensor gate = linear(n2, p + "mlp.gate_proj", mlp_bias);
-    const at::Tensor up = linear(n2, p + "mlp.up_proj", mlp_bias);
-    mlp = linear(at::silu(gate) * up, p + "mlp.down_proj", mlp_bias);
-  } else {
-    const at::Tensor up = linear(n2, p + "mlp.up_proj", mlp_bias);
+  // The MLP's intermediates live until down_proj has run.
+  auto mlp = [&](const at::Tensor& in, const std::string& m) {
+    const bool bias = spec_.mlp_bias();
+    if (spec_.ffn_type() == FFN_SWIGLU) {
+      const at::Tensor gate = Linear(in, m + "gate_proj", bias);
+      const at::Tensor up = Linear(in, m + "up_proj", bias);
+      return Linear(at::silu(gate) * up, m + "down_proj", bias);
+    }
+    const at::Tensor up = Linear(in, m + "up_proj", bias);
     at::Tensor act;
     if (spec_.ffn_type() == FFN_GELU_NEW) {
       // transformers' NewGELUActivation, op by op as it is written (and saves).
@@ -461,10 +412,83 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
       // One op either way (the same memory): ViTIntermediate's GELU is exact.
       act = at::gelu(up, spec_.has_vision() ? "none" : "tanh");
     }
-    mlp = linear(act, p + "mlp.down_proj", mlp_bias);
+    return Linear(act, m + "down_proj", bias);
+  };
+
+  // The block's ops in order (planner/block_layout.h), as the inventory walks them.
+  at::Tensor stream = x;   // the residual stream
+  at::Tensor current = x;  // what the next op reads
+  at::Tensor q, k, v, attn;
+  std::vector<at::Tensor> norm_outputs;  // each lives until the block returns
+  for (const BlockOp& op : BlockLayout(spec_)) {
+    const std::string m = p + op.module + ".";
+    switch (op.kind) {
+      case BlockOpKind::kNorm:
+        current = norm(current, p + op.module);
+        norm_outputs.push_back(current);
+        break;
+      case BlockOpKind::kQkvProjection: {
+        const std::vector<BlockLinear> linears = OpLinears(spec_, op);
+        q = Linear(current, m + "q_proj", linears[0].bias).view({b, s, a, d});
+        k = Linear(current, m + "k_proj", linears[1].bias).view({b, s, kv, d});
+        v = Linear(current, m + "v_proj", linears[2].bias).view({b, s, kv, d});
+        break;
+      }
+      case BlockOpKind::kQkNorm:
+        q = HfRmsNorm(q, Param(m + "q_norm.weight"));
+        k = HfRmsNorm(k, Param(m + "k_norm.weight"));
+        break;
+      case BlockOpKind::kAttention: {
+        q = q.transpose(1, 2);
+        k = k.transpose(1, 2);
+        v = v.transpose(1, 2);
+        if (spec_.position_embedding() == POSITION_ROPE) {
+          q = q * cos + RotateHalf(q) * sin;
+          k = k * cos + RotateHalf(k) * sin;
+        }
+        const double dropout = spec_.attention_dropout();
+        if (spec_.attention_impl() == ATTENTION_EAGER) {
+          // transformers' eager_attention_forward: scores plus the additive
+          // causal mask, softmax in fp32 (kept) cast back to the working
+          // dtype (kept), or (GPT-2) softmax in the working dtype.
+          const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
+          at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(d)));
+          if (mask.defined()) scores = scores + mask;  // a ViT has none
+          at::Tensor probs = spec_.eager_softmax_in_working_dtype()
+                                 ? at::softmax(scores, -1)
+                                 : at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
+          scores.reset();
+          if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
+          attn = at::matmul(probs, vv);
+        } else {
+          attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout,
+                                                  /*is_causal=*/!spec_.has_vision(), /*scale=*/std::nullopt,
+                                                  /*enable_gqa=*/kv != a);
+        }
+        break;
+      }
+      case BlockOpKind::kOutProjection:
+        current = Linear(attn.transpose(1, 2).reshape({b, s, a * d}), m + "o_proj", spec_.attention_out_bias());
+        // What transformers' attention module returns with: its locals are
+        // gone (what autograd saved stays).
+        q.reset();
+        k.reset();
+        v.reset();
+        attn.reset();
+        break;
+      case BlockOpKind::kResidualDropout:
+        current = at::dropout(current, spec_.residual_dropout(), /*train=*/true);
+        break;
+      case BlockOpKind::kResidualAdd:
+        stream = stream + current;
+        current = stream;
+        break;
+      case BlockOpKind::kMlp:
+        current = mlp(current, m);
+        break;
+    }
   }
-  if (residual_dropout > 0) mlp = at::dropout(mlp, residual_dropout, /*train=*/true);
-  return h + mlp;
+  return stream;
 }
 
 at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,

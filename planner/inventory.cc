@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "planner/block_layout.h"
 
 namespace zplan {
 namespace {
@@ -94,24 +95,18 @@ int64_t DTypeBytes(DType dtype) {
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
   std::vector<TensorSpec> out;
   const std::string p = absl::StrCat("layers.", layer);
-  const int64_t h = spec.hidden_size();
-  const int64_t q_width = spec.num_attention_heads() * spec.head_dim();
-  const int64_t kv_width = spec.num_kv_heads() * spec.head_dim();
-  AddNorm(spec, p + ".attn_norm", h, layer, &out);
-  AddBlockLinear(spec, p, "attn.q_proj", h, q_width, spec.attention_qkv_bias(), layer, &out);
-  AddBlockLinear(spec, p, "attn.k_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
-  AddBlockLinear(spec, p, "attn.v_proj", h, kv_width, spec.attention_qkv_bias(), layer, &out);
-  if (spec.qk_norm()) {
-    // Qwen3: RMSNorm over head_dim, shared by all heads.
-    out.push_back(Param(p + ".attn.q_norm.weight", {spec.head_dim()}, layer));
-    out.push_back(Param(p + ".attn.k_norm.weight", {spec.head_dim()}, layer));
+  for (const BlockOp& op : BlockLayout(spec)) {
+    const std::string module = absl::StrCat(op.module, ".");
+    if (op.kind == BlockOpKind::kNorm) AddNorm(spec, p + "." + op.module, spec.hidden_size(), layer, &out);
+    if (op.kind == BlockOpKind::kQkNorm) {
+      // One RMSNorm weight over head_dim each, shared by all heads.
+      out.push_back(Param(p + "." + module + "q_norm.weight", {spec.head_dim()}, layer));
+      out.push_back(Param(p + "." + module + "k_norm.weight", {spec.head_dim()}, layer));
+    }
+    for (const BlockLinear& l : OpLinears(spec, op)) {
+      AddBlockLinear(spec, p, module + std::string(l.name), l.in_features, l.out_features, l.bias, layer, &out);
+    }
   }
-  AddBlockLinear(spec, p, "attn.o_proj", q_width, h, spec.attention_out_bias(), layer, &out);
-  AddNorm(spec, p + ".mlp_norm", h, layer, &out);
-  const int64_t f = spec.ffn_hidden_size();
-  if (spec.ffn_type() == FFN_SWIGLU) AddBlockLinear(spec, p, "mlp.gate_proj", h, f, spec.mlp_bias(), layer, &out);
-  AddBlockLinear(spec, p, "mlp.up_proj", h, f, spec.mlp_bias(), layer, &out);
-  AddBlockLinear(spec, p, "mlp.down_proj", f, h, spec.mlp_bias(), layer, &out);
   MarkFrozen(spec, &out);
   return out;
 }
@@ -241,8 +236,8 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
   return spec.attention_impl() == ATTENTION_SDPA && device == KernelDevice::kCpu && spec.attention_dropout() > 0;
 }
 
-// What a transformers block of the model's type keeps for backward, which
-// the executor's block saves too (ATen saves only the inputs a gradient
+// What each op of a block (block_layout.h) keeps for backward in
+// transformers' implementation, which the executor's block saves too (ATen saves only the inputs a gradient
 // formula needs; a shared input is one tensor):
 //   RMSNorm      transformers' LlamaRMSNorm (Qwen2/3, Mistral alike): the
 //                input upcast to fp32 (x.to(float32) saved by pow and mul;
@@ -309,112 +304,136 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     }
     act(module + kLoraAName + ".output", {b, s, spec.lora().rank()}, adapter);
   };
-  auto targeted = [&](std::initializer_list<const char*> modules) {
-    for (const char* m : modules) {
-      if (IsLoraTarget(spec, m)) return true;
-    }
-    return false;
-  };
-  // Whether the block input requires grad: not block 0's when the embedding
-  // is frozen, unless its output is made to (SavePolicy).
-  const bool input_grad = layer > 0 || EmbeddingOutputRequiresGrad(spec, saves);
-  const bool q_grad = input_grad || targeted({"q_proj"});
-  const bool k_grad = input_grad || targeted({"k_proj"});
-  const bool v_grad = input_grad || targeted({"v_proj"});
-  if (input_grad) norm("attn_norm", {b, s, h});
   // Whether a block linear keeps its input x for backward: a trainable
   // weight's gradient needs it, LinearSaves::kAlways keeps it whenever x
   // requires grad (a frozen layer is not recorded otherwise), and lora_A
   // keeps it when it is its own input.
-  auto saves_input = [&](const char* module, bool input_grad) {
+  auto saves_input = [&](absl::string_view module, bool input_grad) {
     return BaseWeightsTrain(spec) || (saves.linear == LinearSaves::kAlways && input_grad) ||
            (adapters_share_input && IsLoraTarget(spec, module));
   };
-  if (saves_input("q_proj", input_grad) || saves_input("k_proj", input_grad) || saves_input("v_proj", input_grad)) {
-    act("attn_norm.output", {b, s, h}, dtype);
-  }
-  for (const char* m : {"attn.q_proj", "attn.k_proj", "attn.v_proj"}) adapters(m, h, input_grad);
-  if (spec.qk_norm()) {
-    if (q_grad) norm("attn.q_norm", {b, s, a, d});
-    if (k_grad) norm("attn.k_norm", {b, s, kv, d});
-  }
-  const bool attention_grad = q_grad || k_grad || v_grad;
-  const bool attention_dropout = spec.attention_dropout() > 0;
-  if (!attention_grad) {
-    // Nothing of the attention is recorded.
-  } else if (spec.attention_impl() == ATTENTION_EAGER) {
-    // The matmuls keep k and v expanded to every query head (repeat_kv for
-    // GQA); softmax keeps its output, the second matmul that (GPT-2: softmax
-    // in the working dtype) or its cast (an fp32 softmax) or, with dropout,
-    // the dropped probabilities (dropout keeps its mask). A matmul keeps
-    // each operand only for the other's gradient.
-    const bool scores_grad = q_grad || k_grad;
-    if (k_grad) act("attn.q", {b, a, s, d}, dtype);
-    if (q_grad) act("attn.k", {b, a, s, d}, dtype);
-    if (scores_grad) act("attn.v", {b, a, s, d}, dtype);
-    const DType softmax_dtype = spec.eager_softmax_in_working_dtype() ? dtype : DTYPE_FP32;
-    if (scores_grad) {
-      act(softmax_dtype == DTYPE_FP32 ? "attn.probs_fp32" : "attn.probs_softmax", {b, a, s, s}, softmax_dtype);
-    }
-    if (attention_dropout && scores_grad) {
-      act("attn.probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(dtype, device));
-    }
-    if (v_grad && attention_dropout) {
-      act("attn.probs_dropped", {b, a, s, s}, dtype);
-    } else if (v_grad && (dtype != softmax_dtype || !scores_grad)) {
-      act(scores_grad ? "attn.probs" : "attn.probs_softmax", {b, a, s, s}, dtype);
-    }
-  } else if (SdpaRunsMath(spec, device)) {
-    for (const char* name : {"attn.q_fp32", "attn.k_fp32", "attn.v_fp32"}) act(name, {b, a, s, d}, DTYPE_FP32);
-    act("attn.probs_fp32", {b, a, s, s}, DTYPE_FP32);
-    act("attn.probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(DTYPE_FP32, device));
-    act("attn.probs_dropped", {b, a, s, s}, DTYPE_FP32);
-  } else {
-    act("attn.q", {b, a, s, d}, dtype);
-    act("attn.k", {b, kv, s, d}, dtype);
-    act("attn.v", {b, kv, s, d}, dtype);
-    act("attn.logsumexp", {b, a, s}, DTYPE_FP32);
-  }
-  // The attention output: kept by SDPA's flash kernel itself, else by o_proj.
-  const bool sdpa_keeps_output = attention_grad && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device);
-  if (sdpa_keeps_output || saves_input("o_proj", attention_grad)) act("attn.output", {b, s, a * d}, dtype);
-  adapters("attn.o_proj", a * d, attention_grad);
-  const bool attention_out_grad = attention_grad || targeted({"o_proj"});
-  if (spec.residual_dropout() > 0 && attention_out_grad) {
-    act("attn.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
-  }
-  // The MLP half's input (the residual stream) requires grad from here on.
-  const bool mlp_input_grad = input_grad || attention_out_grad;
-  if (mlp_input_grad) norm("mlp_norm", {b, s, h});
-  if (saves_input("gate_proj", mlp_input_grad) || saves_input("up_proj", mlp_input_grad)) {
-    act("mlp_norm.output", {b, s, h}, dtype);
-  }
-  const bool up_grad = mlp_input_grad || targeted({"up_proj"});
-  const bool gate_grad = spec.ffn_type() == FFN_SWIGLU && (mlp_input_grad || targeted({"gate_proj"}));
-  if (spec.ffn_type() == FFN_SWIGLU) {
-    adapters("mlp.gate_proj", h, mlp_input_grad);
-    adapters("mlp.up_proj", h, mlp_input_grad);
-    if (gate_grad) act("mlp.gate", {b, s, f}, dtype);       // silu's input
-    if (gate_grad) act("mlp.up", {b, s, f}, dtype);         // the product's, for silu(gate)'s gradient
-    if (up_grad) act("mlp.act", {b, s, f}, dtype);          // the product's, for up's gradient
-    if (saves_input("down_proj", gate_grad || up_grad)) act("mlp.product", {b, s, f}, dtype);
-  } else {
-    adapters("mlp.up_proj", h, mlp_input_grad);
-    if (up_grad) {
-      act("mlp.up", {b, s, f}, dtype);
-      if (spec.ffn_type() == FFN_GELU_NEW) {
-        // 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3))): pow saves x, tanh
-        // its output t, the product both factors 0.5x and 1 + t.
-        act("mlp.gelu_half_input", {b, s, f}, dtype);
-        act("mlp.gelu_tanh", {b, s, f}, dtype);
-        act("mlp.gelu_one_plus_tanh", {b, s, f}, dtype);
+  // The block's ops in order (block_layout.h), following which tensors
+  // require grad: not block 0's input when the embedding is frozen, unless
+  // its output is made to (SavePolicy); a LoRA target's output always.
+  bool stream_grad = layer > 0 || EmbeddingOutputRequiresGrad(spec, saves);  // the residual stream
+  bool current_grad = stream_grad;  // the tensor the next op reads
+  std::string current;              // the norm whose output that is ("": the stream)
+  bool q_grad = false, k_grad = false, v_grad = false, attention_grad = false, output_kept = false;
+  for (const BlockOp& op : BlockLayout(spec)) {
+    const std::string m = op.module + ".";
+    const std::vector<BlockLinear> linears = OpLinears(spec, op);
+    switch (op.kind) {
+      case BlockOpKind::kNorm:
+        if (current_grad) norm(op.module, {b, s, h});
+        current = op.module;
+        break;
+      case BlockOpKind::kQkvProjection: {
+        bool keeps = false;
+        for (const BlockLinear& l : linears) keeps = keeps || saves_input(l.name, current_grad);
+        if (keeps) act(current + ".output", {b, s, h}, dtype);
+        for (const BlockLinear& l : linears) adapters(m + std::string(l.name), l.in_features, current_grad);
+        q_grad = current_grad || IsLoraTarget(spec, "q_proj");
+        k_grad = current_grad || IsLoraTarget(spec, "k_proj");
+        v_grad = current_grad || IsLoraTarget(spec, "v_proj");
+        break;
+      }
+      case BlockOpKind::kQkNorm:
+        if (q_grad) norm(m + "q_norm", {b, s, a, d});
+        if (k_grad) norm(m + "k_norm", {b, s, kv, d});
+        break;
+      case BlockOpKind::kAttention: {
+        attention_grad = q_grad || k_grad || v_grad;
+        const bool attention_dropout = spec.attention_dropout() > 0;
+        if (!attention_grad) {
+          // Nothing of the attention is recorded.
+        } else if (spec.attention_impl() == ATTENTION_EAGER) {
+          // The matmuls keep k and v expanded to every query head (repeat_kv
+          // for GQA); softmax keeps its output, the second matmul that (GPT-2:
+          // softmax in the working dtype) or its cast (an fp32 softmax) or,
+          // with dropout, the dropped probabilities (dropout keeps its mask).
+          // A matmul keeps each operand only for the other's gradient.
+          const bool scores_grad = q_grad || k_grad;
+          if (k_grad) act(m + "q", {b, a, s, d}, dtype);
+          if (q_grad) act(m + "k", {b, a, s, d}, dtype);
+          if (scores_grad) act(m + "v", {b, a, s, d}, dtype);
+          const DType softmax_dtype = spec.eager_softmax_in_working_dtype() ? dtype : DTYPE_FP32;
+          if (scores_grad) {
+            act(m + (softmax_dtype == DTYPE_FP32 ? "probs_fp32" : "probs_softmax"), {b, a, s, s}, softmax_dtype);
+          }
+          if (attention_dropout && scores_grad) {
+            act(m + "probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(dtype, device));
+          }
+          if (v_grad && attention_dropout) {
+            act(m + "probs_dropped", {b, a, s, s}, dtype);
+          } else if (v_grad && (dtype != softmax_dtype || !scores_grad)) {
+            act(m + (scores_grad ? "probs" : "probs_softmax"), {b, a, s, s}, dtype);
+          }
+        } else if (SdpaRunsMath(spec, device)) {
+          for (const char* name : {"q_fp32", "k_fp32", "v_fp32"}) act(m + name, {b, a, s, d}, DTYPE_FP32);
+          act(m + "probs_fp32", {b, a, s, s}, DTYPE_FP32);
+          act(m + "probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(DTYPE_FP32, device));
+          act(m + "probs_dropped", {b, a, s, s}, DTYPE_FP32);
+        } else {
+          act(m + "q", {b, a, s, d}, dtype);
+          act(m + "k", {b, kv, s, d}, dtype);
+          act(m + "v", {b, kv, s, d}, dtype);
+          act(m + "logsumexp", {b, a, s}, DTYPE_FP32);
+        }
+        // SDPA's flash kernel keeps its output itself.
+        output_kept = attention_grad && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device);
+        break;
+      }
+      case BlockOpKind::kOutProjection:
+        // The attention output: kept by the attention kernel, else by o_proj.
+        if (output_kept || saves_input("o_proj", attention_grad)) act(m + "output", {b, s, a * d}, dtype);
+        adapters(m + "o_proj", a * d, attention_grad);
+        current_grad = attention_grad || IsLoraTarget(spec, "o_proj");
+        current.clear();
+        break;
+      case BlockOpKind::kResidualDropout:
+        if (current_grad) act(m + "resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
+        break;
+      case BlockOpKind::kResidualAdd:
+        stream_grad = stream_grad || current_grad;
+        current_grad = stream_grad;
+        current.clear();
+        break;
+      case BlockOpKind::kMlp: {
+        const bool input_grad = current_grad;
+        bool keeps = false;  // the projections of the MLP's input: all but down_proj
+        for (const BlockLinear& l : linears) {
+          keeps = keeps || (l.name != "down_proj" && saves_input(l.name, input_grad));
+        }
+        if (keeps) act(current + ".output", {b, s, h}, dtype);
+        const bool up_grad = input_grad || IsLoraTarget(spec, "up_proj");
+        const bool gate_grad = spec.ffn_type() == FFN_SWIGLU && (input_grad || IsLoraTarget(spec, "gate_proj"));
+        if (spec.ffn_type() == FFN_SWIGLU) {
+          adapters(m + "gate_proj", h, input_grad);
+          adapters(m + "up_proj", h, input_grad);
+          if (gate_grad) act(m + "gate", {b, s, f}, dtype);  // silu's input
+          if (gate_grad) act(m + "up", {b, s, f}, dtype);    // the product's, for silu(gate)'s gradient
+          if (up_grad) act(m + "act", {b, s, f}, dtype);     // the product's, for up's gradient
+          if (saves_input("down_proj", gate_grad || up_grad)) act(m + "product", {b, s, f}, dtype);
+        } else {
+          adapters(m + "up_proj", h, input_grad);
+          if (up_grad) {
+            act(m + "up", {b, s, f}, dtype);
+            if (spec.ffn_type() == FFN_GELU_NEW) {
+              // 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3))): pow saves x,
+              // tanh its output t, the product both factors 0.5x and 1 + t.
+              act(m + "gelu_half_input", {b, s, f}, dtype);
+              act(m + "gelu_tanh", {b, s, f}, dtype);
+              act(m + "gelu_one_plus_tanh", {b, s, f}, dtype);
+            }
+          }
+          if (saves_input("down_proj", up_grad)) act(m + "act", {b, s, f}, dtype);
+        }
+        adapters(m + "down_proj", f, gate_grad || up_grad);
+        current_grad = gate_grad || up_grad || IsLoraTarget(spec, "down_proj");
+        current.clear();
+        break;
       }
     }
-    if (saves_input("down_proj", up_grad)) act("mlp.act", {b, s, f}, dtype);
-  }
-  adapters("mlp.down_proj", f, gate_grad || up_grad);
-  if (spec.residual_dropout() > 0 && (gate_grad || up_grad || targeted({"down_proj"}))) {
-    act("mlp.resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
   }
   return out;
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "planner/block_layout.h"
 #include "planner/inventory.h"
 #include "planner/json.h"
 #include "planner/limits.h"
@@ -406,10 +407,10 @@ absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params) {
 }
 
 std::vector<std::string> LoraTargetNames(const ModelSpec& spec) {
-  std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj"};
-  if (spec.ffn_type() == FFN_SWIGLU) names.push_back("gate_proj");
-  names.push_back("up_proj");
-  names.push_back("down_proj");
+  std::vector<std::string> names;
+  for (const BlockOp& op : BlockLayout(spec)) {
+    for (const BlockLinear& linear : OpLinears(spec, op)) names.emplace_back(linear.name);
+  }
   return names;
 }
 

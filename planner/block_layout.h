@@ -1,0 +1,65 @@
+// File: block_layout.h
+// What one transformer block of a ModelSpec runs, in forward order: the one
+// description of a block that the parameter inventory and the saved-activation
+// rules (inventory.h), the gradient-hook order (the reverse of that parameter
+// order: zero_buckets.h) and zrun's model builder (executor/transformer.h)
+// all walk. A family's entry (model_family.h) sets the spec fields the layout
+// reads; each op kind's rules -- the parameters it owns, what transformers'
+// implementation of it saves for backward, how zrun runs it -- are written
+// once per kind, so a family built from these ops is a description only.
+//
+// Every op reads "the current tensor" and most replace it: at the start of a
+// half that is the residual stream; a norm, a projection or the MLP replaces
+// it with its output; a residual add adds it to the stream and makes the sum
+// current again.
+//
+// Example (Qwen3, transformers' Qwen3DecoderLayer):
+//   attn_norm  qkv_projection(attn)  qk_norm(attn)  attention(attn)
+//   out_projection(attn)  residual_add  mlp_norm  mlp(mlp)  residual_add
+#ifndef ZPLAN_PLANNER_BLOCK_LAYOUT_H_
+#define ZPLAN_PLANNER_BLOCK_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "proto/model.pb.h"
+
+namespace zplan {
+
+enum class BlockOpKind {
+  kNorm,             // spec.norm_type over the hidden width: "<module>.weight" (+ ".bias")
+  kQkvProjection,    // "<module>.q_proj", k_proj, v_proj of the current tensor (biases: attention_qkv_bias)
+  kQkNorm,           // "<module>.q_norm", k_norm: an RMSNorm over head_dim on q and on k
+  kAttention,        // RoPE (position_embedding), then SDPA or eager attention (attention_impl)
+  kOutProjection,    // "<module>.o_proj" of the attention output (attention_out_bias)
+  kResidualDropout,  // dropout on the current tensor (residual_dropout); its mask is "<module>.resid_dropout_mask"
+  kResidualAdd,      // stream + current; ends a half
+  kMlp,              // "<module>.gate_proj" (SwiGLU), up_proj, the activation, down_proj (ffn_type, mlp_bias)
+};
+
+struct BlockOp {
+  BlockOpKind kind;
+  std::string module;  // the parameter and activation names' prefix within the block, e.g. "attn_norm", "mlp"
+};
+
+// The block's ops in forward order (every block of a spec is alike).
+std::vector<BlockOp> BlockLayout(const ModelSpec& spec);
+
+// A linear an op owns: its name within the op's module, its widths and
+// whether it has a bias.
+struct BlockLinear {
+  absl::string_view name;  // "q_proj"
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = false;
+};
+// The linears of an op, in module order (empty for an op without any), e.g.
+// q_proj [h -> heads x head_dim], k_proj and v_proj [h -> kv_heads x head_dim]
+// for kQkvProjection. The spec must be resolved (ResolveModelSpec).
+std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_BLOCK_LAYOUT_H_

@@ -1,0 +1,90 @@
+#include "planner/block_layout.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/inventory.h"
+#include "planner/model_spec.h"
+
+namespace zplan {
+namespace {
+
+using ::testing::ElementsAre;
+
+// A small GQA decoder: 64 wide, 4 heads of 16, 2 kv heads, FFN 128.
+ModelSpec Decoder() {
+  ModelSpec spec;
+  spec.set_num_layers(2);
+  spec.set_hidden_size(64);
+  spec.set_num_attention_heads(4);
+  spec.set_num_kv_heads(2);
+  spec.set_ffn_hidden_size(128);
+  spec.set_vocab_size(100);
+  return ResolveModelSpec(spec);
+}
+
+std::vector<std::string> Ops(const ModelSpec& spec) {
+  std::vector<std::string> ops;
+  for (const BlockOp& op : BlockLayout(spec)) {
+    static const char* const kNames[] = {"norm",    "qkv",         "qk_norm",     "attention",
+                                         "o_proj",  "resid_drop",  "residual_add", "mlp"};
+    ops.push_back(std::string(kNames[static_cast<int>(op.kind)]) + (op.module.empty() ? "" : ":" + op.module));
+  }
+  return ops;
+}
+
+TEST(BlockLayoutTest, LlamaRunsTwoPreNormHalves) {
+  EXPECT_THAT(Ops(Decoder()), ElementsAre("norm:attn_norm", "qkv:attn", "attention:attn", "o_proj:attn",
+                                          "residual_add", "norm:mlp_norm", "mlp:mlp", "residual_add"));
+}
+
+TEST(BlockLayoutTest, QkNormAndResidualDropoutAreOps) {
+  ModelSpec spec = Decoder();
+  spec.set_qk_norm(true);
+  spec.set_residual_dropout(0.1);
+  EXPECT_THAT(Ops(spec), ElementsAre("norm:attn_norm", "qkv:attn", "qk_norm:attn", "attention:attn", "o_proj:attn",
+                                     "resid_drop:attn", "residual_add", "norm:mlp_norm", "mlp:mlp", "resid_drop:mlp",
+                                     "residual_add"));
+}
+
+TEST(BlockLayoutTest, LinearWidthsFollowTheHeads) {
+  const ModelSpec spec = Decoder();
+  const std::vector<BlockOp> ops = BlockLayout(spec);
+  const std::vector<BlockLinear> qkv = OpLinears(spec, ops[1]);
+  ASSERT_EQ(qkv.size(), 3u);
+  EXPECT_EQ(qkv[0].out_features, 64);  // 4 heads x 16
+  EXPECT_EQ(qkv[1].out_features, 32);  // 2 kv heads x 16
+  EXPECT_EQ(qkv[2].in_features, 64);
+  const std::vector<BlockLinear> mlp = OpLinears(spec, ops[6]);
+  ASSERT_EQ(mlp.size(), 3u);
+  EXPECT_EQ(mlp[2].name, "down_proj");
+  EXPECT_EQ(mlp[2].in_features, 128);
+}
+
+// The inventory's block parameters are the layout's, op by op.
+TEST(BlockLayoutTest, BlockParametersWalkTheLayout) {
+  ModelSpec spec = Decoder();
+  spec.set_qk_norm(true);
+  std::vector<std::string> names;
+  for (const TensorSpec& t : BlockParameters(spec, 1)) names.push_back(t.name());
+  EXPECT_THAT(names, ElementsAre("layers.1.attn_norm.weight", "layers.1.attn.q_proj.weight",
+                                 "layers.1.attn.k_proj.weight", "layers.1.attn.v_proj.weight",
+                                 "layers.1.attn.q_norm.weight", "layers.1.attn.k_norm.weight",
+                                 "layers.1.attn.o_proj.weight", "layers.1.mlp_norm.weight",
+                                 "layers.1.mlp.gate_proj.weight", "layers.1.mlp.up_proj.weight",
+                                 "layers.1.mlp.down_proj.weight"));
+}
+
+// What LoRA may target is the layout's linears: a GELU MLP has no gate_proj.
+TEST(BlockLayoutTest, LoraTargetsAreTheLayoutsLinears) {
+  ModelSpec spec = Decoder();
+  EXPECT_THAT(LoraTargetNames(spec),
+              ElementsAre("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"));
+  spec.set_ffn_type(FFN_GELU);
+  EXPECT_THAT(LoraTargetNames(spec), ElementsAre("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"));
+}
+
+}  // namespace
+}  // namespace zplan
