@@ -17,16 +17,18 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "planner/cli.h"
+#include "planner/model_family.h"
 #include "planner/zplan_command.h"
 
 ABSL_FLAG(std::string, model, "", "preset (1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, vit-b-encoder, debug-tiny) or a ModelSpec .textproto (default 1b)");
 ABSL_FLAG(std::string, hf_config, "",
-          "Hugging Face config.json of model_type llama, mistral, qwen2, qwen3, gpt2 or vit, instead of --model");
+          "Hugging Face config.json of a supported model_type (listed at the top of --help), instead of --model");
 ABSL_FLAG(std::string, params, "", "bare parameter count (elements, standard shape), e.g. 7.5e9");
 ABSL_FLAG(std::string, approximate_as, "",
-          "with --hf-config: plan a config.json whose model_type zplan does not support as this family (llama, "
-          "mistral, qwen2, qwen3, gpt2 or vit); the plan and every output say it is an unvalidated approximation");
+          "with --hf-config: plan a config.json whose model_type zplan does not support as this supported "
+          "model_type; the plan and every output say it is an unvalidated approximation");
 ABSL_FLAG(std::string, layers, "", "explicit dimension: transformer blocks (count)");
 ABSL_FLAG(std::string, hidden, "", "explicit dimension: hidden size (elements)");
 ABSL_FLAG(std::string, heads, "", "explicit dimension: attention heads (count)");
@@ -89,7 +91,9 @@ int main(int argc, char** argv) {
     return zplan::kExitError;
   }
   zplan::CommandLine cl;
-  if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zplan", kUsage, __FILE__, &cl)) {
+  const std::string usage =
+      absl::StrCat(kUsage, "\n\nsupported model_types (--hf-config): ", zplan::SupportedModelTypes());
+  if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zplan", usage, __FILE__, &cl)) {
     return *code;
   }
   const std::vector<std::string>& args = cl.positional;
