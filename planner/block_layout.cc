@@ -1,5 +1,9 @@
 #include "planner/block_layout.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+
 namespace zplan {
 
 // transformers' decoder layers (LlamaDecoderLayer and its copies in Mistral,
@@ -35,11 +39,55 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
       std::vector<BlockLinear> linears;
       if (spec.ffn_type() == FFN_SWIGLU) linears.push_back({"gate_proj", h, f, spec.mlp_bias()});
       linears.push_back({"up_proj", h, f, spec.mlp_bias()});
-      linears.push_back({"down_proj", f, h, spec.mlp_bias()});
+      linears.push_back({kDownProj, f, h, spec.mlp_bias()});
       return linears;
     }
     default: return {};
   }
+}
+
+namespace {
+
+// The module of a block tensor's name and what follows it: "attn" and
+// "q_proj.weight" of "layers.3.attn.q_proj.weight"; an empty module outside
+// the blocks.
+absl::string_view ModuleOf(absl::string_view name, absl::string_view* rest) {
+  if (!absl::ConsumePrefix(&name, "layers.")) return "";
+  const size_t layer_end = name.find('.');
+  if (layer_end == absl::string_view::npos) return "";
+  name.remove_prefix(layer_end + 1);
+  const size_t module_end = name.find('.');
+  *rest = module_end == absl::string_view::npos ? "" : name.substr(module_end + 1);
+  return name.substr(0, module_end);
+}
+
+}  // namespace
+
+bool InMlpHalf(const std::vector<BlockOp>& layout, const TensorSpec& tensor) {
+  absl::string_view rest;
+  const absl::string_view module = ModuleOf(tensor.name(), &rest);
+  bool after_add = false;
+  for (const BlockOp& op : layout) {
+    if (op.kind == BlockOpKind::kResidualAdd) after_add = true;
+    if (!module.empty() && op.module == module) return after_add;
+  }
+  return false;
+}
+
+bool IsDownProjTensor(const std::vector<BlockOp>& layout, const TensorSpec& tensor) {
+  absl::string_view rest;
+  const absl::string_view module = ModuleOf(tensor.name(), &rest);
+  for (const BlockOp& op : layout) {
+    if (op.kind == BlockOpKind::kMlp && op.module == module) return absl::StartsWith(rest, absl::StrCat(kDownProj, "."));
+  }
+  return false;
+}
+
+bool IsBlockInputItself(const std::vector<BlockOp>& layout, const TensorSpec& saved, DType dtype) {
+  absl::string_view rest;
+  const absl::string_view module = ModuleOf(saved.name(), &rest);
+  return saved.dtype() == dtype && !layout.empty() && layout.front().kind == BlockOpKind::kNorm &&
+         layout.front().module == module && (rest == "input" || rest == "input_fp32");
 }
 
 }  // namespace zplan

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "proto/inventory.pb.h"
 #include "proto/model.pb.h"
 
 namespace zplan {
@@ -59,6 +60,22 @@ struct BlockLinear {
 // q_proj [h -> heads x head_dim], k_proj and v_proj [h -> kv_heads x head_dim]
 // for kQkvProjection. The spec must be resolved (ResolveModelSpec).
 std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op);
+
+// The MLP's last linear, whose gradient hooks are the first of a block's backward.
+inline constexpr char kDownProj[] = "down_proj";
+
+// Where a block tensor (a parameter or saved activation named
+// "layers.<i>.<module>...") sits in `layout`, found by its module:
+// InMlpHalf: after the first residual add, in the half whose backward runs
+// first (and frees what it saved first); IsDownProjTensor: down_proj's
+// weight, bias or adapters. Both false outside the blocks.
+bool InMlpHalf(const std::vector<BlockOp>& layout, const TensorSpec& tensor);
+bool IsDownProjTensor(const std::vector<BlockOp>& layout, const TensorSpec& tensor);
+// Whether a saved tensor is the block's input itself, not a copy: the first
+// norm's saved input in the working dtype (LayerNorm keeps its input;
+// RMSNorm's fp32 upcast is a no-op on fp32 input). A checkpointed block's
+// recompute saves the input it kept, so it allocates this tensor no second time.
+bool IsBlockInputItself(const std::vector<BlockOp>& layout, const TensorSpec& saved, DType dtype);
 
 }  // namespace zplan
 

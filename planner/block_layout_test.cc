@@ -86,5 +86,28 @@ TEST(BlockLayoutTest, LoraTargetsAreTheLayoutsLinears) {
   EXPECT_THAT(LoraTargetNames(spec), ElementsAre("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"));
 }
 
+TensorSpec Named(const std::string& name, DType dtype = DTYPE_FP32) {
+  TensorSpec t;
+  t.set_name(name);
+  t.set_dtype(dtype);
+  return t;
+}
+
+// The halves and down_proj are found through the layout, by module.
+TEST(BlockLayoutTest, TensorsFindTheirOp) {
+  const std::vector<BlockOp> layout = BlockLayout(Decoder());
+  EXPECT_FALSE(InMlpHalf(layout, Named("layers.3.attn_norm.weight")));
+  EXPECT_FALSE(InMlpHalf(layout, Named("layers.3.attn.o_proj.lora_A.weight")));
+  EXPECT_TRUE(InMlpHalf(layout, Named("layers.3.mlp_norm.rstd")));
+  EXPECT_TRUE(InMlpHalf(layout, Named("layers.3.mlp.up_proj.weight")));
+  EXPECT_FALSE(InMlpHalf(layout, Named("final_norm.weight")));
+  EXPECT_TRUE(IsDownProjTensor(layout, Named("layers.0.mlp.down_proj.bias")));
+  EXPECT_TRUE(IsDownProjTensor(layout, Named("layers.0.mlp.down_proj.lora_B.weight")));
+  EXPECT_FALSE(IsDownProjTensor(layout, Named("layers.0.mlp.up_proj.weight")));
+  EXPECT_TRUE(IsBlockInputItself(layout, Named("layers.1.attn_norm.input_fp32"), DTYPE_FP32));
+  EXPECT_FALSE(IsBlockInputItself(layout, Named("layers.1.attn_norm.input_fp32"), DTYPE_BF16));
+  EXPECT_FALSE(IsBlockInputItself(layout, Named("layers.1.mlp_norm.input_fp32"), DTYPE_FP32));
+}
+
 }  // namespace
 }  // namespace zplan

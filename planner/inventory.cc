@@ -508,15 +508,6 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   return t;
 }
 
-bool IsBlockInputItself(const TensorSpec& saved, DType dtype) {
-  return saved.dtype() == dtype && saved.layer() >= 0 &&
-         (absl::EndsWith(saved.name(), ".attn_norm.input") || absl::EndsWith(saved.name(), ".attn_norm.input_fp32"));
-}
-
-bool IsMlpTensor(const TensorSpec& tensor) { return tensor.name().find(".mlp") != std::string::npos; }
-
-bool IsDownProjTensor(const TensorSpec& tensor) { return tensor.name().find(".mlp.down_proj") != std::string::npos; }
-
 double TrainingFlopsPerToken(const ModelSpec& spec, int64_t seq_length) {
   double matmul_weights = static_cast<double>(spec.vocab_size()) * spec.hidden_size();  // LM head
   for (int layer = 0; layer < spec.num_layers(); ++layer) {

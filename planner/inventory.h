@@ -148,12 +148,6 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
                                               DType dtype, int layer, KernelDevice device,
                                               const SavePolicy& saves = {});
 
-// Whether a tensor of BlockSavedActivations is the block's input itself, not
-// a copy: its first norm's saved input (LayerNorm keeps its input; RMSNorm's
-// fp32 upcast is a no-op on fp32 input). A checkpointed block's recompute
-// saves the input it kept, so it allocates this tensor no second time.
-bool IsBlockInputItself(const TensorSpec& saved, DType dtype);
-
 // The final norm's saved tensors (as a block's norms save) and its output,
 // which the LM head keeps (LinearSaves; not with the fused loss); layer -1.
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
@@ -184,14 +178,6 @@ struct BlockBackwardTransients {
 };
 BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                     DType dtype, KernelDevice device, bool down_input_saved);
-
-// True for the MLP half of a block (its norm, projections and saved
-// activations): its backward runs, and frees what it saved, before
-// attention's.
-bool IsMlpTensor(const TensorSpec& tensor);
-// True for down_proj's parameters (and adapters): the MLP half's first
-// gradients in backward, made beside its widest moment.
-bool IsDownProjTensor(const TensorSpec& tensor);
 
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "planner/block_layout.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
 #include "planner/run_config.h"
@@ -131,15 +132,16 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
 
   // Blocks: gradients of the trainable parameters, gathers of all.
   const std::vector<TensorSpec> block_params = BlockParameters(model, 0);
+  const std::vector<BlockOp> layout = BlockLayout(model);
   int64_t block_param_elements = 0, mlp_elements = 0, down_elements = 0, largest_mlp = 0, largest_attn = 0;
   int64_t down_weight_elements = 0;
   for (const TensorSpec& t : block_params) {
     if (t.frozen()) continue;
     block_param_elements += NumElements(t);
-    if (IsMlpTensor(t)) {
+    if (InMlpHalf(layout, t)) {
       mlp_elements += NumElements(t);
-      if (IsDownProjTensor(t)) down_elements += NumElements(t);
-      if (IsDownProjTensor(t) && t.shape_size() == 2) down_weight_elements = NumElements(t);
+      if (IsDownProjTensor(layout, t)) down_elements += NumElements(t);
+      if (IsDownProjTensor(layout, t) && t.shape_size() == 2) down_weight_elements = NumElements(t);
       largest_mlp = std::max(largest_mlp, NumElements(t));
     } else {
       largest_attn = std::max(largest_attn, NumElements(t));
@@ -161,8 +163,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     f.per_token = f11 - f.per_seq_sq - f.per_token_sq;
     ZPLAN_CHECK(saved(3, 5) == f.Bytes(3, 5));
     for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
-      if (IsMlpTensor(t)) f.mlp_per_token += TensorBytes(t);
-      if (IsBlockInputItself(t, dtype)) f.input_per_token += TensorBytes(t);
+      if (InMlpHalf(layout, t)) f.mlp_per_token += TensorBytes(t);
+      if (IsBlockInputItself(layout, t, dtype)) f.input_per_token += TensorBytes(t);
       if (absl::EndsWith(t.name(), ".mlp.resid_dropout_mask")) f.mlp_dropout_per_token += TensorBytes(t);
     }
     return f;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "planner/block_layout.h"
 #include "planner/units.h"
 
 namespace zplan {
@@ -24,7 +25,8 @@ struct PartitionStart {
   bool at_attention = false;       // a block's attention half
   bool at_down_proj_hook = false;  // StepSizes::grad_partition_at_down_proj_hook
 };
-std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpec>& params,
+std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<BlockOp>& layout,
+                                                     const std::vector<TensorSpec>& params,
                                                      const std::vector<FlatPartition>& partitions, int num_layers,
                                                      int64_t bucket_elements, bool gelu_mlp) {
   std::vector<PartitionStart> from(partitions.size());
@@ -38,11 +40,11 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<TensorSpe
     const TensorSpec& t = params[i];
     PartitionStart start;
     start.part = t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers;
-    start.at_attention = t.layer() >= 0 && !IsMlpTensor(t);
-    start.at_down_proj_hook = gelu_mlp && IsDownProjTensor(t);
+    start.at_attention = t.layer() >= 0 && !InMlpHalf(layout, t);
+    start.at_down_proj_hook = gelu_mlp && IsDownProjTensor(layout, t);
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
-                               IsMlpTensor(params[i + 1]) != IsMlpTensor(t);
-    const bool before_moment = first_of_half || IsDownProjTensor(t);
+                               InMlpHalf(layout, params[i + 1]) != InMlpHalf(layout, t);
+    const bool before_moment = first_of_half || IsDownProjTensor(layout, t);
     if (t.layer() >= 0 && !before_moment) {
       if (!start.at_attention) {
         start.at_attention = true;
@@ -114,7 +116,7 @@ void SizeReduceBuckets(const ZeroSizingInputs& in, StepSizes* sizes) {
                      ? s.kHeadPart()
                  : absl::StartsWith(first.name(), "final_norm") ? s.num_layers
                                                                 : -1;
-    s.ipg_at_attention = first.layer() >= 0 && !IsMlpTensor(first);
+    s.ipg_at_attention = first.layer() >= 0 && !InMlpHalf(BlockLayout(in.model), first);
   }
 }
 
@@ -137,8 +139,8 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
       from.assign(partitions.size(), PartitionStart{StepSizes::kAtEpilogue});
     } else {
       // Every down_proj keeps its input unless LoRA freezes it.
-      from = FirstReductionPartByRank(trainable, partitions, s.num_layers, zero.reduce_bucket_elements(),
-                                      model.ffn_type() == FFN_GELU && !model.has_lora());
+      from = FirstReductionPartByRank(BlockLayout(model), trainable, partitions, s.num_layers,
+                                      zero.reduce_bucket_elements(), model.ffn_type() == FFN_GELU && !model.has_lora());
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
       RankVariant v;
