@@ -10,7 +10,8 @@
 // one at a time, already partitioned (Create's `materialize`).
 //
 // The forward pass is written so that autograd keeps what the planner's
-// activation inventory lists, no more: RMSNorm is a custom function saving
+// activation inventory lists, no more: a block runs the ops of
+// planner/block_layout.h in order, the list the inventory walks; RMSNorm is a custom function saving
 // its input and fp32 rstd; RoPE multiplies by constant tables; SDPA or eager
 // attention; the LM head's working-dtype logits are released before the fp32
 // log-softmax, or (SavePolicy::fused_loss) the LM head and loss are Liger's
