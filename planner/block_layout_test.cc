@@ -109,5 +109,33 @@ TEST(BlockLayoutTest, TensorsFindTheirOp) {
   EXPECT_FALSE(IsBlockInputItself(layout, Named("layers.1.mlp_norm.input_fp32"), DTYPE_FP32));
 }
 
+// Under LoRA a frozen module of block 0 runs backward (and ZeRO-3 gathers it
+// again) only when its input requires grad, which the layout's walk follows
+// from the adapters: q_proj's make q (and q_norm) need it, up_proj's the MLP's end.
+TEST(BlockLayoutTest, FrozenModulesOfBlockZeroRunBackwardFromTheirInput) {
+  ModelSpec spec = Decoder();
+  spec.set_qk_norm(true);
+  spec.mutable_lora()->set_rank(4);
+  auto runs = [&](const std::string& name) {
+    TensorSpec t = Named("layers.0." + name);
+    t.set_layer(0);
+    t.set_frozen(true);
+    return RunsBackward(spec, t, SavePolicy{});
+  };
+  spec.mutable_lora()->add_target_modules("q_proj");
+  EXPECT_FALSE(runs("attn_norm.weight"));
+  EXPECT_FALSE(runs("attn.q_proj.weight"));
+  EXPECT_TRUE(runs("attn.q_norm.weight"));
+  EXPECT_FALSE(runs("attn.k_norm.weight"));
+  EXPECT_TRUE(runs("attn.o_proj.weight"));
+  EXPECT_TRUE(runs("mlp_norm.weight"));
+  spec.mutable_lora()->set_target_modules(0, "up_proj");
+  EXPECT_FALSE(runs("attn.q_norm.weight"));
+  EXPECT_FALSE(runs("attn.o_proj.weight"));
+  EXPECT_FALSE(runs("mlp_norm.weight"));
+  EXPECT_FALSE(runs("mlp.gate_proj.weight"));
+  EXPECT_TRUE(runs("mlp.down_proj.weight"));
+}
+
 }  // namespace
 }  // namespace zplan

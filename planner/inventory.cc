@@ -162,19 +162,89 @@ bool IsUnusedOriginal(absl::string_view parameter_name) {
   return absl::StrContains(parameter_name, kOriginalModuleName);
 }
 
+namespace {
+
+// Which tensors of one block require grad, at each op of its layout: not
+// block 0's input when the embedding is frozen, unless its output is made
+// to (SavePolicy); a LoRA target's output always (its adapters train). The
+// one walk that BlockSavedActivations (what autograd keeps) and RunsBackward
+// (which modules ZeRO-3 gathers in backward) read.
+struct OpGradients {
+  bool input = false;                    // the tensor the op reads
+  bool q = false, k = false, v = false;  // the projections' outputs, from kQkvProjection on
+  bool attention = false;                // the attention's output, from kAttention on
+  bool gate = false, up = false;         // kMlp: the gated and the up projection's outputs
+};
+std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vector<BlockOp>& layout, int layer,
+                                           const SavePolicy& saves) {
+  std::vector<OpGradients> flow;
+  bool stream = layer > 0 || EmbeddingOutputRequiresGrad(spec, saves);  // the residual stream
+  bool current = stream;
+  OpGradients at;
+  for (const BlockOp& op : layout) {
+    at.input = current;
+    switch (op.kind) {
+      case BlockOpKind::kQkvProjection:
+        at.q = current || IsLoraTarget(spec, "q_proj");
+        at.k = current || IsLoraTarget(spec, "k_proj");
+        at.v = current || IsLoraTarget(spec, "v_proj");
+        break;
+      case BlockOpKind::kAttention: at.attention = at.q || at.k || at.v; break;
+      case BlockOpKind::kOutProjection:
+        at.input = at.attention;
+        current = at.attention || IsLoraTarget(spec, "o_proj");
+        break;
+      case BlockOpKind::kResidualAdd:
+        stream = stream || current;
+        current = stream;
+        break;
+      case BlockOpKind::kMlp:
+        at.up = current || IsLoraTarget(spec, "up_proj");
+        at.gate = spec.ffn_type() == FFN_SWIGLU && (current || IsLoraTarget(spec, "gate_proj"));
+        current = at.gate || at.up || IsLoraTarget(spec, kDownProj);
+        break;
+      default: break;
+    }
+    flow.push_back(at);
+  }
+  return flow;
+}
+
+}  // namespace
+
 bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves) {
   if (IsUnusedOriginal(param.name())) return false;
   if (!spec.has_lora() || !param.frozen()) return true;
-  const std::string& name = param.name();
-  if (absl::StartsWith(name, "embed_")) return false;
+  if (absl::StartsWith(param.name(), "embed_")) return false;
   if (param.layer() != 0 || EmbeddingOutputRequiresGrad(spec, saves)) return true;
-  for (const char* norm : {"q_norm", "k_norm"}) {
-    if (absl::StrContains(name, absl::StrCat("attn.", norm))) {
-      return IsLoraTarget(spec, norm[0] == 'q' ? "q_proj" : "k_proj");
+  // A frozen module of block 0 runs backward when its input requires grad
+  // (its output then does too): find its op through the layout.
+  const std::vector<BlockOp> layout = BlockLayout(spec);
+  const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, 0, saves);
+  const std::string prefix = absl::StrCat("layers.", param.layer(), ".");
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const std::string module = prefix + layout[i].module + ".";
+    if (!absl::StartsWith(param.name(), module)) continue;
+    const absl::string_view rest = absl::string_view(param.name()).substr(module.size());
+    switch (layout[i].kind) {
+      case BlockOpKind::kNorm: return flow[i].input;
+      case BlockOpKind::kQkNorm:
+        if (absl::StartsWith(rest, "q_norm.")) return flow[i].q;
+        if (absl::StartsWith(rest, "k_norm.")) return flow[i].k;
+        break;
+      case BlockOpKind::kMlp:
+        if (absl::StartsWith(rest, absl::StrCat(kDownProj, "."))) return flow[i].gate || flow[i].up;
+        return flow[i].input;
+      case BlockOpKind::kQkvProjection:
+      case BlockOpKind::kOutProjection:
+        // The "attn" module is the attention's too: the parameter is the
+        // op's when one of its linears (or the q/k norms) names it.
+        for (const BlockLinear& l : OpLinears(spec, layout[i])) {
+          if (absl::StartsWith(rest, absl::StrCat(l.name, "."))) return flow[i].input;
+        }
+        break;
+      default: break;
     }
-  }
-  for (const char* module : {"attn_norm.", "attn.q_proj.", "attn.k_proj.", "attn.v_proj."}) {
-    if (absl::StrContains(name, module)) return false;
   }
   return true;
 }
@@ -312,14 +382,17 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     return BaseWeightsTrain(spec) || (saves.linear == LinearSaves::kAlways && input_grad) ||
            (adapters_share_input && IsLoraTarget(spec, module));
   };
-  // The block's ops in order (block_layout.h), following which tensors
-  // require grad: not block 0's input when the embedding is frozen, unless
-  // its output is made to (SavePolicy); a LoRA target's output always.
-  bool stream_grad = layer > 0 || EmbeddingOutputRequiresGrad(spec, saves);  // the residual stream
-  bool current_grad = stream_grad;  // the tensor the next op reads
-  std::string current;              // the norm whose output that is ("": the stream)
-  bool q_grad = false, k_grad = false, v_grad = false, attention_grad = false, output_kept = false;
-  for (const BlockOp& op : BlockLayout(spec)) {
+  // The block's ops in order (block_layout.h), with which of their tensors
+  // require grad.
+  const std::vector<BlockOp> layout = BlockLayout(spec);
+  const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, layer, saves);
+  std::string current;  // the norm whose output the next op reads ("": none)
+  bool output_kept = false;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const BlockOp& op = layout[i];
+    const OpGradients& grad = flow[i];
+    const bool current_grad = grad.input;
+    const bool q_grad = grad.q, k_grad = grad.k, v_grad = grad.v, attention_grad = grad.attention;
     const std::string m = op.module + ".";
     const std::vector<BlockLinear> linears = OpLinears(spec, op);
     switch (op.kind) {
@@ -332,9 +405,6 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         for (const BlockLinear& l : linears) keeps = keeps || saves_input(l.name, current_grad);
         if (keeps) act(current + ".output", {b, s, h}, dtype);
         for (const BlockLinear& l : linears) adapters(m + std::string(l.name), l.in_features, current_grad);
-        q_grad = current_grad || IsLoraTarget(spec, "q_proj");
-        k_grad = current_grad || IsLoraTarget(spec, "k_proj");
-        v_grad = current_grad || IsLoraTarget(spec, "v_proj");
         break;
       }
       case BlockOpKind::kQkNorm:
@@ -342,7 +412,6 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         if (k_grad) norm(m + "k_norm", {b, s, kv, d});
         break;
       case BlockOpKind::kAttention: {
-        attention_grad = q_grad || k_grad || v_grad;
         const bool attention_dropout = spec.attention_dropout() > 0;
         if (!attention_grad) {
           // Nothing of the attention is recorded.
@@ -387,15 +456,12 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // The attention output: kept by the attention kernel, else by o_proj.
         if (output_kept || saves_input("o_proj", attention_grad)) act(m + "output", {b, s, a * d}, dtype);
         adapters(m + "o_proj", a * d, attention_grad);
-        current_grad = attention_grad || IsLoraTarget(spec, "o_proj");
         current.clear();
         break;
       case BlockOpKind::kResidualDropout:
         if (current_grad) act(m + "resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
         break;
       case BlockOpKind::kResidualAdd:
-        stream_grad = stream_grad || current_grad;
-        current_grad = stream_grad;
         current.clear();
         break;
       case BlockOpKind::kMlp: {
@@ -405,8 +471,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           keeps = keeps || (l.name != "down_proj" && saves_input(l.name, input_grad));
         }
         if (keeps) act(current + ".output", {b, s, h}, dtype);
-        const bool up_grad = input_grad || IsLoraTarget(spec, "up_proj");
-        const bool gate_grad = spec.ffn_type() == FFN_SWIGLU && (input_grad || IsLoraTarget(spec, "gate_proj"));
+        const bool up_grad = grad.up, gate_grad = grad.gate;
         if (spec.ffn_type() == FFN_SWIGLU) {
           adapters(m + "gate_proj", h, input_grad);
           adapters(m + "up_proj", h, input_grad);
@@ -429,7 +494,6 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           if (saves_input("down_proj", up_grad)) act(m + "act", {b, s, f}, dtype);
         }
         adapters(m + "down_proj", f, gate_grad || up_grad);
-        current_grad = gate_grad || up_grad || IsLoraTarget(spec, "down_proj");
         current.clear();
         break;
       }

@@ -116,10 +116,11 @@ std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& param
 
 // Whether the module holding `param` runs a backward pass (its output
 // requires grad), which is when ZeRO-3 gathers it again: every module in
-// full fine-tuning; with LoRA not the frozen embeddings, nor block 0's
-// modules that see only the embedding's output (its attention norm, the
-// q/k/v base layers and the q/k norms of untargeted projections) unless
-// that output requires grad (SavePolicy).
+// full fine-tuning; with LoRA not the frozen embeddings, nor a frozen
+// module of block 0 whose input does not require grad, followed op by op
+// through the block layout from the embedding's output (SavePolicy) and the
+// adapters (e.g. with q_proj targeted: not the attention norm or the q/k/v
+// base layers, but q_norm and everything after the attention).
 bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves);
 
 int64_t CountParameters(const ModelSpec& spec);
