@@ -435,8 +435,8 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         break;
       }
       case BlockOpKind::kQkNorm:
-        q = HfRmsNorm(q, Param(m + "q_norm.weight"));
-        k = HfRmsNorm(k, Param(m + "k_norm.weight"));
+        q = HfRmsNorm(q, Param(absl::StrCat(m, kQNorm, ".weight")));
+        k = HfRmsNorm(k, Param(absl::StrCat(m, kKNorm, ".weight")));
         break;
       case BlockOpKind::kAttention: {
         q = q.transpose(1, 2);

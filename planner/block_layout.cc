@@ -63,6 +63,23 @@ absl::string_view ModuleOf(absl::string_view name, absl::string_view* rest) {
 
 }  // namespace
 
+int OpOfParameter(const ModelSpec& spec, const std::vector<BlockOp>& layout, absl::string_view name,
+                  absl::string_view* rest) {
+  const absl::string_view module = ModuleOf(name, rest);
+  auto names = [&](absl::string_view part) { return absl::StartsWith(*rest, absl::StrCat(part, ".")); };
+  int first = -1;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const BlockOp& op = layout[i];
+    if (module.empty() || op.module != module) continue;
+    if (first < 0) first = static_cast<int>(i);
+    if (op.kind == BlockOpKind::kQkNorm && (names(kQNorm) || names(kKNorm))) return static_cast<int>(i);
+    for (const BlockLinear& linear : OpLinears(spec, op)) {
+      if (names(linear.name)) return static_cast<int>(i);
+    }
+  }
+  return first;
+}
+
 bool InMlpHalf(const std::vector<BlockOp>& layout, const TensorSpec& tensor) {
   absl::string_view rest;
   const absl::string_view module = ModuleOf(tensor.name(), &rest);

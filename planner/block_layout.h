@@ -63,6 +63,16 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op);
 
 // The MLP's last linear, whose gradient hooks are the first of a block's backward.
 inline constexpr char kDownProj[] = "down_proj";
+// kQkNorm's two norms, "<module>.q_norm" and "<module>.k_norm".
+inline constexpr char kQNorm[] = "q_norm";
+inline constexpr char kKNorm[] = "k_norm";
+
+// The index in `layout` of the op that owns a block parameter named
+// "layers.<i>.<module>.<rest>", and `rest`: the op of that module, or where
+// ops share one (attn), the op whose linear or norm `rest` names. -1
+// outside the blocks.
+int OpOfParameter(const ModelSpec& spec, const std::vector<BlockOp>& layout, absl::string_view name,
+                  absl::string_view* rest);
 
 // Where a block tensor (a parameter or saved activation named
 // "layers.<i>.<module>...") sits in `layout`, found by its module:

@@ -100,8 +100,9 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
     if (op.kind == BlockOpKind::kNorm) AddNorm(spec, p + "." + op.module, spec.hidden_size(), layer, &out);
     if (op.kind == BlockOpKind::kQkNorm) {
       // One RMSNorm weight over head_dim each, shared by all heads.
-      out.push_back(Param(p + "." + module + "q_norm.weight", {spec.head_dim()}, layer));
-      out.push_back(Param(p + "." + module + "k_norm.weight", {spec.head_dim()}, layer));
+      for (const char* norm : {kQNorm, kKNorm}) {
+        out.push_back(Param(absl::StrCat(p, ".", module, norm, ".weight"), {spec.head_dim()}, layer));
+      }
     }
     for (const BlockLinear& l : OpLinears(spec, op)) {
       AddBlockLinear(spec, p, module + std::string(l.name), l.in_features, l.out_features, l.bias, layer, &out);
@@ -221,32 +222,15 @@ bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePoli
   // (its output then does too): find its op through the layout.
   const std::vector<BlockOp> layout = BlockLayout(spec);
   const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, 0, saves);
-  const std::string prefix = absl::StrCat("layers.", param.layer(), ".");
-  for (size_t i = 0; i < layout.size(); ++i) {
-    const std::string module = prefix + layout[i].module + ".";
-    if (!absl::StartsWith(param.name(), module)) continue;
-    const absl::string_view rest = absl::string_view(param.name()).substr(module.size());
-    switch (layout[i].kind) {
-      case BlockOpKind::kNorm: return flow[i].input;
-      case BlockOpKind::kQkNorm:
-        if (absl::StartsWith(rest, "q_norm.")) return flow[i].q;
-        if (absl::StartsWith(rest, "k_norm.")) return flow[i].k;
-        break;
-      case BlockOpKind::kMlp:
-        if (absl::StartsWith(rest, absl::StrCat(kDownProj, "."))) return flow[i].gate || flow[i].up;
-        return flow[i].input;
-      case BlockOpKind::kQkvProjection:
-      case BlockOpKind::kOutProjection:
-        // The "attn" module is the attention's too: the parameter is the
-        // op's when one of its linears (or the q/k norms) names it.
-        for (const BlockLinear& l : OpLinears(spec, layout[i])) {
-          if (absl::StartsWith(rest, absl::StrCat(l.name, "."))) return flow[i].input;
-        }
-        break;
-      default: break;
-    }
+  absl::string_view rest;
+  const int i = OpOfParameter(spec, layout, param.name(), &rest);
+  if (i < 0) return true;
+  switch (layout[i].kind) {
+    case BlockOpKind::kQkNorm: return absl::StartsWith(rest, kQNorm) ? flow[i].q : flow[i].k;
+    case BlockOpKind::kMlp:
+      return absl::StartsWith(rest, kDownProj) ? flow[i].gate || flow[i].up : flow[i].input;
+    default: return flow[i].input;
   }
-  return true;
 }
 
 bool IsLoraTarget(const ModelSpec& spec, absl::string_view module) {
@@ -408,8 +392,8 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         break;
       }
       case BlockOpKind::kQkNorm:
-        if (q_grad) norm(m + "q_norm", {b, s, a, d});
-        if (k_grad) norm(m + "k_norm", {b, s, kv, d});
+        if (q_grad) norm(m + kQNorm, {b, s, a, d});
+        if (k_grad) norm(m + kKNorm, {b, s, kv, d});
         break;
       case BlockOpKind::kAttention: {
         const bool attention_dropout = spec.attention_dropout() > 0;
