@@ -61,6 +61,39 @@ then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation "${python_packages[@]}"
 fi
 
+# The wheels that tools/make_dist.sh bundles for the GPU machine (tools/gpu_requirements.txt),
+# fetched once into .venv/gpu_wheels/, where //tests:dist_install_test installs them offline into
+# a fresh venv: every pure and abi3 wheel, the binary ones for cp311 (here) and cp312 (the GPU
+# machine's Python), and DeepSpeed's sdist built here into a wheel with no prebuilt ops
+# (DS_BUILD_OPS=0: they JIT-compile there). About 50 MiB and 20 s once; only what is missing.
+wheels="$venv/gpu_wheels"
+gpu_wheels=("$venv/bin/python3" "$root/tools/gpu_wheels.py")
+wheel_pins() {  # the pins whose wheels Python $1 needs (cp311, for the test: numpy too)
+  local bundled=(); [[ $1 == 3.11 ]] || bundled=(--bundled)
+  "${gpu_wheels[@]}" "$2" "${@:3}" --python "$1" "${bundled[@]}"
+}
+for py in 3.11 3.12; do
+  wheel_pins "$py" missing "$wheels" >/dev/null && continue
+  echo "setup: fetching the wheels for Python $py into $wheels"
+  wheel_pins "$py" pins | grep -v '^deepspeed==' |
+    "$venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$wheels" \
+      --python-version "$py" --implementation cp --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64 -r /dev/stdin
+done
+deepspeed_pin=$(wheel_pins 3.11 pins | grep '^deepspeed==')
+if ! compgen -G "$wheels/deepspeed-${deepspeed_pin#deepspeed==}-py3-none-any.whl" >/dev/null; then
+  echo "setup: building $deepspeed_pin into a wheel in $wheels"
+  DS_BUILD_OPS=0 "$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
+    -w "$wheels" "$deepspeed_pin"
+fi
+for py in 3.11 3.12; do
+  if ! still=$(wheel_pins "$py" missing "$wheels"); then
+    echo "setup: no wheel in $wheels for:" $still >&2
+    exit 1
+  fi
+done
+
 # DeepSpeed's CPU ops (the oracle's: Adam, offloaded Adam, shared-memory
 # collectives), built here once rather than by the first test that loads them:
 # torch's JIT build holds a `lock` file in the op's folder, and one killed
