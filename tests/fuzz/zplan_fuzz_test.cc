@@ -15,7 +15,7 @@ std::string Runfile(const std::string& path) { return std::string(std::getenv("T
 // (run it again with zplan_fuzz --seed 20261123 to reproduce).
 TEST(ZplanFuzzTest, ShortRunFindsNoCrashOrHang) {
   FuzzOptions o;
-  o.runs = 20'000;
+  o.runs = 5'000;
   o.seed = 20261123;
   o.out_dir = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR") != nullptr ? std::getenv("TEST_UNDECLARED_OUTPUTS_DIR")
                                                                      : std::getenv("TEST_TMPDIR");
