@@ -103,7 +103,10 @@ extensions="$venv/torch_extensions"
 if [[ -d $extensions ]]; then
   find "$extensions" -name lock -print -delete | sed 's/^/setup: removed a lock an interrupted build left: /'
 fi
-DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$extensions" "$venv/bin/python3" -c '
+# The venv's ninja, as the oracle runs them (deepspeed_oracle.py puts the venv
+# first on PATH): ninja 1.13 hashes commands unlike Debian's 1.11, so ops
+# built with the other one would be built again by the first test.
+PATH="$venv/bin:$PATH" DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$extensions" "$venv/bin/python3" -c '
 from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder
 for builder in (CPUAdamBuilder(), FusedAdamBuilder(), ShareMemCommBuilder()):
     builder.load(verbose=False)
