@@ -11,9 +11,11 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 torch_version=2.11.0
-# The versions the planner models (docs/deepspeed_model.md).
-python_packages=(deepspeed==0.19.8 transformers==5.23.0 accelerate==1.15.0 ninja==1.13.2 peft==0.21.2
-                 liger-kernel==0.8.5)
+# The versions the planner models (docs/deepspeed_model.md): the block of tools/gpu_requirements.txt
+# that the GPU bundle carries too, so the oracle here and DeepSpeed there run the same ones.
+mapfile -t python_packages < <(awk '/^# tools\/setup.sh.s pins/ {on = 1; next} on && /^$/ {exit} on {print $1}' \
+                                  "$root/tools/gpu_requirements.txt")
+((${#python_packages[@]})) || { echo "setup: no pins under \"# tools/setup.sh's pins\" in tools/gpu_requirements.txt" >&2; exit 1; }
 packages=(
   bazel-bootstrap bazel-platforms bazel-rules-java   # Bazel 4.2.3, offline (DESIGN §5)
   libabsl-dev libprotobuf-dev protobuf-compiler       # Abseil, Protocol Buffers
