@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -334,6 +335,18 @@ AccuracyCase WithDeepSpeedCheckpointing(AccuracyCase c, const std::string& block
   return c;
 }
 
+AccuracyCase Emulated(AccuracyCase c, int rank) {
+  int world = 0;
+  for (size_t i = 0; i + 1 < c.oracle_args.size(); ++i) {
+    if (c.oracle_args[i] == "--world") ZPLAN_CHECK(absl::SimpleAtoi(c.oracle_args[i + 1], &world));
+  }
+  ZPLAN_CHECK(rank >= 0 && rank < world);
+  c.name = absl::StrCat(c.name, "-emulated-", rank, "of", world);
+  c.emulate_rank = rank;
+  c.oracle_args.insert(c.oracle_args.end(), {"--emulate-rank", absl::StrCat(rank)});
+  return c;
+}
+
 AccuracyCase WithFusedLoss(AccuracyCase c) {
   for (std::vector<std::string>* args : {&c.zplan_args, &c.oracle_args}) {
     args->insert(args->end(), {"--loss", "liger-fused"});
@@ -543,6 +556,19 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithCheckpointing(DeepSpeedCase("vit-z1-fp32-ckpt-every2-overlap", vit_wide,
                                       DsConfig(1, "fp32", 2, 1, "", With({kSmall, kOverlap})), 2, 257, "sdpa", true),
                         2, false),
+      // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
+      // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
+      // its real rank's measurement, byte for byte.
+      Emulated(DeepSpeedCase("z2-bf16-small-buckets", llama, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 128), 1),
+      Emulated(DeepSpeedCase("z3-bf16-small-buckets", llama, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128), 1),
+      Emulated(DeepSpeedCase("z3-bf16-offload-both", llama,
+                             DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 128),
+               1),
+      Emulated(DeepSpeedCase("z2-bf16-w8", qwen3, DsConfig(2, "bf16", 2, 1, "", kSmall), 8, 128), 7),
+      Emulated(WithLora(DeepSpeedCase("lora-z3-bf16-qv-w64", llama, DsConfig(3, "bf16", 2, 1, "", kSmall3), 64, 128,
+                                      "sdpa", true),
+                        lora_qv),
+               63),
   };
 }
 

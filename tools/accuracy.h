@@ -62,6 +62,11 @@ AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::
 // workspace), given to zplan and to the oracle alike.
 AccuracyCase WithLora(AccuracyCase c, const std::string& adapter_config);
 
+// `c` (a DeepSpeed case) as one process that is rank `rank` of its world, on
+// torch's fake process group (the oracle's --emulate-rank); named
+// "<name>-emulated-<rank>of<world>".
+AccuracyCase Emulated(AccuracyCase c, int rank);
+
 // `c` with Liger's fused linear cross-entropy (zplan and the oracle's --loss liger-fused).
 AccuracyCase WithFusedLoss(AccuracyCase c);
 

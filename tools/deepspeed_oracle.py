@@ -1,5 +1,6 @@
 """The DeepSpeed oracle: trains a transformers model built from a config.json
-with real DeepSpeed on CPU ranks and measures every rank's exact tensor bytes.
+with real DeepSpeed on CPU ranks (or one GPU) and measures every rank's
+tensor bytes.
 
 Python is right here: it drives a Python framework (DESIGN section 7, rung 2).
 Each rank is one process with DS_ACCELERATOR=cpu (gloo), launched the way
@@ -26,10 +27,27 @@ initialize peak) and the whole run's peak.
 (bytes, tag, live bytes after) and marks (event index, label) at module
 boundaries and at the entry and exit of DeepSpeed's optimizer methods.
 
+--emulate-rank R runs one process as rank R of --world on torch's fake
+process group (torch.testing._internal.distributed.fake_pg): every
+collective returns at once without communicating, but DeepSpeed partitions,
+pads and allocates every buffer as rank R of that world would, so one
+process (or one GPU) measures a rank of a world it does not have.
+
+--device cuda trains on this machine's GPU (DS_ACCELERATOR=cuda): one NCCL
+rank (--world 1) or one emulated rank. The caching allocator measures it:
+peak allocated over the steps after the first, reserved beyond that peak
+(allocator_bytes) and the device's memory outside the pool at that moment
+(runtime_bytes: cudaMemGetInfo's used minus reserved, the CUDA context and
+NCCL). Parameters, master weights and optimizer states are attributed by
+identity; the rest of the peak is reported as temporaries. Every rank also
+reports each step's wall time (after torch.cuda.synchronize on a GPU).
+
 Usage (the launcher; --rank is internal):
   deepspeed_oracle.py --hf-config llama.json --ds-config ds.json --world 2 \
       --seq 64 --steps 3 --attention sdpa --allocator libzplan_counting_allocator.so \
       --out report.json
+  deepspeed_oracle.py --device cuda --hf-config llama.json --ds-config ds.json \
+      --world 8 --emulate-rank 7 --seq 2048 --out report.json
 """
 
 import argparse
@@ -76,7 +94,11 @@ def parse_args(argv):
     p.add_argument("--loss", default="full", choices=["full", "liger-fused"],
                    help="full: transformers' loss over the logits; liger-fused: Liger's fused linear "
                         "cross-entropy (chunked, no b x s x V logits), as use_liger_kernel applies it")
-    p.add_argument("--allocator", required=True, help="path of libzplan_counting_allocator.so")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: Gloo CPU ranks measured by the counting allocator; cuda: this machine's GPU")
+    p.add_argument("--emulate-rank", type=int, default=-1,
+                   help="one process as this rank of --world, on torch's fake process group")
+    p.add_argument("--allocator", default="", help="path of libzplan_counting_allocator.so (--device cpu)")
     p.add_argument("--out", required=True, help="where the Report (JSON) goes")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the ranks are killed")
     p.add_argument("--trace", default="", help="also write the last step's allocation log here (JSON)")
@@ -88,6 +110,15 @@ def parse_args(argv):
         p.error("--steps must be at least 2: the first step is the warm-up")
     if args.world < 1 or args.seq < 0:
         p.error("--world must be >= 1 and --seq >= 0")
+    if args.emulate_rank >= args.world:
+        p.error(f"--emulate-rank {args.emulate_rank}: a world of {args.world} has ranks 0-{args.world - 1}")
+    if args.device == "cpu" and not args.allocator:
+        p.error("--device cpu needs --allocator (libzplan_counting_allocator.so)")
+    if args.device == "cuda" and args.world > 1 and args.emulate_rank < 0:
+        p.error(f"--device cuda --world {args.world}: one GPU runs one NCCL rank; "
+                "add --emulate-rank R to measure rank R of that world")
+    if args.device == "cuda" and args.trace:
+        p.error("--trace needs the counting allocator (--device cpu)")
     return args
 
 
@@ -133,12 +164,17 @@ def launch(args):
     """Starts one process per rank and merges their results into args.out."""
     check_no_stale_lock()
     port = free_port()
+    started = [args.emulate_rank] if args.emulate_rank >= 0 else list(range(args.world))
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
-        for rank in range(args.world):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world),
-                       LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+        for rank in started:
+            # An emulated rank is its node's only process: local rank 0 (a GPU's index).
+            local = 0 if args.emulate_rank >= 0 else rank
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(args.world),
+                       LOCAL_WORLD_SIZE=str(len(started)), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       DS_ACCELERATOR=args.device)
+            if args.device == "cpu":
+                env["OMP_NUM_THREADS"] = "1"
             # DeepSpeed's JIT ops (built once with the venv's ninja, then cached in the venv).
             env["TORCH_EXTENSIONS_DIR"] = extensions_dir()
             env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -148,7 +184,7 @@ def launch(args):
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w")
             procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         failed = []
-        for rank, (proc, log) in enumerate(procs):
+        for rank, (proc, log) in zip(started, procs):
             try:
                 rc = proc.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
@@ -164,7 +200,7 @@ def launch(args):
                 tail = f.read()[-6000:]
             sys.exit(f"deepspeed_oracle: rank {rank} failed ({rc}):\n{tail}")
         ranks, traces = [], []
-        for rank in range(args.world):
+        for rank in started:
             with open(os.path.join(tmp, f"rank{rank}.json")) as f:
                 result = json.load(f)
             traces.append(result.pop("trace", None))
@@ -172,9 +208,19 @@ def launch(args):
     framework = ranks[0].pop("framework")
     for r in ranks[1:]:
         r.pop("framework")
-    write_json(args.out, {"backend": "gloo", "device": "cpu", "framework": framework, "ranks": ranks})
+    device = ranks[0].pop("device")
+    for r in ranks[1:]:
+        r.pop("device")
+    write_json(args.out, {"backend": backend_name(args), "device": device, "framework": framework, "ranks": ranks})
     if args.trace:
         write_json(args.trace, traces)
+
+
+def backend_name(args):
+    """The process group the ranks run on."""
+    if args.emulate_rank >= 0:
+        return "fake"
+    return "nccl" if args.device == "cuda" else "gloo"
 
 
 def write_json(path, value):
@@ -219,6 +265,21 @@ class Allocator:
     def peak(self):
         return self.lib.zplan_peak_bytes()
 
+    def reset_peak(self):
+        self.lib.zplan_reset_peak()
+
+    def begin_forward_part(self):
+        self.lib.zplan_begin_forward_part()
+
+    def settle_forward_part(self, component):
+        self.lib.zplan_settle_forward_part(component)
+
+    def log_enable(self, enabled):
+        self.lib.zplan_log_enable(1 if enabled else 0)
+
+    def synchronize(self):
+        pass
+
     def use_count(self, tensor):
         return self.lib.zplan_tensor_use_count(tensor._cdata)
 
@@ -228,6 +289,69 @@ class Allocator:
         peak = self.lib.zplan_peak_breakdown(out, NUM_TAGS)
         result = {f"{COMPONENT_NAMES[c]}_bytes": out[c] for c in COMPONENT_NAMES}
         result["peak_bytes"] = peak
+        return result
+
+
+class CudaMeter:
+    """The caching allocator's view of this process's GPU, behind the
+    Allocator's interface. Allocation-time tags do not exist here: resident
+    states are attributed by identity (retag) and the rest of the peak is
+    temporaries."""
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.resident = {}  # storage data_ptr -> (component, bytes)
+        self.at_peak = {"used": 0, "reserved": 0}
+
+    def tag(self, component):
+        pass
+
+    def retag(self, tensor, component):
+        if tensor is not None and tensor.numel() > 0 and tensor.is_cuda:
+            storage = tensor.untyped_storage()
+            self.resident[storage.data_ptr()] = (component, storage.nbytes())
+
+    def use_count(self, tensor):
+        return 0
+
+    def peak(self):
+        return self.torch.cuda.max_memory_allocated(self.device)
+
+    def reset_peak(self):
+        self.torch.cuda.synchronize(self.device)
+        self.torch.cuda.reset_peak_memory_stats(self.device)
+        self.at_peak = {"used": 0, "reserved": 0}
+
+    def synchronize(self):
+        """Waits for the GPU and notes the device's used memory at this
+        moment (cudaMemGetInfo), the nearest the harness gets to the peak's."""
+        self.torch.cuda.synchronize(self.device)
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        if total - free > self.at_peak["used"]:
+            self.at_peak = {"used": total - free, "reserved": self.torch.cuda.memory_reserved(self.device)}
+
+    def begin_forward_part(self):
+        pass
+
+    def settle_forward_part(self, component):
+        pass
+
+    def log_enable(self, enabled):
+        pass
+
+    def breakdown(self):
+        """The peak as a MemoryBreakdown: resident states by identity, the
+        rest temporaries; reserved beyond the peak; memory outside the pool."""
+        peak = self.peak()
+        result = {f"{COMPONENT_NAMES[c]}_bytes": 0 for c in COMPONENT_NAMES}
+        for component, nbytes in self.resident.values():
+            result[f"{COMPONENT_NAMES[component]}_bytes"] += nbytes
+        result["temporaries_bytes"] = max(0, peak - sum(result.values()))
+        result["peak_bytes"] = peak
+        result["allocator_bytes"] = self.torch.cuda.max_memory_reserved(self.device) - peak
+        result["runtime_bytes"] = max(0, self.at_peak["used"] - self.at_peak["reserved"])
         return result
 
 
@@ -283,6 +407,95 @@ def await_gloo_release(alloc):
 
     for name in COLLECTIVES:
         setattr(dist, name, wrap(getattr(dist, name)))
+
+
+def fill_fake_collectives(rank, world, weight_dtype):
+    """The fake process group returns at once and writes nothing, so gathered
+    parameters, reduced gradients and broadcast weights would be whatever the
+    allocator's memory held (NaN losses, skipped optimizer steps, no
+    optimizer states). Each collective that delivers into an output here
+    fills it in place: a gather or scatter with this rank's own data in every
+    slot, a broadcast from another rank with weight-like values. The values
+    are plausible and the allocations are exactly the collective's own
+    (copy_, nan_to_num_ and normal_ allocate nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    def copy(dst, src):  # in-place collectives pass a slot of the output as the input
+        if dst.data_ptr() != src.data_ptr():
+            dst.copy_(src.view_as(dst))
+            if dst.is_floating_point():  # a partition's padding is torch.empty's memory
+                dst.nan_to_num_(0.0, 0.0, 0.0)
+
+    def gather_into(output, input):
+        for slot in output.view(world, -1):
+            copy(slot, input.reshape(-1))
+
+    def gather_list(tensor_list, tensor):
+        for t in tensor_list:
+            copy(t, tensor)
+
+    def scatter_from(output, input):
+        copy(output, input.view(world, -1)[rank])
+
+    def scatter_list(output, input_list):
+        copy(output, input_list[rank])
+
+    def receive(tensor, src):
+        # What another rank sends: weights that rank 0 initialized (transformers'
+        # ZeRO-3 init under GatheredParameters(modifier_rank=0); zero.Init), as
+        # the bytes of a tensor of the model's dtype (p.data.view(torch.uint8)).
+        if src == rank:
+            return
+        if tensor.dtype == torch.uint8 and tensor.numel() % weight_dtype.itemsize == 0:
+            tensor.view(weight_dtype).normal_(0.0, 0.02)
+        elif tensor.is_floating_point():
+            tensor.normal_(0.0, 0.02)
+
+    fills = {"broadcast": receive, "all_gather_into_tensor": gather_into, "_all_gather_base": gather_into,
+             "all_gather": gather_list, "reduce_scatter_tensor": scatter_from, "_reduce_scatter_base": scatter_from,
+             "reduce_scatter": scatter_list, "all_to_all_single": copy}
+
+    def wrap(fn, fill):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            work = fn(*args, **kwargs)
+            output, input = list(signature.bind_partial(*args, **kwargs).arguments.values())[:2]
+            fill(output, input)
+            return work
+        return call
+
+    for name, fill in fills.items():
+        if hasattr(dist, name):
+            setattr(dist, name, wrap(getattr(dist, name), fill))
+
+
+def agree_as_rank0():
+    """ZeRO-3 checks that every rank traced the same modules by broadcasting
+    rank 0's lists and comparing (deepspeed/runtime/zero/utils.py,
+    assert_ints_same_as_other_ranks). A fake broadcast delivers nothing, so an
+    emulated rank would compare its lists with its own -1 placeholders. Every
+    rank runs the same program, so the lists rank 0 would send are this
+    rank's: the two helpers build their tensors as rank 0 does (the same
+    tensors, the same bytes) and the check passes as it would."""
+    import deepspeed.comm
+    from deepspeed.runtime.zero import utils
+
+    def as_rank0(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            get_rank = deepspeed.comm.get_rank
+            deepspeed.comm.get_rank = lambda *a, **k: 0
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                deepspeed.comm.get_rank = get_rank
+        return call
+
+    utils.assert_lst_len_same_as_other_ranks = as_rank0(utils.assert_lst_len_same_as_other_ranks)
+    utils.get_lst_from_rank0 = as_rank0(utils.get_lst_from_rank0)
 
 
 def tag_resident_states(alloc, engine):
@@ -390,22 +603,23 @@ def liger_element_mul_rows(X_ptr, X_stride, grad_output_ptr, n_cols, **launch):
     store(x * float(grad_output_ptr))
 
 
-def use_liger_fused_linear_cross_entropy(model):
+def use_liger_fused_linear_cross_entropy(model, on_gpu):
     """What transformers' Trainer does with use_liger_kernel=True and a
     liger_kernel_config enabling only fused_linear_cross_entropy
     (_apply_liger_kernel_to_instance): the model's forward computes the loss
     with LigerFusedLinearCrossEntropyFunction from the final norm's output and
     lm_head.weight, never materialising the logits. Liger's Python runs as it
-    is; its two Triton kernels, which allocate nothing, run as the numpy ports
-    above, since Triton needs a GPU."""
+    is; on CPU ranks its two Triton kernels, which allocate nothing, run as the
+    numpy ports above, since Triton needs a GPU."""
     import liger_kernel.ops.fused_linear_cross_entropy as flce
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     if model.config.model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
         sys.exit(f"deepspeed_oracle: --loss liger-fused: Liger has no forward for model_type "
                  f"{model.config.model_type!r}")
-    flce.liger_cross_entropy_kernel = RowKernel(liger_cross_entropy_rows)
-    flce.element_mul_kernel = RowKernel(liger_element_mul_rows)
+    if not on_gpu:
+        flce.liger_cross_entropy_kernel = RowKernel(liger_cross_entropy_rows)
+        flce.element_mul_kernel = RowKernel(liger_element_mul_rows)
     _apply_liger_kernel_to_instance(model=model, rope=False, rms_norm=False, swiglu=False, cross_entropy=False,
                                     fused_linear_cross_entropy=True, layer_norm=False, geglu=False)
 
@@ -413,15 +627,30 @@ def use_liger_fused_linear_cross_entropy(model):
 def run_rank(args):
     import torch
 
-    alloc = Allocator(args.allocator)  # before any model tensor exists
-    await_gloo_release(alloc)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        alloc = CudaMeter()
+    else:
+        alloc = Allocator(args.allocator)  # before any model tensor exists
+    if backend_name(args) == "gloo":
+        await_gloo_release(alloc)
+    with open(args.ds_config) as f:
+        ds_config = json.load(f)
+    if args.emulate_rank >= 0:
+        # DeepSpeed's init_distributed keeps a process group that exists.
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=args.emulate_rank, world_size=args.world)
+        # zero.Init's dtype (deepspeed/runtime/zero/partition_parameters.py, Init._set_dtype).
+        weight_dtype = (torch.bfloat16 if ds_config.get("bf16", {}).get("enabled")
+                        else torch.float16 if ds_config.get("fp16", {}).get("enabled") else torch.float32)
+        fill_fake_collectives(args.emulate_rank, args.world, weight_dtype)
     import deepspeed
     import transformers
     from transformers.integrations import HfDeepSpeedConfig
-
-    with open(args.ds_config) as f:
-        ds_config = json.load(f)
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend=backend_name(args))
+    if args.emulate_rank >= 0:
+        agree_as_rank0()
     # Kept alive: transformers builds a stage-3 model under zero.Init while it exists,
     # as the Trainer does.
     hf_ds_config = HfDeepSpeedConfig(ds_config)  # noqa: F841
@@ -441,7 +670,7 @@ def run_rank(args):
     auto = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
     model = auto.from_config(config, attn_implementation=args.attention)
     if args.loss == "liger-fused":
-        use_liger_fused_linear_cross_entropy(model)
+        use_liger_fused_linear_cross_entropy(model, on_gpu=args.device == "cuda")
     if args.lora_config:
         import peft
         with open(args.lora_config) as f:
@@ -468,6 +697,7 @@ def run_rank(args):
     accum = engine.gradient_accumulation_steps()
     vocab = getattr(config, "vocab_size", 0)
     gen = torch.Generator().manual_seed(1234 + engine.global_rank)
+    device = engine.device  # where the batch goes, as the Trainer puts it
 
     # Attribution hooks: forward tensors are pending until the LM head (then
     # activations or temporaries), the head and loss chain is logits until
@@ -476,10 +706,10 @@ def run_rank(args):
     body = engine.module
 
     def body_pre(module, inputs):
-        alloc.lib.zplan_begin_forward_part()
+        alloc.begin_forward_part()
 
     def head_pre(module, *unused):
-        alloc.lib.zplan_settle_forward_part(LOGITS)
+        alloc.settle_forward_part(LOGITS)
 
     def head_bwd(module, *unused):
         alloc.tag(TEMPORARIES)
@@ -538,17 +768,20 @@ def run_rank(args):
     phase = {"peak": 0, "label": ""}  # the running peak of this step and the phase that set it
 
     def note_phase(label):
+        alloc.synchronize()
         if alloc.peak() > phase["peak"]:
             phase["peak"], phase["label"] = alloc.peak(), label
 
+    step_seconds = []
     for step in range(args.steps):
         if step == 1:
             warmup_peak = alloc.peak()
             tag_resident_states(alloc, engine)  # optimizer states exist now
-            alloc.lib.zplan_reset_peak()
+            alloc.reset_peak()
         phase["peak"] = alloc.peak()
+        step_start = time.monotonic()
         if args.trace and step == args.steps - 1:
-            alloc.lib.zplan_log_enable(1)
+            alloc.log_enable(True)
             tracing[0] = True
             mark("step start")
         step_loss = 0.0
@@ -561,6 +794,7 @@ def run_rank(args):
             else:
                 ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
                 batch = {"input_ids": ids, "labels": ids}
+            batch = {k: v.to(device) for k, v in batch.items()}
             mark(f"micro-step {micro_step}")
             # As the Trainer's training_step: the batch and the loss outlive the
             # forward (the logits in the model's output are released before backward).
@@ -579,6 +813,8 @@ def run_rank(args):
             mark("engine.step done")
             note_phase("optimizer step" if micro_step == accum - 1 else f"step boundary (micro-step {micro_step})")
         losses.append(step_loss)
+        alloc.synchronize()
+        step_seconds.append(time.monotonic() - step_start)
         if step >= 1:
             steady_breakdown = alloc.breakdown()
             steady_breakdown["peak_event"] = phase["label"]
@@ -586,7 +822,7 @@ def run_rank(args):
 
     if tracing[0]:
         mark("end")
-        alloc.lib.zplan_log_enable(0)
+        alloc.log_enable(False)
     result = {
         "rank": engine.global_rank,
         "measured_device": steady_breakdown,
@@ -596,11 +832,19 @@ def run_rank(args):
                     {"phase": "PHASE_OPTIMIZER_STEP", "step": args.steps - 1,
                      "peak_allocated_bytes": max(warmup_peak, steady_breakdown["peak_bytes"])}],
         "losses": losses,
+        # The steps after the warm-up, as zrun reports them.
+        "step_seconds": step_seconds[1:],
+        "mean_step_seconds": sum(step_seconds[1:]) / len(step_seconds[1:]),
+        "device": torch.cuda.get_device_name(alloc.device) if args.device == "cuda" else "cpu",
         "framework": f"DeepSpeed {deepspeed.__version__}, transformers {transformers.__version__}, "
                      + (f"peft {sys.modules['peft'].__version__}, " if args.lora_config else "")
                      + (f"liger-kernel {importlib.metadata.version('liger-kernel')}, " if args.loss != "full" else "")
                      + f"torch {torch.__version__}",
     }
+    if args.device == "cuda":
+        steady = result["samples"][1]
+        steady["peak_reserved_bytes"] = steady_breakdown["peak_bytes"] + steady_breakdown["allocator_bytes"]
+        steady["device_used_bytes"] = alloc.at_peak["used"]
     if args.trace:
         result["trace"] = trace
     with open(args.out, "w") as f:
