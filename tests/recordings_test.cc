@@ -116,6 +116,38 @@ TEST_P(RecordingsTest, TheReadmeCountsTheRowsOfEachModelType) {
   }
 }
 
+// An emulated rank ("<row>-emulated-<r>of<n>", one process on torch's fake
+// process group) whose row also runs as a real world measured, when both
+// were recorded, exactly what that world's rank r measured: component by
+// component, byte for byte.
+TEST_P(RecordingsTest, AnEmulatedRankMeasuresWhatItsRealRankMeasured) {
+  const Suite suite = GetParam();
+  std::set<std::string> names;
+  for (const AccuracyCase& c : SuiteMatrix(suite)) names.insert(c.name);
+  int twins = 0;
+  for (const AccuracyCase& c : SuiteMatrix(suite)) {
+    const size_t at = c.name.rfind("-emulated-");
+    if (c.emulate_rank < 0 || at == std::string::npos || names.count(c.name.substr(0, at)) == 0) continue;
+    ++twins;
+    auto emulated = ReadRecording(RecordingPath(suite, c.name));
+    auto real = ReadRecording(RecordingPath(suite, c.name.substr(0, at)));
+    ASSERT_TRUE(emulated.ok()) << emulated.status();
+    ASSERT_TRUE(real.ok()) << real.status();
+    ASSERT_EQ(emulated->report().ranks_size(), 1) << c.name;
+    const RankReport& e = emulated->report().ranks(0);
+    EXPECT_EQ(emulated->report().backend(), "fake") << c.name;
+    bool found = false;
+    for (const RankReport& r : real->report().ranks()) {
+      if (r.rank() != e.rank()) continue;
+      found = true;
+      EXPECT_EQ(e.measured_device().DebugString(), r.measured_device().DebugString())
+          << c.name << " (emulated) against rank " << r.rank() << " of " << c.name.substr(0, at);
+    }
+    EXPECT_TRUE(found) << c.name << ": " << c.name.substr(0, at) << " has no rank " << e.rank();
+  }
+  if (suite == Suite::kDeepSpeed) EXPECT_GE(twins, 3) << "the DeepSpeed suite's emulated twins";
+}
+
 INSTANTIATE_TEST_SUITE_P(Suites, RecordingsTest, ::testing::Values(Suite::kZrun, Suite::kDeepSpeed),
                          [](const ::testing::TestParamInfo<Suite>& info) {
                            return std::string(info.param == Suite::kZrun ? "Zrun" : "DeepSpeed");

@@ -124,7 +124,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "fused-loss-z2-bf16-qwen2-offload",              // fused loss, optimizer offload, Qwen2
       "fused-loss-z2-bf16-mistral-ga2-ckpt",           // accumulation, Mistral
       "z3-bf16-mistral-ckpt-every2-offload",           // ZeRO-3, checkpoint offload
-      "lora-z3-bf16-qwen3-offload-both-all-linear",    // parameter offload, LoRA at ZeRO-3
+      "z3-bf16-offload-both-emulated-1of2",            // parameter offload, an emulated rank
       "ds-ckpt-contiguous-z3-bf16-mistral-s512",       // DeepSpeed's checkpointing, partitioned, contiguous
   };
 }

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Real DeepSpeed + transformers on the GPU against the plan, and zrun's step time against DeepSpeed's,
+# in one call with a short table last (issue: "Real DeepSpeed on the GPU").
+#
+#   tools/gpu_deepspeed.sh            on a GPU machine, with dist/ from tools/make_dist.sh: installs
+#                                     dist/wheels offline (tools/install_dist.sh) over the torch in
+#                                     $TORCH_VENV (default /opt/torch/.venv), builds DeepSpeed's
+#                                     FusedAdam and CPUAdam for this GPU, then runs the matrix
+#   tools/gpu_deepspeed.sh --dry-run  the same rows on CPU ranks with tiny configs (the test command)
+#
+# Each row: zplan plans the case from the transformers config and the ds_config (--gpu of this
+# machine); tools/deepspeed_oracle.py trains it with real DeepSpeed (--device cuda: one NCCL rank,
+# or rank r of a larger world emulated on torch's fake process group) and reports the caching
+# allocator's peak allocated and reserved after the warm-up step; zrun trains the same plan (the
+# same rank) for its step time. Goals: peak allocated within 3% of the planned tensor bytes,
+# reserved within 10% of the planned tensors plus the allocator's cache. Full reports go to $OUT
+# (default ./gpu_out/deepspeed).
+#
+# Rows: ZeRO 0-3; optimizer and parameter offload; checkpointing, transformers' and DeepSpeed's
+# (partitioned, to CPU); LoRA; a ViT; Liger's fused loss; emulated ranks of 8 and 64; seed 000's
+# scenario (1B, seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, rank 3 of 4 at
+# micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16).
+#
+# ROWS="1 2 5" runs only those rows (numbered from 1 in the order below), so that a lease cut short
+# resumes where it stopped; each finished row is appended to $OUT/deepspeed/rows.txt at once.
+set -uo pipefail
+dry_run=0
+[[ ${1:-} == --dry-run ]] && dry_run=1
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${OUT:-$root/gpu_out}/deepspeed
+mkdir -p "$out"
+runfiles=${RUNFILES_DIR:-$0.runfiles}
+pick() {  # first existing file
+  for candidate in "$@"; do [[ -e $candidate ]] && { echo "$candidate"; return; }; done
+}
+ZPLAN=${ZPLAN:-$(pick "$root/dist/bin/zplan" "$runfiles/zplan/planner/zplan" "$root/bazel-bin/planner/zplan")}
+ZRUN=${ZRUN:-$(pick "$root/dist/bin/zrun" "$runfiles/zplan/executor/zrun" "$root/bazel-bin/executor/zrun")}
+ORACLE=$root/tools/deepspeed_oracle.py
+case_timeout_s=${CASE_TIMEOUT_S:-240}
+limit() { timeout --kill-after=15 "$case_timeout_s" "$@"; }
+
+if (( dry_run )); then
+  # Tiny configs, two steps (one measured after the warm-up), buckets sized for them: the dry run
+  # proves that every row, the oracle's emulation and the table run, in the test command's minutes.
+  PY=${PYTHON:-$(pick "$runfiles/zplan/external/torch/python" "$root/.venv/bin/python3")}
+  ALLOCATOR=${ALLOCATOR:-$(pick "$runfiles/zplan/executor/libzplan_counting_allocator.so" \
+                                "$root/bazel-bin/executor/libzplan_counting_allocator.so")}
+  oracle_device=(--device cpu --allocator "$ALLOCATOR")
+  gpu=cpu steps=2 seq=128 long_seq=256 batch=2
+  qwen3=$root/configs/hf/tiny/qwen3.json llama1b=$root/configs/hf/tiny/llama.json vit=$root/configs/hf/tiny/vit.json
+  vit_seq=65 vit_batch=4
+  buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
+  buckets3='"reduce_bucket_size": 200000, "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 10000'
+else
+  venv=${TORCH_VENV:-/opt/torch/.venv}
+  site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  nvlibs=$(ls -d "$site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
+  export LD_LIBRARY_PATH="$site/torch/lib:$nvlibs$root/dist/lib:${LD_LIBRARY_PATH:-}"
+  TORCH_PYTHON="$venv/bin/python3" bash "$root/tools/install_dist.sh" "$root/dist/venv" > "$out/install.txt" 2>&1 ||
+    { cat "$out/install.txt"; exit 1; }
+  PY=$root/dist/venv/bin/python3
+  oracle_device=(--device cuda)
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  case "$name" in
+    *H200*) gpu=h200 ;;
+    *A100*80*) gpu=a100-80gb ;;
+    *) gpu=h100-80gb ;;
+  esac
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+  steps=4 seq=2048 long_seq=8192 batch=2
+  qwen3=$root/configs/hf/qwen3-0.6b.json llama1b=$root/configs/hf/llama3.2-1b.json
+  vit=$root/configs/hf/vit-base-patch16-224.json vit_seq=197 vit_batch=64
+  buckets='"reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000'  # DeepSpeed's defaults
+  buckets3='"reduce_bucket_size": 500000000'
+  # DeepSpeed's JIT ops for this GPU, once (FusedAdam's CUDA kernel; CPUAdam for the offload rows),
+  # both at once, outside $OUT (their objects are large). DeepSpeed refuses to build when nvcc's
+  # CUDA differs from torch's in the minor version only, which the kernels do not care about.
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/zplan_torch_extensions} MAX_JOBS=16 DS_ACCELERATOR=cuda
+  export DS_SKIP_CUDA_CHECK=1
+  for op in FusedAdamBuilder CPUAdamBuilder; do
+    "$PY" -c "from deepspeed.ops.op_builder import $op; $op().load()" > "$out/build_$op.txt" 2>&1 &
+  done
+  wait
+fi
+
+# A ds_config: stage, micro-batch, accumulation, then zero_optimization's members after "stage".
+ds_config() {
+  local stage=$1 micro=$2 accum=$3 zero=${4:-}
+  echo "{\"train_micro_batch_size_per_gpu\": $micro, \"gradient_accumulation_steps\": $accum,
+ \"gradient_clipping\": 1.0, \"bf16\": {\"enabled\": true},
+ \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4, \"weight_decay\": 0.01}},
+ \"zero_optimization\": {\"stage\": $stage${zero:+, $zero}}}"
+}
+offload_opt='"offload_optimizer": {"device": "cpu", "pin_memory": true}'
+offload_both="$offload_opt"', "offload_param": {"device": "cpu", "pin_memory": true}'
+
+rows=()
+row_number=0
+: > "$out/rows.txt"
+# label, transformers config, seq, world, emulated rank (-1: a real rank), ds_config JSON, then
+# flags both zplan and the oracle take (--checkpointing is translated).
+ds_row() {
+  local label=$1 hf=$2 row_seq=$3 world=$4 rank=$5 config=$6; shift 6
+  row_number=$((row_number + 1))
+  [[ -z ${ROWS:-} || " $ROWS " == *" $row_number "* ]] || return 0
+  local slug=${label//[^A-Za-z0-9]/_}
+  echo "$config" > "$out/$slug.ds.json"
+  local zplan_flags=() oracle_flags=() zrun_flags=()
+  for flag in "$@"; do
+    if [[ $flag == --checkpointing ]]; then
+      zplan_flags+=(--checkpointing true); oracle_flags+=(--checkpointing)
+    else
+      zplan_flags+=("$flag"); oracle_flags+=("$flag")
+    fi
+  done
+  if (( world > 8 )); then zplan_flags+=(--gpus 8 --nodes $((world / 8))); else zplan_flags+=(--gpus "$world"); fi
+  if (( rank >= 0 )); then oracle_flags+=(--emulate-rank "$rank"); zrun_flags+=(--emulate_rank="$rank"); fi
+  "$ZPLAN" --gpu "$gpu" --hf-config "$hf" --seq "$row_seq" --ds-config "$out/$slug.ds.json" "${zplan_flags[@]}" \
+    --out "$out/$slug.pb" > "$out/$slug.plan.txt" 2>&1 ||
+    { rows+=("$label|zplan failed"); echo "${rows[-1]}" >> "$out/rows.txt"; return; }
+  "$ZPLAN" show "$out/$slug.pb" --format json > "$out/$slug.plan.json"
+  limit "$PY" "$ORACLE" "${oracle_device[@]}" --hf-config "$hf" --seq "$row_seq" --ds-config "$out/$slug.ds.json" \
+    --world "$world" --steps "$steps" "${oracle_flags[@]}" --out "$out/$slug.deepspeed.json" \
+    > "$out/$slug.deepspeed.txt" 2>&1
+  local ds_rc=$?
+  limit "$ZRUN" "$out/$slug.pb" --steps "$steps" --report "$out/$slug.zrun.json" "${zrun_flags[@]}" \
+    > "$out/$slug.zrun.txt" 2>&1
+  rows+=("$label|$("$PY" - "$out/$slug" "$ds_rc" "$rank" <<'PY'
+import json, statistics, sys
+prefix, ds_rc, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def load(path):
+    try:
+        return json.load(open(path))
+    except Exception:
+        return None
+full_plan = load(prefix + ".plan.json")
+ds = load(prefix + ".deepspeed.json")
+if not ds:
+    print(f"DeepSpeed exit {ds_rc}, no report"); sys.exit()
+g = lambda d, k: int(d.get(k, 0))
+r = ds["ranks"][0]
+m = r["measured_device"]
+# The plan of the rank measured (the last rank's partition can differ).
+per_rank = {int(x.get("rank", 0)): x["device"] for x in full_plan.get("ranks", [])}
+plan = per_rank.get(int(r.get("rank", 0)), full_plan["device_per_rank"])
+tensors = g(plan, "peak_bytes") - g(plan, "runtime_bytes") - g(plan, "allocator_bytes")
+alloc = g(m, "peak_bytes")
+reserved = alloc + g(m, "allocator_bytes")
+err = lambda a, b: f"{100.0 * (a - b) / b:+.1f}%" if b else "n/a"
+gib = lambda b: f"{b / 2**30:.3f}"
+ds_step = statistics.median(r["step_seconds"])
+z = load(prefix + ".zrun.json")
+zrun_step = statistics.median(z["ranks"][0]["step_seconds"]) if z and z.get("ranks") else 0
+print(f"{gib(tensors)}|{gib(alloc)}|{err(alloc, tensors)}|{gib(reserved)}|"
+      f"{err(reserved, tensors + g(plan, 'allocator_bytes'))}|{ds_step:.3f}|"
+      + (f"{zrun_step:.3f}|{ds_step / zrun_step:.2f}x" if zrun_step else "no zrun|-"))
+PY
+)")
+  echo "${rows[-1]}" | tee -a "$out/rows.txt"
+}
+
+lora=$root/configs/peft/lora-qv-r8.json
+ds_row "ZeRO-0, world 1" "$qwen3" "$seq" 1 -1 "$(ds_config 0 "$batch" 1)"
+ds_row "ZeRO-1, rank 7 of 8" "$qwen3" "$seq" 8 7 "$(ds_config 1 "$batch" 1 "$buckets")"
+ds_row "ZeRO-2 + ckpt, world 1" "$qwen3" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" --checkpointing
+ds_row "ZeRO-3, rank 7 of 8" "$qwen3" "$seq" 8 7 "$(ds_config 3 "$batch" 1 "$buckets3")"
+ds_row "ZeRO-3 + ckpt, rank 63 of 64" "$llama1b" "$seq" 64 63 "$(ds_config 3 "$batch" 1 "$buckets3")" --checkpointing
+ds_row "ZeRO-2 + LoRA q/v r8, world 1" "$llama1b" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" \
+  --lora-config "$lora"
+ds_row "ZeRO-2 + DeepSpeed ckpt to CPU" "$qwen3" "$seq" 1 -1 \
+  "$(ds_config 2 "$batch" 1 "$buckets" | sed 's/^{/{"activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true},/')" \
+  --checkpointing --checkpoint-function deepspeed
+ds_row "ZeRO-2 + Liger fused loss" "$llama1b" "$long_seq" 1 -1 "$(ds_config 2 1 1 "$buckets")" --loss liger-fused
+ds_row "ViT, ZeRO-1, rank 1 of 2" "$vit" "$vit_seq" 2 1 "$(ds_config 1 "$vit_batch" 1 "$buckets")"
+ds_row "ZeRO-3 + both offloads, world 1" "$qwen3" "$seq" 1 -1 "$(ds_config 3 "$batch" 1 "$buckets3, $offload_both")"
+# Seed 004: Qwen3-0.6B, ZeRO-2 with the optimizer offloaded to pinned memory, micro-batch 1, 16 GPUs.
+ds_row "seed 004, rank 15 of 16" "$qwen3" "$seq" 16 15 "$(ds_config 2 1 1 "$buckets, $offload_opt")"
+# Seed 000: a 1B model at seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, 4 GPUs.
+for b in 2 4; do
+  ds_row "seed 000, mb $b, rank 3 of 4" "$llama1b" "$long_seq" 4 3 "$(ds_config 3 "$b" 4 "$buckets3, $offload_both")" \
+    --checkpointing
+done
+
+{
+  echo "device: $gpu  DeepSpeed steps: $steps (the first is the warm-up)"
+  printf '%-32s %9s %9s %7s %9s %7s | %8s %8s %7s\n' "case" "plan GiB" "DS alloc" "err" "reserved" "err" \
+    "DS s" "zrun s" "DS/zrun"
+  for row in "${rows[@]}"; do
+    IFS='|' read -r label a b c d e f g h <<< "$row"
+    printf '%-32s %9s %9s %7s %9s %7s | %8s %8s %7s\n' "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
+  done
+} | tee "$out/table.txt"
