@@ -447,12 +447,15 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           k = k * cos + RotateHalf(k) * sin;
         }
         const double dropout = spec_.attention_dropout();
+        // GraniteAttention's scaling is attention_multiplier; the others' head_dim^-0.5.
+        const double scale = spec_.attention_multiplier() != 0 ? spec_.attention_multiplier()
+                                                                : 1.0 / std::sqrt(static_cast<double>(d));
         if (spec_.attention_impl() == ATTENTION_EAGER) {
           // transformers' eager_attention_forward: scores plus the additive
           // causal mask, softmax in fp32 (kept) cast back to the working
           // dtype (kept), or (GPT-2) softmax in the working dtype.
           const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
-          at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(d)));
+          at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * scale;
           if (mask.defined()) scores = scores + mask;  // a ViT has none
           at::Tensor probs = spec_.eager_softmax_in_working_dtype()
                                  ? at::softmax(scores, -1)
@@ -462,7 +465,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           attn = at::matmul(probs, vv);
         } else {
           attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout,
-                                                  /*is_causal=*/!spec_.has_vision(), /*scale=*/std::nullopt,
+                                                  /*is_causal=*/!spec_.has_vision(), /*scale=*/scale,
                                                   /*enable_gqa=*/kv != a);
         }
         break;
@@ -478,6 +481,9 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         break;
       case BlockOpKind::kResidualDropout:
         current = at::dropout(current, spec_.residual_dropout(), /*train=*/true);
+        break;
+      case BlockOpKind::kResidualScale:
+        current = current * spec_.residual_multiplier();
         break;
       case BlockOpKind::kResidualAdd:
         stream = stream + current;
@@ -551,6 +557,8 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // output is made to require grad (enable_input_require_grads), or
   // checkpointed blocks would give their LoRA adapters no gradient.
   if (checkpointing.every > 0 && !x.requires_grad()) x.requires_grad_(true);
+  // GraniteModel scales the embedding module's output (a new tensor, nothing saved).
+  if (spec_.embedding_multiplier() != 0) x = x * spec_.embedding_multiplier();
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     if (hooks.active()) hooks.before_forward(layer);
     if (checkpointing.Checkpoints(layer)) {
@@ -608,6 +616,8 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     if (hooks.before_logits) hooks.before_logits();
     at::Tensor logits = ApplyLinear(final_norm, head, std::nullopt, saves_.linear);
     if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
+    // GraniteForCausalLM: logits / logits_scaling, outside the head module; the unscaled ones die.
+    if (spec_.logits_scaling() != 0) logits = logits / spec_.logits_scaling();
     logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
   }
   return at::cross_entropy_loss(logits32.view({b * s, spec_.vocab_size()}), targets.reshape({b * s}));

@@ -1,8 +1,8 @@
 #include "planner/block_layout.h"
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace zplan {
 
@@ -10,17 +10,19 @@ namespace zplan {
 // Qwen2 and Qwen3; GPT2Block; ViTLayer) all run pre-norm halves: norm,
 // attention, residual add; norm, MLP, residual add. Qwen3Attention normalizes
 // q and k per head before RoPE; GPT-2 drops each half's output (resid_pdrop)
-// before the add.
+// before the add; GraniteDecoderLayer scales it (residual + x * residual_multiplier).
 std::vector<BlockOp> BlockLayout(const ModelSpec& spec) {
   std::vector<BlockOp> ops = {{BlockOpKind::kNorm, "attn_norm"}, {BlockOpKind::kQkvProjection, "attn"}};
   if (spec.qk_norm()) ops.push_back({BlockOpKind::kQkNorm, "attn"});
   ops.push_back({BlockOpKind::kAttention, "attn"});
   ops.push_back({BlockOpKind::kOutProjection, "attn"});
   if (spec.residual_dropout() > 0) ops.push_back({BlockOpKind::kResidualDropout, "attn"});
+  if (spec.residual_multiplier() != 0) ops.push_back({BlockOpKind::kResidualScale, "attn"});
   ops.push_back({BlockOpKind::kResidualAdd, ""});
   ops.push_back({BlockOpKind::kNorm, "mlp_norm"});
   ops.push_back({BlockOpKind::kMlp, "mlp"});
   if (spec.residual_dropout() > 0) ops.push_back({BlockOpKind::kResidualDropout, "mlp"});
+  if (spec.residual_multiplier() != 0) ops.push_back({BlockOpKind::kResidualScale, "mlp"});
   ops.push_back({BlockOpKind::kResidualAdd, ""});
   return ops;
 }

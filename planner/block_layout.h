@@ -36,6 +36,7 @@ enum class BlockOpKind {
   kAttention,        // RoPE (position_embedding), then SDPA or eager attention (attention_impl)
   kOutProjection,    // "<module>.o_proj" of the attention output (attention_out_bias)
   kResidualDropout,  // dropout on the current tensor (residual_dropout); its mask is "<module>.resid_dropout_mask"
+  kResidualScale,    // current x residual_multiplier (Granite): a new tensor, nothing saved
   kResidualAdd,      // stream + current; ends a half
   kMlp,              // "<module>.gate_proj" (SwiGLU), up_proj, the activation, down_proj (ffn_type, mlp_bias)
 };

@@ -28,8 +28,8 @@ ModelSpec Decoder() {
 std::vector<std::string> Ops(const ModelSpec& spec) {
   std::vector<std::string> ops;
   for (const BlockOp& op : BlockLayout(spec)) {
-    static const char* const kNames[] = {"norm",    "qkv",         "qk_norm",     "attention",
-                                         "o_proj",  "resid_drop",  "residual_add", "mlp"};
+    static const char* const kNames[] = {"norm",       "qkv",          "qk_norm",      "attention", "o_proj",
+                                         "resid_drop", "resid_scale", "residual_add", "mlp"};
     ops.push_back(std::string(kNames[static_cast<int>(op.kind)]) + (op.module.empty() ? "" : ":" + op.module));
   }
   return ops;
@@ -47,6 +47,15 @@ TEST(BlockLayoutTest, QkNormAndResidualDropoutAreOps) {
   EXPECT_THAT(Ops(spec), ElementsAre("norm:attn_norm", "qkv:attn", "qk_norm:attn", "attention:attn", "o_proj:attn",
                                      "resid_drop:attn", "residual_add", "norm:mlp_norm", "mlp:mlp", "resid_drop:mlp",
                                      "residual_add"));
+}
+
+// GraniteDecoderLayer: residual + output x residual_multiplier in each half.
+TEST(BlockLayoutTest, GraniteScalesEachHalfBeforeItsAdd) {
+  ModelSpec spec = Decoder();
+  spec.set_residual_multiplier(0.22);
+  EXPECT_THAT(Ops(spec), ElementsAre("norm:attn_norm", "qkv:attn", "attention:attn", "o_proj:attn",
+                                     "resid_scale:attn", "residual_add", "norm:mlp_norm", "mlp:mlp",
+                                     "resid_scale:mlp", "residual_add"));
 }
 
 TEST(BlockLayoutTest, LinearWidthsFollowTheHeads) {

@@ -445,6 +445,8 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
       case BlockOpKind::kResidualDropout:
         if (current_grad) act(m + "resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
         break;
+      case BlockOpKind::kResidualScale:  // a product with a Python float saves nothing
+        break;
       case BlockOpKind::kResidualAdd:
         current.clear();
         break;

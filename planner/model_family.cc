@@ -79,6 +79,16 @@ std::vector<ModelFamily> BuildFamilies() {
     f.attention_dropout = kAttentionDropoutOnly;
   }
   {
+    // Llama's blocks, with four multipliers its modeling file applies.
+    ModelFamily f = families.front();
+    f.model_type = "granite";
+    f.read_from = "models/granite/configuration_granite.py (GraniteConfig), modeling_granite.py (GraniteModel: "
+                  "embeddings x embedding_multiplier; GraniteDecoderLayer: residual + output x residual_multiplier; "
+                  "GraniteAttention: scaling = attention_multiplier; GraniteForCausalLM: logits / logits_scaling)";
+    f.granite_multipliers = true;
+    families.push_back(f);
+  }
+  {
     ModelFamily& f = families.emplace_back();
     f.model_type = "gpt2";
     f.read_from = "models/gpt2/configuration_gpt2.py (GPT2Config), modeling_gpt2.py (GPT2Attention, GPT2MLP: Conv1D "

@@ -1,10 +1,10 @@
 // File: model_family.h
 // The transformers model types zplan plans, as data: one ModelFamily per
-// config.json model_type -- llama, mistral, qwen2, qwen3, gpt2, vit -- holding
+// config.json model_type -- llama, mistral, qwen2, qwen3, granite, gpt2, vit -- holding
 // what that type's config class and modeling file give it: the keys its
 // config.json uses and the defaults of those it may leave out, the norm, the
 // MLP, which projections have biases, qk-norm, the position embedding, the
-// dropout sites, the dtype of eager attention's softmax, and the transformers
+// dropout sites, the dtype of eager attention's softmax, Granite's multipliers, and the transformers
 // source (5.23.0, planner/version.h) it was read from. ModelSpecFromHfConfig
 // (model_spec.h) reads every config.json through its model_type's entry.
 //
@@ -85,6 +85,10 @@ struct ModelFamily {
   // Eager attention's softmax in the working dtype (GPT-2); false: in fp32,
   // cast back (softmax(..., dtype=torch.float32).to(query.dtype)).
   bool eager_softmax_in_working_dtype = false;
+  // GraniteConfig's embedding_multiplier, residual_multiplier,
+  // logits_scaling and attention_multiplier (each 1.0 by default), applied
+  // by its modeling file whatever their values.
+  bool granite_multipliers = false;
 };
 
 // Every family, in the order above.
@@ -93,7 +97,7 @@ const std::vector<ModelFamily>& ModelFamilies();
 // The entry for a model_type; nullptr when zplan has none.
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
-// "llama, mistral, qwen2, qwen3, gpt2, vit".
+// "llama, mistral, qwen2, qwen3, granite, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

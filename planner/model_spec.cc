@@ -174,6 +174,19 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
     if (!s.site.key.empty()) ZPLAN_RETURN_IF_ERROR(ReadDouble(config, s.site.key, &p));
     (spec->*s.set)(p);
   }
+  if (family.granite_multipliers) {
+    // GraniteConfig's defaults; a value of 1.0 still runs its op.
+    double embedding = 1.0, residual = 1.0, logits = 1.0, attention = 1.0;
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "embedding_multiplier", &embedding));
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "residual_multiplier", &residual));
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "logits_scaling", &logits));
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "attention_multiplier", &attention));
+    if (logits == 0) return config.Error("logits_scaling", "is 0: GraniteForCausalLM divides the logits by it");
+    spec->set_embedding_multiplier(embedding);
+    spec->set_residual_multiplier(residual);
+    spec->set_logits_scaling(logits);
+    spec->set_attention_multiplier(attention);
+  }
   return absl::OkStatus();
 }
 

@@ -160,6 +160,32 @@ TEST(ModelSpecTest, RejectsMalformedJsonWithLine) {
       << status;
 }
 
+// GraniteConfig's four multipliers, 1.0 when the config leaves them out; a
+// logits_scaling of 0 would divide by zero.
+TEST(ModelSpecTest, GraniteReadsItsMultipliers) {
+  const std::string shape = R"("model_type": "granite", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "embedding_multiplier": 12.0,
+      "residual_multiplier": 0.22, "attention_multiplier": 0.015625, "logits_scaling": 8.0})"), "granite.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->embedding_multiplier(), 12.0);
+  EXPECT_EQ(spec->residual_multiplier(), 0.22);
+  EXPECT_EQ(spec->attention_multiplier(), 0.015625);
+  EXPECT_EQ(spec->logits_scaling(), 8.0);
+  auto defaults = ModelSpecFromHfConfig(absl::StrCat("{", shape, "}"), "granite.json");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->residual_multiplier(), 1.0);
+  EXPECT_EQ(defaults->logits_scaling(), 1.0);
+  auto zero = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "logits_scaling": 0})"), "granite.json");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("logits_scaling"), std::string::npos) << zero.status();
+  // A Llama config has none of them.
+  auto llama = ModelSpecFromHfConfig(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100})", "llama.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->residual_multiplier(), 0.0);
+}
+
 TEST(ModelSpecTest, RejectsMixtureOfExperts) {
   absl::Status status = FromJson(
       R"({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
@@ -171,13 +197,13 @@ TEST(ModelSpecTest, RejectsMixtureOfExperts) {
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
 TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
-  for (const char* type : {"lfm2", "bert", "gemma2", "phi3", "qwen", "olmo2", "granite"}) {
+  for (const char* type : {"lfm2", "bert", "gemma2", "phi3", "qwen", "olmo2", "smollm3"}) {
     const absl::Status status = FromJson(absl::StrCat(R"({"model_type": ")", type, R"(", "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})"));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -209,7 +235,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"gemma2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, gpt2, vit)"),
+                                  "qwen3, granite, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.

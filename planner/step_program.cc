@@ -431,10 +431,15 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     const bool head_is_kept_embedding = s.tied && embed_kept >= 0;
     int gather =
         head_is_kept_embedding ? -1 : r.Alloc(COMPONENT_PARAMS, s.head_gather, PHASE_LOSS, -1, "LM head gathered");
-    const int logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, LM head logits");
+    int logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, LM head logits");
     if (gather >= 0 && !s.head_kept) {
       r.Free(gather, PHASE_LOSS, -1, "LM head released");
       gather = -1;
+    }
+    if (s.logits_scaled) {
+      const int scaled = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, logits scaled");
+      r.Free(logits, PHASE_LOSS, -1, "unscaled logits freed");
+      logits = scaled;
     }
     int logits32 = logits;
     if (s.mixed) {
@@ -454,6 +459,12 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       grad_logits =
           r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_BACKWARD, -1, "loss backward, logits gradient cast");
       r.Free(grad32, PHASE_BACKWARD, -1, "fp32 logits gradient freed");
+    }
+    if (s.logits_scaled) {
+      const int scaled =
+          r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_BACKWARD, -1, "loss backward, logits gradient scaled");
+      r.Free(grad_logits, PHASE_BACKWARD, -1, "unscaled logits gradient freed");
+      grad_logits = scaled;
     }
     if (gather < 0 && !head_is_kept_embedding) {
       gather = r.Alloc(COMPONENT_PARAMS, s.head_gather, PHASE_BACKWARD, -1, "LM head gathered");

@@ -191,6 +191,10 @@ struct StepSizes {
   // chunk of tokens at a time, the chunk's logits and the temporaries of its
   // weight-gradient product.
   bool fused_loss = false;
+  // GraniteForCausalLM's logits / logits_scaling: a second logits tensor in
+  // the forward (the first dies), and in the backward a second logits
+  // gradient (the first dies); nothing saved.
+  bool logits_scaled = false;
   int64_t loss_labels = 0;           // padded + shifted int64 labels, the non-ignored mask
   int64_t loss_rows = 0;             // loss_1d: fp32 [b·s]
   int64_t loss_chunk = 0;            // [chunk, V] logits, working dtype

@@ -107,6 +107,12 @@ absl::Status RefuseStep(const ModelSpec& model, const RunConfig& config, const S
       return absl::InvalidArgumentError(
           "loss (--loss liger-fused): the fused loss with LoRA is not modelled yet; drop --loss or the LoRA config");
     }
+    if (model.logits_scaling() != 0) {
+      // liger_kernel/transformers/monkey_patch.py, apply_liger_kernel_to_granite.
+      return absl::InvalidArgumentError(
+          "loss (--loss liger-fused): Liger has no fused linear cross-entropy for Granite (its forward divides "
+          "the logits by logits_scaling; apply_liger_kernel_to_granite raises NotImplementedError); drop --loss");
+    }
   }
   if (Stage3MixesPartitionDtypes(model, config)) {
     return absl::InvalidArgumentError(

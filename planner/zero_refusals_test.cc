@@ -64,6 +64,10 @@ TEST(ZeroRefusalsTest, LigerFusedLoss) {
   lora.set_vocab_size(256);
   lora.mutable_lora();
   ExpectRefused(RefuseStep(lora, stage2, s), "with LoRA is not modelled");
+  ModelSpec granite;
+  granite.set_vocab_size(256);
+  granite.set_logits_scaling(8.0);
+  ExpectRefused(RefuseStep(granite, stage2, s), "Liger has no fused linear cross-entropy for Granite");
 }
 
 TEST(ZeroRefusalsTest, TorchAdamAtStage0OnlyInHalfPrecision) {

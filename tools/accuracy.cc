@@ -39,6 +39,9 @@ const std::vector<std::string> kWideQwen3 = {"--model", "qwen3-0.6b", "--layers"
 // Llama's attention_dropout), which zplan has no flag for.
 const std::vector<std::string> kGpt2Dropout = {"--hf-config", "configs/hf/tiny/gpt2-dropout.json"};
 const std::vector<std::string> kLlamaDropout = {"--hf-config", "configs/hf/tiny/llama-dropout.json"};
+// transformers' GraniteForCausalLM (tied): Granite 3's multipliers on the embedding, each residual
+// branch, the attention scale and the logits.
+const std::vector<std::string> kGranite = {"--hf-config", "configs/hf/tiny/granite.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -300,6 +303,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       // partitioned copies every 2nd block (cpu_checkpointing is moot on CPU ranks).
       Case("tiny-z3-bf16-w2-ds-ckpt-contiguous-s512", kTiny, {"--ds-config", "configs/ds/checkpoint_contiguous.json", "--checkpoint-function", "deepspeed", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2", kQwen3, {"--ds-config", "configs/ds/checkpoint_partitioned_cpu.json", "--checkpoint-function", "deepspeed", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("granite-z2-bf16-w2-ckpt", kGranite, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("granite-z3-bf16-w2", kGranite, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
   };
 }
 
@@ -401,7 +406,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   const std::string llama = "configs/hf/tiny/llama.json", qwen2 = "configs/hf/tiny/qwen2.json",
                     qwen3 = "configs/hf/tiny/qwen3.json", mistral = "configs/hf/tiny/mistral.json",
                     gpt2 = "configs/hf/tiny/gpt2.json", gpt2_dropout = "configs/hf/tiny/gpt2-dropout.json",
-                    llama_dropout = "configs/hf/tiny/llama-dropout.json";
+                    llama_dropout = "configs/hf/tiny/llama-dropout.json", granite = "configs/hf/tiny/granite.json",
+                    granite_wide = "configs/hf/tiny/granite-wide.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
   // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
   // hidden and attention dropout.
@@ -556,6 +562,11 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithCheckpointing(DeepSpeedCase("vit-z1-fp32-ckpt-every2-overlap", vit_wide,
                                       DsConfig(1, "fp32", 2, 1, "", With({kSmall, kOverlap})), 2, 257, "sdpa", true),
                         2, false),
+      // Granite (GraniteForCausalLM, tied): its multipliers on the embedding, each residual branch,
+      // the attention scale and the logits; then a wider untied one with biases at another stage, in fp32.
+      DeepSpeedCase("granite-z2-bf16-ckpt", granite, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+      DeepSpeedCase("granite-z3-bf16", granite, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
+      DeepSpeedCase("granite-wide-z1-fp32", granite_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
       // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
       // its real rank's measurement, byte for byte.

@@ -160,6 +160,39 @@ def check_no_stale_lock(now=None):
                  "which removes it and builds the ops.")
 
 
+def cache_cpu_info():
+    """DeepSpeed's op builders ask py-cpuinfo twice per JIT op load
+    (deepspeed/ops/op_builder/builder.py, cpu_arch and simd_width), and
+    get_cpu_info forks a Python process to read CPUID each time: 1.2-1.5 s
+    per call on the 2-core machine, in every rank, for the same answer. The
+    answer is kept beside the ops, keyed by /proc/cpuinfo's model and flags
+    (what DeepSpeed reads of it: arch and flags), so a rank asks it at most
+    once per machine. It is a Python dict: nothing the counting allocator
+    sees."""
+    import cpuinfo
+    import hashlib
+    try:
+        with open("/proc/cpuinfo") as f:
+            key = hashlib.sha256("".join(line for line in f if line.startswith(("model name", "flags")))
+                                 .encode()).hexdigest()[:16]
+    except OSError:
+        return
+    path = os.path.join(extensions_dir(), f"cpuinfo-{key}.json")
+    fetch = cpuinfo.get_cpu_info
+
+    def cached():
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            info = fetch()
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_json(path, {k: info[k] for k in ("arch", "flags", "brand_raw") if k in info})
+            return info
+
+    cpuinfo.get_cpu_info = cached
+
+
 def launch(args):
     """Starts one process per rank and merges their results into args.out."""
     check_no_stale_lock()
@@ -225,7 +258,7 @@ def backend_name(args):
 
 def write_json(path, value):
     """Writes through a temporary file, so a good file is never half replaced."""
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(value, f)
     os.replace(tmp, path)
@@ -632,6 +665,7 @@ def run_rank(args):
         alloc = CudaMeter()
     else:
         alloc = Allocator(args.allocator)  # before any model tensor exists
+        cache_cpu_info()
     if backend_name(args) == "gloo":
         await_gloo_release(alloc)
     with open(args.ds_config) as f:

@@ -17,7 +17,7 @@
 # (default ./gpu_out/deepspeed).
 #
 # Rows: ZeRO 0-3; optimizer and parameter offload; checkpointing, transformers' and DeepSpeed's
-# (partitioned, to CPU); LoRA; a ViT; Liger's fused loss; emulated ranks of 8 and 64; seed 000's
+# (partitioned, to CPU); LoRA; a ViT; Liger's fused loss; Granite; emulated ranks of 8 and 64; seed 000's
 # scenario (1B, seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, rank 3 of 4 at
 # micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16).
 #
@@ -26,18 +26,11 @@
 set -uo pipefail
 dry_run=0
 [[ ${1:-} == --dry-run ]] && dry_run=1
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+case_timeout_s=${CASE_TIMEOUT_S:-240}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 out=${OUT:-$root/gpu_out}/deepspeed
 mkdir -p "$out"
-runfiles=${RUNFILES_DIR:-$0.runfiles}
-pick() {  # first existing file
-  for candidate in "$@"; do [[ -e $candidate ]] && { echo "$candidate"; return; }; done
-}
-ZPLAN=${ZPLAN:-$(pick "$root/dist/bin/zplan" "$runfiles/zplan/planner/zplan" "$root/bazel-bin/planner/zplan")}
-ZRUN=${ZRUN:-$(pick "$root/dist/bin/zrun" "$runfiles/zplan/executor/zrun" "$root/bazel-bin/executor/zrun")}
 ORACLE=$root/tools/deepspeed_oracle.py
-case_timeout_s=${CASE_TIMEOUT_S:-240}
-limit() { timeout --kill-after=15 "$case_timeout_s" "$@"; }
 
 if (( dry_run )); then
   # Tiny configs, two steps (one measured after the warm-up), buckets sized for them: the dry run
@@ -48,27 +41,19 @@ if (( dry_run )); then
   oracle_device=(--device cpu --allocator "$ALLOCATOR")
   gpu=cpu steps=2 seq=128 long_seq=256 batch=2
   qwen3=$root/configs/hf/tiny/qwen3.json llama1b=$root/configs/hf/tiny/llama.json vit=$root/configs/hf/tiny/vit.json
+  granite=$root/configs/hf/tiny/granite.json
   vit_seq=65 vit_batch=4
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
   buckets3='"reduce_bucket_size": 200000, "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 10000'
 else
-  venv=${TORCH_VENV:-/opt/torch/.venv}
-  site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-  nvlibs=$(ls -d "$site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
-  export LD_LIBRARY_PATH="$site/torch/lib:$nvlibs$root/dist/lib:${LD_LIBRARY_PATH:-}"
   TORCH_PYTHON="$venv/bin/python3" bash "$root/tools/install_dist.sh" "$root/dist/venv" > "$out/install.txt" 2>&1 ||
     { cat "$out/install.txt"; exit 1; }
   PY=$root/dist/venv/bin/python3
   oracle_device=(--device cuda)
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-  case "$name" in
-    *H200*) gpu=h200 ;;
-    *A100*80*) gpu=a100-80gb ;;
-    *) gpu=h100-80gb ;;
-  esac
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
   steps=4 seq=2048 long_seq=8192 batch=2
   qwen3=$root/configs/hf/qwen3-0.6b.json llama1b=$root/configs/hf/llama3.2-1b.json
+  granite=$root/configs/hf/granite-3.1-2b-base.json
   vit=$root/configs/hf/vit-base-patch16-224.json vit_seq=197 vit_batch=64
   buckets='"reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000'  # DeepSpeed's defaults
   buckets3='"reduce_bucket_size": 500000000'
@@ -173,6 +158,8 @@ ds_row "ZeRO-2 + DeepSpeed ckpt to CPU" "$qwen3" "$seq" 1 -1 \
 ds_row "ZeRO-2 + Liger fused loss" "$llama1b" "$long_seq" 1 -1 "$(ds_config 2 1 1 "$buckets")" --loss liger-fused
 ds_row "ViT, ZeRO-1, rank 1 of 2" "$vit" "$vit_seq" 2 1 "$(ds_config 1 "$vit_batch" 1 "$buckets")"
 ds_row "ZeRO-3 + both offloads, world 1" "$qwen3" "$seq" 1 -1 "$(ds_config 3 "$batch" 1 "$buckets3, $offload_both")"
+# Granite 3.1 2B (its multipliers; attention dropout 0.1 as published).
+ds_row "Granite, ZeRO-3 + ckpt, rank 7 of 8" "$granite" "$seq" 8 7 "$(ds_config 3 "$batch" 1 "$buckets3")" --checkpointing
 # Seed 004: Qwen3-0.6B, ZeRO-2 with the optimizer offloaded to pinned memory, micro-batch 1, 16 GPUs.
 ds_row "seed 004, rank 15 of 16" "$qwen3" "$seq" 16 15 "$(ds_config 2 1 1 "$buckets, $offload_opt")"
 # Seed 000: a 1B model at seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, 4 GPUs.

@@ -20,19 +20,11 @@
 set -uo pipefail
 dry_run=0
 [[ ${1:-} == --dry-run ]] && dry_run=1
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+case_timeout_s=${CASE_TIMEOUT_S:-150}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 out=${OUT:-$root/gpu_out}
 mkdir -p "$out"
-runfiles=${RUNFILES_DIR:-$0.runfiles}
-pick() {  # first existing executable
-  for candidate in "$@"; do [[ -x $candidate ]] && { echo "$candidate"; return; }; done
-}
-ZPLAN=${ZPLAN:-$(pick "$root/dist/bin/zplan" "$runfiles/zplan/planner/zplan" "$root/bazel-bin/planner/zplan")}
-ZRUN=${ZRUN:-$(pick "$root/dist/bin/zrun" "$runfiles/zplan/executor/zrun" "$root/bazel-bin/executor/zrun")}
 PY=python3
-# A case that hangs or crawls must not take the whole lease with it.
-case_timeout_s=${CASE_TIMEOUT_S:-150}
-limit() { timeout --kill-after=15 "$case_timeout_s" "$@"; }
 
 if (( dry_run )); then
   # Two steps (one measured after the warm-up), the long-sequence rows at seq 128
@@ -44,18 +36,7 @@ if (( dry_run )); then
   model_8b=debug-tiny gpt2=debug-tiny long_seq=128 short_seq=64
   vit=(--hf-config "$root/configs/hf/tiny/vit-wide.json" --seq 257 --micro-batch 2)
 else
-  venv=${TORCH_VENV:-/opt/torch/.venv}
-  site=$("$venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-  nvlibs=$(ls -d "$site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
-  export LD_LIBRARY_PATH="$site/torch/lib:$nvlibs$root/dist/lib:${LD_LIBRARY_PATH:-}"
   PY="$venv/bin/python3"
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-  case "$name" in
-    *H200*) gpu=h200 ;;
-    *H100*) gpu=h100-80gb ;;
-    *A100*80*) gpu=a100-80gb ;;
-    *) gpu=h100-80gb ;;
-  esac
   model=qwen3-0.6b seq=2048 batch=2 steps=4 speed_steps=8 speed_seq=2048
   big_model=1b big_seq=8192 speed_batch=4 huge_params=70e9
   model_8b=llama3-8b gpt2=gpt2 long_seq=4096 short_seq=1024

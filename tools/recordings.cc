@@ -113,6 +113,7 @@ std::vector<std::string> LiveCases(Suite s) {
         "tiny-z2-bf16-w2-fused-loss-ckpt-b4-s256",       // fused loss
         "qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2",   // DeepSpeed's checkpointing, partitioned
         "tiny-z3-bf16-w2-ds-ckpt-contiguous-s512",       // contiguous buffers
+        "granite-z3-bf16-w2",                            // Granite's multipliers
     };
   }
   return {
@@ -126,6 +127,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "z3-bf16-mistral-ckpt-every2-offload",           // ZeRO-3, checkpoint offload
       "z3-bf16-offload-both-emulated-1of2",            // parameter offload, an emulated rank
       "ds-ckpt-contiguous-z3-bf16-mistral-s512",       // DeepSpeed's checkpointing, partitioned, contiguous
+      "granite-z3-bf16",                               // Granite's multipliers
   };
 }
 
