@@ -51,7 +51,7 @@ else
   PY=$root/dist/venv/bin/python3
   oracle_device=(--device cuda)
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
-  steps=4 seq=2048 long_seq=8192 batch=2
+  steps=3 seq=2048 long_seq=8192 batch=2  # the warm-up and two measured steps
   qwen3=$root/configs/hf/qwen3-0.6b.json llama1b=$root/configs/hf/llama3.2-1b.json
   granite=$root/configs/hf/granite-3.1-2b-base.json
   vit=$root/configs/hf/vit-base-patch16-224.json vit_seq=197 vit_batch=64
