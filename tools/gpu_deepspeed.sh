@@ -170,10 +170,6 @@ done
 
 {
   echo "device: $gpu  DeepSpeed steps: $steps (the first is the warm-up)"
-  printf '%-32s %9s %9s %7s %9s %7s | %8s %8s %7s\n' "case" "plan GiB" "DS alloc" "err" "reserved" "err" \
-    "DS s" "zrun s" "DS/zrun"
-  for row in "${rows[@]}"; do
-    IFS='|' read -r label a b c d e f g h <<< "$row"
-    printf '%-32s %9s %9s %7s %9s %7s | %8s %8s %7s\n' "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
-  done
+  table '%-32s %9s %9s %7s %9s %7s | %8s %8s %7s\n' "case" "plan GiB" "DS alloc" "err" "reserved" "err" \
+    "DS s" "zrun s" "DS/zrun" -- "${rows[@]}"
 } | tee "$out/table.txt"

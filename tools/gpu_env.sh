@@ -22,3 +22,17 @@ if (( ! dry_run )); then
     *) gpu=h100-80gb ;;
   esac
 fi
+# table FORMAT HEADER_CELL... -- ROW...: the header, then each row's '|'-separated cells, in FORMAT
+# (nine cells; a short row leaves the rest blank).
+table() {
+  local format=$1 label a b c d e f g h row
+  shift
+  local header=()
+  while [[ $1 != -- ]]; do header+=("$1"); shift; done
+  shift
+  if (( ${#header[@]} )); then printf "$format" "${header[@]}"; fi
+  for row in "$@"; do
+    IFS='|' read -r label a b c d e f g h <<< "$row"
+    printf "$format" "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
+  done
+}

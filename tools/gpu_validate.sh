@@ -195,17 +195,10 @@ speed_case "$big_model bf16 seq $speed_seq, mb $speed_batch" --model "$big_model
 
 {
   echo "device: $gpu  model: $model  seq $seq  micro-batch $batch  steps $steps"
-  printf '%-34s %9s %9s %7s %9s %7s %8s %8s  %s\n' "case" "plan GiB" "alloc" "err" "reserved" "err" \
-    "runtime" "planned" "status"
-  for row in "${rows[@]}"; do
-    IFS='|' read -r label a b c d e f g h <<< "$row"
-    printf '%-34s %9s %9s %7s %9s %7s %8s %8s  %s\n' "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
-  done
+  table '%-34s %9s %9s %7s %9s %7s %8s %8s  %s\n' "case" "plan GiB" "alloc" "err" "reserved" "err" \
+    "runtime" "planned" "status" -- "${rows[@]}"
   echo
   printf '%-34s %9s %6s | %-22s | %-22s\n' "speed (medians of $((speed_steps - 1)) steps)" "zrun t/s" "MFU" \
     "PyTorch bf16-only" "PyTorch fp32-master"
-  for row in "${speed_rows[@]}"; do
-    IFS='|' read -r label a b c d e f g h <<< "$row"
-    printf '%-34s %9s %6s | %7s %6s %7s | %7s %6s %7s\n' "$label" "$a" "$b" "$c" "$d" "$e" "$f" "$g" "$h"
-  done
+  table '%-34s %9s %6s | %7s %6s %7s | %7s %6s %7s\n' -- "${speed_rows[@]}"
 } | tee "$out/table.txt"
