@@ -63,6 +63,8 @@ import sys
 import tempfile
 import time
 
+import memory_history  # tools/memory_history.py, beside this file
+
 # proto/memory.proto Component numbers.
 PARAMS, GRADS, MASTER, OPTIMIZER, ACTIVATIONS, LOGITS, BUFFERS, TEMPORARIES = range(1, 9)
 COMPONENT_NAMES = {
@@ -102,6 +104,9 @@ def parse_args(argv):
     p.add_argument("--out", required=True, help="where the Report (JSON) goes")
     p.add_argument("--timeout", type=float, default=900, help="seconds before the ranks are killed")
     p.add_argument("--trace", default="", help="also write the last step's allocation log here (JSON)")
+    p.add_argument("--memory-history", default="",
+                   help="--device cuda: also write the caching allocator's history, from before the model "
+                        "is built to the end, here (tools/memory_history.py; gzip text)")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.loss == "liger-fused" and args.lora_config:
@@ -119,6 +124,8 @@ def parse_args(argv):
                 "add --emulate-rank R to measure rank R of that world")
     if args.device == "cuda" and args.trace:
         p.error("--trace needs the counting allocator (--device cpu)")
+    if args.device != "cuda" and args.memory_history:
+        p.error("--memory-history records the CUDA caching allocator: it needs --device cuda")
     return args
 
 
@@ -663,6 +670,8 @@ def run_rank(args):
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         alloc = CudaMeter()
+        if args.memory_history:
+            memory_history.start()  # from an empty pool, so that a replay needs no earlier state
     else:
         alloc = Allocator(args.allocator)  # before any model tensor exists
         cache_cpu_info()
@@ -813,6 +822,8 @@ def run_rank(args):
             tag_resident_states(alloc, engine)  # optimizer states exist now
             alloc.reset_peak()
         phase["peak"] = alloc.peak()
+        if args.memory_history:
+            memory_history.mark_step(step, alloc.device)
         step_start = time.monotonic()
         if args.trace and step == args.steps - 1:
             alloc.log_enable(True)
@@ -881,6 +892,10 @@ def run_rank(args):
         steady["device_used_bytes"] = alloc.at_peak["used"]
     if args.trace:
         result["trace"] = trace
+    if args.memory_history:
+        memory_history.write(args.memory_history, f"{result['device']}, {result['framework']}: "
+                             f"{os.path.basename(args.hf_config)} seq {args.seq}, {os.path.basename(args.ds_config)}, "
+                             f"rank {result['rank']} of {args.world}")
     with open(args.out, "w") as f:
         json.dump(result, f)
     deepspeed.comm.barrier()

@@ -23,6 +23,7 @@
 #
 # ROWS="1 2 5" runs only those rows (numbered from 1 in the order below), so that a lease cut short
 # resumes where it stopped; each finished row is appended to $OUT/deepspeed/rows.txt at once.
+# DEADLINE_S=N starts no row after N seconds of the script, so a lease's call ends with its table.
 set -uo pipefail
 dry_run=0
 [[ ${1:-} == --dry-run ]] && dry_run=1
@@ -39,6 +40,7 @@ if (( dry_run )); then
   ALLOCATOR=${ALLOCATOR:-$(pick "$runfiles/zplan/executor/libzplan_counting_allocator.so" \
                                 "$root/bazel-bin/executor/libzplan_counting_allocator.so")}
   oracle_device=(--device cpu --allocator "$ALLOCATOR")
+  history=0
   gpu=cpu steps=2 seq=128 long_seq=256 batch=2
   qwen3=$root/configs/hf/tiny/qwen3.json llama1b=$root/configs/hf/tiny/llama.json vit=$root/configs/hf/tiny/vit.json
   granite=$root/configs/hf/tiny/granite.json
@@ -50,6 +52,7 @@ else
     { cat "$out/install.txt"; exit 1; }
   PY=$root/dist/venv/bin/python3
   oracle_device=(--device cuda)
+  history=1  # each DeepSpeed row's allocator history, for the replay (tools/memory_history.py)
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
   steps=3 seq=2048 long_seq=8192 batch=2  # the warm-up and two measured steps
   qwen3=$root/configs/hf/qwen3-0.6b.json llama1b=$root/configs/hf/llama3.2-1b.json
@@ -62,6 +65,10 @@ else
   # CUDA differs from torch's in the minor version only, which the kernels do not care about.
   export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/zplan_torch_extensions} MAX_JOBS=16 DS_ACCELERATOR=cuda
   export DS_SKIP_CUDA_CHECK=1
+  # The GPU image's architecture list holds '9.0a', which DeepSpeed's compute_capability_args
+  # (op_builder/builder.py) cannot parse (int('0a')): name this GPU's capability instead.
+  TORCH_CUDA_ARCH_LIST=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
+  export TORCH_CUDA_ARCH_LIST
   for op in FusedAdamBuilder CPUAdamBuilder; do
     "$PY" -c "from deepspeed.ops.op_builder import $op; $op().load()" > "$out/build_$op.txt" 2>&1 &
   done
@@ -88,6 +95,9 @@ ds_row() {
   local label=$1 hf=$2 row_seq=$3 world=$4 rank=$5 config=$6; shift 6
   row_number=$((row_number + 1))
   [[ -z ${ROWS:-} || " $ROWS " == *" $row_number "* ]] || return 0
+  if (( SECONDS >= ${DEADLINE_S:-1000000} )); then  # leave the call's last minutes to the table
+    rows+=("$label|not started: DEADLINE_S"); echo "${rows[-1]}" >> "$out/rows.txt"; return 0
+  fi
   local slug=${label//[^A-Za-z0-9]/_}
   echo "$config" > "$out/$slug.ds.json"
   local zplan_flags=() oracle_flags=() zrun_flags=()
@@ -100,6 +110,7 @@ ds_row() {
   done
   if (( world > 8 )); then zplan_flags+=(--gpus 8 --nodes $((world / 8))); else zplan_flags+=(--gpus "$world"); fi
   if (( rank >= 0 )); then oracle_flags+=(--emulate-rank "$rank"); zrun_flags+=(--emulate_rank="$rank"); fi
+  if (( history )); then oracle_flags+=(--memory-history "$out/$slug.history.tsv.gz"); fi
   "$ZPLAN" --gpu "$gpu" --hf-config "$hf" --seq "$row_seq" --ds-config "$out/$slug.ds.json" "${zplan_flags[@]}" \
     --out "$out/$slug.pb" > "$out/$slug.plan.txt" 2>&1 ||
     { rows+=("$label|zplan failed"); echo "${rows[-1]}" >> "$out/rows.txt"; return; }
@@ -111,7 +122,7 @@ ds_row() {
   limit "$ZRUN" "$out/$slug.pb" --steps "$steps" --report "$out/$slug.zrun.json" "${zrun_flags[@]}" \
     > "$out/$slug.zrun.txt" 2>&1
   rows+=("$label|$("$PY" - "$out/$slug" "$ds_rc" "$rank" <<'PY'
-import json, statistics, sys
+import json, sys
 prefix, ds_rc, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def load(path):
     try:
@@ -133,9 +144,11 @@ alloc = g(m, "peak_bytes")
 reserved = alloc + g(m, "allocator_bytes")
 err = lambda a, b: f"{100.0 * (a - b) / b:+.1f}%" if b else "n/a"
 gib = lambda b: f"{b / 2**30:.3f}"
-ds_step = statistics.median(r["step_seconds"])
+# The last step: ZeRO-3 records its module trace in the first after the warm-up
+# (partitioned_param_coordinator.py, reset_step: INVALID, RECORD, COMPLETE), 3-6x slower on an H200.
+ds_step = r["step_seconds"][-1]
 z = load(prefix + ".zrun.json")
-zrun_step = statistics.median(z["ranks"][0]["step_seconds"]) if z and z.get("ranks") else 0
+zrun_step = z["ranks"][0]["step_seconds"][-1] if z and z.get("ranks") else 0
 print(f"{gib(tensors)}|{gib(alloc)}|{err(alloc, tensors)}|{gib(reserved)}|"
       f"{err(reserved, tensors + g(plan, 'allocator_bytes'))}|{ds_step:.3f}|"
       + (f"{zrun_step:.3f}|{ds_step / zrun_step:.2f}x" if zrun_step else "no zrun|-"))
