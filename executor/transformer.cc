@@ -397,6 +397,11 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   // The MLP's intermediates live until down_proj has run.
   auto mlp = [&](const at::Tensor& in, const std::string& m) {
     const bool bias = spec_.mlp_bias();
+    if (spec_.ffn_type() == FFN_SWIGLU && spec_.fused_gate_up_projection()) {
+      // Phi3MLP: gate and up are views of one output, which silu and the product keep.
+      const std::vector<at::Tensor> gate_up = Linear(in, m + kGateUpProj, bias).chunk(2, -1);
+      return Linear(gate_up[1] * at::silu(gate_up[0]), m + "down_proj", bias);
+    }
     if (spec_.ffn_type() == FFN_SWIGLU) {
       const at::Tensor gate = Linear(in, m + "gate_proj", bias);
       const at::Tensor up = Linear(in, m + "up_proj", bias);
@@ -429,6 +434,14 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         break;
       case BlockOpKind::kQkvProjection: {
         const std::vector<BlockLinear> linears = OpLinears(spec_, op);
+        if (spec_.fused_qkv_projection()) {
+          // Phi3Attention: q, k and v are slices (views) of one output.
+          const at::Tensor qkv = Linear(current, m + kQkvProj, linears[0].bias);
+          q = qkv.narrow(-1, 0, a * d).view({b, s, a, d});
+          k = qkv.narrow(-1, a * d, kv * d).view({b, s, kv, d});
+          v = qkv.narrow(-1, (a + kv) * d, kv * d).view({b, s, kv, d});
+          break;
+        }
         q = Linear(current, m + "q_proj", linears[0].bias).view({b, s, a, d});
         k = Linear(current, m + "k_proj", linears[1].bias).view({b, s, kv, d});
         v = Linear(current, m + "v_proj", linears[2].bias).view({b, s, kv, d});
@@ -442,7 +455,11 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         q = q.transpose(1, 2);
         k = k.transpose(1, 2);
         v = v.transpose(1, 2);
-        if (spec_.position_embedding() == POSITION_ROPE) {
+        if (spec_.position_embedding() == POSITION_ROPE && spec_.rope_concatenates()) {
+          // Phi3's apply_rotary_pos_emb: the rotated part joined to the (here empty) rest.
+          q = at::cat({q * cos + RotateHalf(q) * sin, q.narrow(-1, d, 0)}, -1);
+          k = at::cat({k * cos + RotateHalf(k) * sin, k.narrow(-1, d, 0)}, -1);
+        } else if (spec_.position_embedding() == POSITION_ROPE) {
           q = q * cos + RotateHalf(q) * sin;
           k = k * cos + RotateHalf(k) * sin;
         }

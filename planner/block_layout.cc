@@ -10,7 +10,8 @@ namespace zplan {
 // Qwen2 and Qwen3; GPT2Block; ViTLayer) all run pre-norm halves: norm,
 // attention, residual add; norm, MLP, residual add. Qwen3Attention normalizes
 // q and k per head before RoPE; GPT-2 drops each half's output (resid_pdrop)
-// before the add; GraniteDecoderLayer scales it (residual + x * residual_multiplier).
+// before the add; GraniteDecoderLayer scales it (residual + x * residual_multiplier);
+// Phi3DecoderLayer runs Llama's halves with one qkv_proj and one gate_up_proj.
 std::vector<BlockOp> BlockLayout(const ModelSpec& spec) {
   std::vector<BlockOp> ops = {{BlockOpKind::kNorm, "attn_norm"}, {BlockOpKind::kQkvProjection, "attn"}};
   if (spec.qk_norm()) ops.push_back({BlockOpKind::kQkNorm, "attn"});
@@ -34,13 +35,18 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
   switch (op.kind) {
     case BlockOpKind::kQkvProjection: {
       const bool bias = spec.attention_qkv_bias();
+      if (spec.fused_qkv_projection()) return {{kQkvProj, h, q_width + 2 * kv_width, bias}};
       return {{"q_proj", h, q_width, bias}, {"k_proj", h, kv_width, bias}, {"v_proj", h, kv_width, bias}};
     }
     case BlockOpKind::kOutProjection: return {{"o_proj", q_width, h, spec.attention_out_bias()}};
     case BlockOpKind::kMlp: {
       std::vector<BlockLinear> linears;
-      if (spec.ffn_type() == FFN_SWIGLU) linears.push_back({"gate_proj", h, f, spec.mlp_bias()});
-      linears.push_back({"up_proj", h, f, spec.mlp_bias()});
+      if (spec.ffn_type() == FFN_SWIGLU && spec.fused_gate_up_projection()) {
+        linears.push_back({kGateUpProj, h, 2 * f, spec.mlp_bias()});
+      } else {
+        if (spec.ffn_type() == FFN_SWIGLU) linears.push_back({"gate_proj", h, f, spec.mlp_bias()});
+        linears.push_back({"up_proj", h, f, spec.mlp_bias()});
+      }
       linears.push_back({kDownProj, f, h, spec.mlp_bias()});
       return linears;
     }

@@ -59,11 +59,14 @@ struct BlockLinear {
 };
 // The linears of an op, in module order (empty for an op without any), e.g.
 // q_proj [h -> heads x head_dim], k_proj and v_proj [h -> kv_heads x head_dim]
-// for kQkvProjection. The spec must be resolved (ResolveModelSpec).
+// for kQkvProjection (one qkv_proj when fused). The spec must be resolved (ResolveModelSpec).
 std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op);
 
 // The MLP's last linear, whose gradient hooks are the first of a block's backward.
 inline constexpr char kDownProj[] = "down_proj";
+// The fused projections (ModelSpec.fused_qkv_projection, fused_gate_up_projection).
+inline constexpr char kQkvProj[] = "qkv_proj";
+inline constexpr char kGateUpProj[] = "gate_up_proj";
 // kQkNorm's two norms, "<module>.q_norm" and "<module>.k_norm".
 inline constexpr char kQNorm[] = "q_norm";
 inline constexpr char kKNorm[] = "k_norm";

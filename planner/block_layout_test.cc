@@ -72,6 +72,24 @@ TEST(BlockLayoutTest, LinearWidthsFollowTheHeads) {
   EXPECT_EQ(mlp[2].in_features, 128);
 }
 
+TEST(BlockLayoutTest, FusedProjectionsAreOneLinearEach) {
+  ModelSpec spec = Decoder();
+  spec.set_fused_qkv_projection(true);
+  spec.set_fused_gate_up_projection(true);
+  const std::vector<BlockOp> ops = BlockLayout(spec);
+  const std::vector<BlockLinear> qkv = OpLinears(spec, ops[1]);
+  ASSERT_EQ(qkv.size(), 1u);
+  EXPECT_EQ(qkv[0].name, kQkvProj);
+  EXPECT_EQ(qkv[0].out_features, 64 + 2 * 32);  // q, k and v of Phi3Attention's qkv_proj
+  const std::vector<BlockLinear> mlp = OpLinears(spec, ops[6]);
+  ASSERT_EQ(mlp.size(), 2u);
+  EXPECT_EQ(mlp[0].name, kGateUpProj);
+  EXPECT_EQ(mlp[0].out_features, 2 * 128);
+  absl::string_view rest;
+  EXPECT_EQ(OpOfParameter(spec, ops, "layers.1.attn.qkv_proj.weight", &rest), 1);
+  EXPECT_EQ(OpOfParameter(spec, ops, "layers.1.mlp.gate_up_proj.weight", &rest), 6);
+}
+
 // The inventory's block parameters are the layout's, op by op.
 TEST(BlockLayoutTest, BlockParametersWalkTheLayout) {
   ModelSpec spec = Decoder();

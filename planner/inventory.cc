@@ -429,7 +429,13 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         } else {
           act(m + "q", {b, a, s, d}, dtype);
           act(m + "k", {b, kv, s, d}, dtype);
-          act(m + "v", {b, kv, s, d}, dtype);
+          // RoPE makes q and k new tensors; v stays a view of its projection's
+          // output, which the kernel keeps whole: a fused qkv_proj's all of it.
+          if (spec.fused_qkv_projection()) {
+            act(m + "qkv", {b, s, (a + 2 * kv) * d}, dtype);
+          } else {
+            act(m + "v", {b, kv, s, d}, dtype);
+          }
           act(m + "logsumexp", {b, a, s}, DTYPE_FP32);
         }
         // SDPA's flash kernel keeps its output itself.
@@ -439,6 +445,10 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
       case BlockOpKind::kOutProjection:
         // The attention output: kept by the attention kernel, else by o_proj.
         if (output_kept || saves_input("o_proj", attention_grad)) act(m + "output", {b, s, a * d}, dtype);
+        // The kernel's output in q's [b, heads, s, d] layout: o_proj keeps the contiguous copy besides it.
+        if (output_kept && spec.rope_concatenates() && saves_input("o_proj", attention_grad)) {
+          act(m + "output_copy", {b, s, a * d}, dtype);
+        }
         adapters(m + "o_proj", a * d, attention_grad);
         current.clear();
         break;
@@ -461,8 +471,12 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         if (spec.ffn_type() == FFN_SWIGLU) {
           adapters(m + "gate_proj", h, input_grad);
           adapters(m + "up_proj", h, input_grad);
-          if (gate_grad) act(m + "gate", {b, s, f}, dtype);  // silu's input
-          if (gate_grad) act(m + "up", {b, s, f}, dtype);    // the product's, for silu(gate)'s gradient
+          if (gate_grad && spec.fused_gate_up_projection()) {
+            act(m + "gate_up", {b, s, 2 * f}, dtype);  // gate and up: views of one output, kept whole
+          } else if (gate_grad) {
+            act(m + "gate", {b, s, f}, dtype);  // silu's input
+            act(m + "up", {b, s, f}, dtype);    // the product's, for silu(gate)'s gradient
+          }
           if (up_grad) act(m + "act", {b, s, f}, dtype);     // the product's, for up's gradient
           if (saves_input("down_proj", gate_grad || up_grad)) act(m + "product", {b, s, f}, dtype);
         } else {

@@ -295,7 +295,10 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   // Under no_grad a block frees each intermediate after its last use; the FFN
   // branch (gate, up and their product, or up and GELU) is the widest point.
   // (NewGELUActivation: x, 0.5x, tanh and 1 + tanh, then the product.)
-  const int64_t ffn_branches = model.ffn_type() == FFN_SWIGLU ? 3 : model.ffn_type() == FFN_GELU_NEW ? 4 : 2;
+  // A fused gate_up_proj's output stays whole until down_proj: 2f beside the activation and the product.
+  const int64_t ffn_branches = model.ffn_type() == FFN_SWIGLU ? (model.fused_gate_up_projection() ? 4 : 3)
+                               : model.ffn_type() == FFN_GELU_NEW ? 4
+                                                                  : 2;
   const int64_t ffn_live = ffn_branches * tokens * model.ffn_hidden_size() * w;
   // Eager: the scores (working dtype) and softmax's fp32 output, or that and
   // its cast; with dropout the cast, the mask and the dropped probabilities.

@@ -90,6 +90,25 @@ std::vector<ModelFamily> BuildFamilies() {
   }
   {
     ModelFamily& f = families.emplace_back();
+    f.model_type = "phi3";
+    f.read_from = "models/phi3/configuration_phi3.py (Phi3Config), modeling_phi3.py (Phi3Attention: one qkv_proj, "
+                  "o_proj registered first, no biases; Phi3MLP: one gate_up_proj, chunked; Phi3DecoderLayer: "
+                  "resid_pdrop dropout before each residual add)";
+    f.ffn_key = "intermediate_size";
+    f.norm = NORM_RMSNORM;
+    f.mlp = MlpKind::kGated;
+    f.activation_key = "hidden_act";
+    f.default_activation = "silu";
+    f.position = POSITION_ROPE;
+    f.attention_dropout = kAttentionDropoutOnly;
+    f.residual_dropout = {"resid_pdrop", 0.0};
+    f.fused_qkv = true;
+    f.fused_gate_up = true;
+    f.sliding_window_key = "sliding_window";
+    f.partial_rotary = true;
+  }
+  {
+    ModelFamily& f = families.emplace_back();
     f.model_type = "gpt2";
     f.read_from = "models/gpt2/configuration_gpt2.py (GPT2Config), modeling_gpt2.py (GPT2Attention, GPT2MLP: Conv1D "
                   "with biases, eager softmax in the working dtype)";

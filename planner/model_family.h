@@ -1,14 +1,15 @@
 // File: model_family.h
 // The transformers model types zplan plans, as data: one ModelFamily per
-// config.json model_type -- llama, mistral, qwen2, qwen3, granite, gpt2, vit -- holding
+// config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3, gpt2, vit -- holding
 // what that type's config class and modeling file give it: the keys its
 // config.json uses and the defaults of those it may leave out, the norm, the
 // MLP, which projections have biases, qk-norm, the position embedding, the
-// dropout sites, the dtype of eager attention's softmax, Granite's multipliers, and the transformers
+// dropout sites, the dtype of eager attention's softmax, Granite's multipliers, Phi3's fused
+// projections and sliding window, and the transformers
 // source (5.23.0, planner/version.h) it was read from. ModelSpecFromHfConfig
 // (model_spec.h) reads every config.json through its model_type's entry.
 //
-// Any other model_type (bert, gemma2, lfm2, phi3, first-generation qwen, ...)
+// Any other model_type (bert, gemma2, lfm2, olmo2, first-generation qwen, ...)
 // is not supported: nothing here describes it. Planning it as one of these
 // families anyway is an unvalidated approximation; a plan that is one says so
 // in ModelSpec.unvalidated_approximation (ApproximationNote), which zplan and
@@ -89,6 +90,16 @@ struct ModelFamily {
   // logits_scaling and attention_multiplier (each 1.0 by default), applied
   // by its modeling file whatever their values.
   bool granite_multipliers = false;
+  // Phi3's fused qkv_proj and gate_up_proj (ModelSpec's fields of those names).
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
+  // The config key of a window every layer's attention slides (Phi3's
+  // sliding_window; null: none); empty: the family has none.
+  absl::string_view sliding_window_key;
+  // Its apply_rotary_pos_emb rotates partial_rotary_factor of each head and
+  // concatenates the rest (ModelSpec.rope_concatenates). zplan reads the
+  // factor (top level or in rope_parameters) and plans 1.0 only.
+  bool partial_rotary = false;
 };
 
 // Every family, in the order above.
@@ -97,7 +108,7 @@ const std::vector<ModelFamily>& ModelFamilies();
 // The entry for a model_type; nullptr when zplan has none.
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
-// "llama, mistral, qwen2, qwen3, granite, gpt2, vit".
+// "llama, mistral, qwen2, qwen3, granite, phi3, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

@@ -11,7 +11,7 @@ namespace zplan {
 namespace {
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -22,7 +22,7 @@ TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
     EXPECT_FALSE(f.ffn_key.empty()) << f.model_type;
     EXPECT_TRUE(FfnTypeFor(f, f.default_activation).has_value()) << f.model_type << ": its own default";
   }
-  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma2", "phi3", "olmo2", "mixtral", ""}) {
+  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma2", "phi", "olmo2", "mixtral", ""}) {
     EXPECT_EQ(FindModelFamily(unsupported), nullptr) << unsupported;
   }
 }
@@ -61,10 +61,15 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_EQ(vit.qkv_bias_key, "qkv_bias");
   EXPECT_EQ(vit.residual_dropout.key, "hidden_dropout_prob");
   EXPECT_FALSE(vit.eager_softmax_in_working_dtype) << "ViT's eager softmax runs in fp32";
+  const ModelFamily& phi3 = *FindModelFamily("phi3");
+  EXPECT_TRUE(phi3.fused_qkv && phi3.fused_gate_up && phi3.partial_rotary);
+  EXPECT_EQ(phi3.residual_dropout.key, "resid_pdrop") << "Phi3DecoderLayer's resid_attn_dropout, resid_mlp_dropout";
+  EXPECT_EQ(phi3.sliding_window_key, "sliding_window");
   for (const ModelFamily& f : ModelFamilies()) {
     if (f.model_type == "gpt2" || f.model_type == "vit") continue;
     EXPECT_EQ(f.attention_dropout.key, "attention_dropout") << f.model_type;
-    EXPECT_TRUE(f.residual_dropout.key.empty() && f.embedding_dropout.key.empty()) << f.model_type;
+    EXPECT_TRUE(f.embedding_dropout.key.empty()) << f.model_type;
+    if (f.model_type != "phi3") EXPECT_TRUE(f.residual_dropout.key.empty()) << f.model_type;
     EXPECT_EQ(f.default_activation, "silu") << f.model_type;
     EXPECT_EQ(f.norm, NORM_RMSNORM) << f.model_type;
   }

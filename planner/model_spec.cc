@@ -59,6 +59,12 @@ absl::Status ReadString(const JsonObject& config, absl::string_view key, std::st
 
 absl::Status ValidateLora(const ModelSpec& spec) {
   const LoraSpec& lora = spec.lora();
+  if (spec.fused_qkv_projection() || spec.fused_gate_up_projection()) {
+    // Which slices of a fused output an adapter's gradient reaches is not modelled.
+    return absl::InvalidArgumentError(absl::StrCat("model.lora: LoRA on ", QuoteInput(spec.model_type()),
+                                                   "'s fused qkv_proj and gate_up_proj is not modelled yet; plan "
+                                                   "full fine-tuning (drop --lora-config)"));
+  }
   ZPLAN_RETURN_IF_ERROR(CheckRange("model.lora.rank", lora.rank(), 1, spec.hidden_size(),
                                    "LoRA r; at most the model width"));
   ZPLAN_RETURN_IF_ERROR(CheckFinite("model.lora.alpha", lora.alpha(), -1e9, 1e9, "lora_alpha"));
@@ -173,6 +179,26 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
     double p = s.site.default_p;
     if (!s.site.key.empty()) ZPLAN_RETURN_IF_ERROR(ReadDouble(config, s.site.key, &p));
     (spec->*s.set)(p);
+  }
+  spec->set_fused_qkv_projection(family.fused_qkv);
+  spec->set_fused_gate_up_projection(family.fused_gate_up);
+  if (!family.sliding_window_key.empty()) {
+    int64_t window = 0;  // null: no window
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, family.sliding_window_key, &window));
+    if (window < 0) return config.Error(family.sliding_window_key, "must be a positive number of tokens or null");
+    spec->set_sliding_window(window);
+  }
+  spec->set_rope_concatenates(family.partial_rotary);
+  if (family.partial_rotary) {
+    // _compute_default_rope_parameters reads it from the config or its rope_parameters.
+    double factor = 1.0;
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "partial_rotary_factor", &factor));
+    ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> rope, config.Object("rope_parameters"));
+    if (rope) ZPLAN_RETURN_IF_ERROR(ReadDouble(*rope, "partial_rotary_factor", &factor));
+    if (factor != 1.0) {
+      return config.Error("partial_rotary_factor", absl::StrCat(factor, ": zplan plans ", family.model_type,
+                                                                " with RoPE over the whole head (1.0) only"));
+    }
   }
   if (family.granite_multipliers) {
     // GraniteConfig's defaults; a value of 1.0 still runs its op.

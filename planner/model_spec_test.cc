@@ -186,6 +186,39 @@ TEST(ModelSpecTest, GraniteReadsItsMultipliers) {
   EXPECT_EQ(llama->residual_multiplier(), 0.0);
 }
 
+TEST(ModelSpecTest, Phi3FusesItsProjectionsAndReadsItsWindow) {
+  const std::string shape = R"("model_type": "phi3", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "sliding_window": 2047, "resid_pdrop": 0.1})"),
+                                    "phi3.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->fused_qkv_projection() && spec->fused_gate_up_projection() && spec->rope_concatenates());
+  EXPECT_EQ(spec->sliding_window(), 2047);
+  EXPECT_EQ(spec->residual_dropout(), 0.1);
+  EXPECT_EQ(spec->attention_qkv_bias(), false) << "Phi3Attention's projections have no bias";
+  auto unwindowed = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "sliding_window": null})"), "phi3.json");
+  ASSERT_TRUE(unwindowed.ok()) << unwindowed.status();
+  EXPECT_EQ(unwindowed->sliding_window(), 0);
+  // Partial RoPE (Phi-4-mini's 0.75), at the top level or in rope_parameters, is refused by name.
+  for (const char* partial : {R"(, "partial_rotary_factor": 0.75)",
+                              R"(, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})"}) {
+    auto refused = ModelSpecFromHfConfig(absl::StrCat("{", shape, partial, "}"), "phi3.json");
+    ASSERT_FALSE(refused.ok()) << partial;
+    EXPECT_NE(refused.status().message().find("partial_rotary_factor"), std::string::npos) << refused.status();
+  }
+  // LoRA on the fused projections is refused, not planned as three.
+  ModelSpec lora = *spec;
+  lora.mutable_lora()->set_rank(8);
+  lora.mutable_lora()->add_target_modules("qkv_proj");
+  const absl::Status refused = ValidateModelSpec(lora);
+  EXPECT_NE(refused.message().find("fused qkv_proj and gate_up_proj"), std::string::npos) << refused;
+  // Llama's RoPE multiplies in place of concatenating; its projections are separate.
+  auto llama = ModelSpecFromHfConfig(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "sliding_window": 16})", "llama.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_FALSE(llama->fused_qkv_projection() || llama->rope_concatenates());
+}
+
 TEST(ModelSpecTest, RejectsMixtureOfExperts) {
   absl::Status status = FromJson(
       R"({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
@@ -197,13 +230,13 @@ TEST(ModelSpecTest, RejectsMixtureOfExperts) {
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
 TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
-  for (const char* type : {"lfm2", "bert", "gemma2", "phi3", "qwen", "olmo2", "smollm3"}) {
+  for (const char* type : {"lfm2", "bert", "gemma2", "phi", "qwen", "olmo2", "smollm3"}) {
     const absl::Status status = FromJson(absl::StrCat(R"({"model_type": ")", type, R"(", "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})"));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, phi3, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -235,7 +268,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"gemma2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, gpt2, vit)"),
+                                  "qwen3, granite, phi3, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.

@@ -63,6 +63,16 @@ bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config)
 }
 
 absl::Status RefuseStep(const ModelSpec& model, const RunConfig& config, const StepSizes& s) {
+  // masking_utils.py: SDPA gets no mask (is_causal) while the sequence is
+  // shorter than the window (_ignore_causal_mask_sdpa's local_attention_size),
+  // a materialized one from there on, which zplan does not model yet.
+  if (model.sliding_window() > 0 && model.attention_impl() == ATTENTION_SDPA &&
+      config.seq_length() >= model.sliding_window()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.sliding_window: ", model.sliding_window(), " tokens, and seq ", config.seq_length(),
+        " reaches it: transformers then gives SDPA a materialized sliding-window mask, which zplan does not "
+        "model yet; plan a sequence below ", model.sliding_window(), " tokens"));
+  }
   const DeepSpeedCheckpointing& ds = config.deepspeed_checkpointing();
   const bool ds_function = s.checkpointing && ds.enabled();
   const int checkpointed = s.NumCheckpointed();

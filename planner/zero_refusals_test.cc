@@ -34,6 +34,20 @@ TEST(ZeroRefusalsTest, DefaultsPassEveryCheck) {
   }
 }
 
+TEST(ZeroRefusalsTest, SlidingWindowOnlyBelowItsLength) {
+  ModelSpec model;
+  model.set_attention_impl(ATTENTION_SDPA);
+  model.set_sliding_window(2047);
+  RunConfig config = Config(2);
+  StepSizes s;
+  config.set_seq_length(2046);
+  EXPECT_TRUE(RefuseStep(model, config, s).ok()) << "below the window SDPA runs with is_causal";
+  config.set_seq_length(2047);
+  ExpectRefused(RefuseStep(model, config, s), "plan a sequence below 2047 tokens");
+  model.set_attention_impl(ATTENTION_EAGER);  // eager's mask is [s, s] whatever the window
+  EXPECT_TRUE(RefuseStep(model, config, s).ok());
+}
+
 TEST(ZeroRefusalsTest, ParameterOffloadNeedsStage3) {
   RunConfig config = Config(2);
   config.mutable_zero()->set_offload_param(OFFLOAD_CPU);

@@ -38,7 +38,11 @@ def transformers_count(config):
 
 
 def zplan_count(zplan, path):
-    out = subprocess.run([zplan, "--hf-config", path, "--gpu", "cpu", "--zero-stage", "0", "--format", "json"],
+    # Counts do not depend on the sequence: a language model's is planned below any published sliding
+    # window (Phi-3-mini's 2047, which zplan refuses to reach); a ViT's is fixed by its image.
+    with open(path) as f:
+        seq = [] if json.load(f).get("model_type") == "vit" else ["--seq", "1024"]
+    out = subprocess.run([zplan, "--hf-config", path, "--gpu", "cpu", "--zero-stage", "0", "--format", "json"] + seq,
                          capture_output=True, text=True)
     if out.returncode != 0:
         return "zplan exit %d: %s" % (out.returncode, out.stderr.strip())

@@ -42,6 +42,7 @@ const std::vector<std::string> kLlamaDropout = {"--hf-config", "configs/hf/tiny/
 // transformers' GraniteForCausalLM (tied): Granite 3's multipliers on the embedding, each residual
 // branch, the attention scale and the logits.
 const std::vector<std::string> kGranite = {"--hf-config", "configs/hf/tiny/granite.json"};
+const std::vector<std::string> kPhi3 = {"--hf-config", "configs/hf/tiny/phi3.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -305,6 +306,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2", kQwen3, {"--ds-config", "configs/ds/checkpoint_partitioned_cpu.json", "--checkpoint-function", "deepspeed", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("granite-z2-bf16-w2-ckpt", kGranite, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("granite-z3-bf16-w2", kGranite, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("phi3-z2-bf16-w2-ckpt", kPhi3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("phi3-z3-bf16-w2", kPhi3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
   };
 }
 
@@ -407,7 +410,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     qwen3 = "configs/hf/tiny/qwen3.json", mistral = "configs/hf/tiny/mistral.json",
                     gpt2 = "configs/hf/tiny/gpt2.json", gpt2_dropout = "configs/hf/tiny/gpt2-dropout.json",
                     llama_dropout = "configs/hf/tiny/llama-dropout.json", granite = "configs/hf/tiny/granite.json",
-                    granite_wide = "configs/hf/tiny/granite-wide.json";
+                    granite_wide = "configs/hf/tiny/granite-wide.json", phi3 = "configs/hf/tiny/phi3.json",
+                    phi3_wide = "configs/hf/tiny/phi3-wide.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
   // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
   // hidden and attention dropout.
@@ -567,6 +571,12 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("granite-z2-bf16-ckpt", granite, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
       DeepSpeedCase("granite-z3-bf16", granite, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
       DeepSpeedCase("granite-wide-z1-fp32", granite_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      // Phi3 (Phi3ForCausalLM): one qkv_proj and one gate_up_proj, whose outputs' slices keep them whole,
+      // and RoPE joined by torch.cat; then a wider one (heads as wide as kv, resid_pdrop 0.1, a window above
+      // the sequence) at another stage, in fp32.
+      DeepSpeedCase("phi3-z2-bf16-ckpt", phi3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+      DeepSpeedCase("phi3-z3-bf16", phi3, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
+      DeepSpeedCase("phi3-wide-z1-fp32", phi3_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
       // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
       // its real rank's measurement, byte for byte.

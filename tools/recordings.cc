@@ -114,6 +114,7 @@ std::vector<std::string> LiveCases(Suite s) {
         "qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2",   // DeepSpeed's checkpointing, partitioned
         "tiny-z3-bf16-w2-ds-ckpt-contiguous-s512",       // contiguous buffers
         "granite-z3-bf16-w2",                            // Granite's multipliers
+        "phi3-z3-bf16-w2",                               // Phi3's fused projections
     };
   }
   return {
@@ -128,6 +129,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "z3-bf16-offload-both-emulated-1of2",            // parameter offload, an emulated rank
       "ds-ckpt-contiguous-z3-bf16-mistral-s512",       // DeepSpeed's checkpointing, partitioned, contiguous
       "granite-z3-bf16",                               // Granite's multipliers
+      "phi3-z3-bf16",                                  // Phi3's fused projections
   };
 }
 
