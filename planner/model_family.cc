@@ -89,23 +89,19 @@ std::vector<ModelFamily> BuildFamilies() {
     families.push_back(f);
   }
   {
-    ModelFamily& f = families.emplace_back();
+    // Mistral's blocks (no bias anywhere), with the projections fused, RoPE
+    // joined by torch.cat, dropout before each residual add and a window.
+    ModelFamily f = families[1];
     f.model_type = "phi3";
     f.read_from = "models/phi3/configuration_phi3.py (Phi3Config), modeling_phi3.py (Phi3Attention: one qkv_proj, "
                   "o_proj registered first, no biases; Phi3MLP: one gate_up_proj, chunked; Phi3DecoderLayer: "
                   "resid_pdrop dropout before each residual add)";
-    f.ffn_key = "intermediate_size";
-    f.norm = NORM_RMSNORM;
-    f.mlp = MlpKind::kGated;
-    f.activation_key = "hidden_act";
-    f.default_activation = "silu";
-    f.position = POSITION_ROPE;
-    f.attention_dropout = kAttentionDropoutOnly;
     f.residual_dropout = {"resid_pdrop", 0.0};
     f.fused_qkv = true;
     f.fused_gate_up = true;
     f.sliding_window_key = "sliding_window";
     f.partial_rotary = true;
+    families.push_back(f);
   }
   {
     ModelFamily& f = families.emplace_back();
