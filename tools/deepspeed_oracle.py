@@ -823,7 +823,7 @@ def run_rank(args):
             alloc.reset_peak()
         phase["peak"] = alloc.peak()
         if args.memory_history:
-            memory_history.mark_step(step, alloc.device)
+            memory_history.mark_step(alloc.device)
         step_start = time.monotonic()
         if args.trace and step == args.steps - 1:
             alloc.log_enable(True)

@@ -7,7 +7,7 @@ allocator without a GPU, and say which request mapped each segment.
 
 From a process that trains on the GPU (tools/deepspeed_oracle.py --memory-history):
   start()                  records every allocator action from here on, with Python frames
-  mark_step(step, device)  a 512 B allocation per step start, written as '# step N' in the file
+  mark_step(device)        a 512 B allocation per step start, written as '# step N' in the file
   write(path, title)       the snapshot's history, gzip text
 
 Each event line is: time_us action size addr stream frame. `frame` (an extra column the replay
@@ -29,7 +29,7 @@ def start():
     torch.cuda.memory._record_memory_history("all", context="alloc", stacks="python", max_entries=8_000_000)
 
 
-def mark_step(step, device):
+def mark_step(device):
     """An allocation this module's name identifies in the history, freed at once."""
     import torch
     torch.empty(_MARKER_BLOCK_BYTES, dtype=torch.uint8, device=device)
@@ -51,11 +51,16 @@ def tsv_lines(snapshot, title, device_index=0):
              "# segments and their blocks are the state at the end; segments with no segment_alloc below "
              "existed before the history began.",
              f"# allocator_settings {snapshot.get('allocator_settings', {})}"]
+    streams = {0: 0}  # CUDA stream handles as 0 (the default stream), 1, 2, ... in segments and events alike
+
+    def stream_id(handle):
+        return streams.setdefault(handle, len(streams))
+
     for seg in sorted(snapshot.get("segments", []), key=lambda s: s["address"]):
         if seg.get("device", device_index) != device_index:
             continue
-        stream = 0 if seg.get("stream", 0) == 0 else 1
-        lines.append(f"# segment address={seg['address']} total_size={seg['total_size']} stream={stream} "
+        lines.append(f"# segment address={seg['address']} total_size={seg['total_size']} "
+                     f"stream={stream_id(seg.get('stream', 0))} "
                      f"type={seg.get('segment_type', 'large')}")
         for block in seg.get("blocks", []):
             lines.append(f"#   block address={block['address']} size={block['size']} state={block['state']}")
@@ -63,11 +68,10 @@ def tsv_lines(snapshot, title, device_index=0):
     traces = snapshot.get("device_traces", [])
     entries = [e for e in (traces[device_index] if device_index < len(traces) else [])
                if e.get("action") in _KEPT_ACTIONS]
-    streams = {0: 0}
     t0 = entries[0].get("time_us", 0) if entries else 0
     step = 0
     for e in entries:
-        stream = streams.setdefault(e.get("stream", 0), len(streams))
+        stream = stream_id(e.get("stream", 0))
         frame = _frame(e) if e["action"] in ("alloc", "segment_alloc") else "-"
         if e["action"] == "alloc" and frame.endswith(":mark_step") and e["size"] == _MARKER_BLOCK_BYTES:
             lines.append(f"# step {step}")
