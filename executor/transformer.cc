@@ -1,6 +1,7 @@
 #include "executor/transformer.h"
 
 #include <cmath>
+#include <set>
 
 #include <ATen/Functions.h>
 #include <ATen/SDPBackend.h>
@@ -52,11 +53,15 @@ at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64
 
 // transformers' LlamaRMSNorm (Qwen2/3 and Mistral use the same code), op for
 // op, so autograd saves what it saves (planner/inventory.h): the input upcast
-// to fp32, the fp32 rstd and the normalized input cast back.
-at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& weight) {
+// to fp32, the fp32 rstd and the normalized input cast back; or
+// Olmo2RMSNorm's (`weight_in_fp32`), which multiplies by the weight in fp32
+// and casts the product, keeping the normalized input in fp32.
+at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& weight, bool weight_in_fp32) {
   const at::Tensor x32 = x.to(at::kFloat);
   const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (x32 * at::rsqrt(variance + kNormEps)).to(x.scalar_type());
+  const at::Tensor normalized = x32 * at::rsqrt(variance + kNormEps);
+  if (weight_in_fp32) return (weight * normalized).to(x.scalar_type());
+  return weight * normalized.to(x.scalar_type());
 }
 
 // transformers' repeat_kv: k or v expanded to every query head (a copy).
@@ -123,6 +128,12 @@ at::Tensor ApplyLinear(const at::Tensor& x, const at::Tensor& weight, const std:
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
+}
+
+// Glm4's rotate_half: the pairs (2i, 2i + 1) turned, stack((-x2, x1)).flatten(-2).
+at::Tensor RotatePairs(const at::Tensor& x) {
+  const int64_t n = x.size(-1);
+  return at::stack({x.slice(-1, 1, n, 2).neg(), x.slice(-1, 0, n, 2)}, -1).flatten(-2);
 }
 
 // Identity in forward. In backward it runs the part's before_backward hook
@@ -392,7 +403,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     if (spec_.norm_type() == NORM_LAYERNORM) {
       return at::layer_norm(in, {in.size(-1)}, Param(name + ".weight"), Param(name + ".bias"), kNormEps);
     }
-    return HfRmsNorm(in, Param(name + ".weight"));
+    return HfRmsNorm(in, Param(name + ".weight"), spec_.norm_weight_in_fp32());
   };
   // The MLP's intermediates live until down_proj has run.
   auto mlp = [&](const at::Tensor& in, const std::string& m) {
@@ -424,13 +435,16 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   at::Tensor stream = x;   // the residual stream
   at::Tensor current = x;  // what the next op reads
   at::Tensor q, k, v, attn;
-  std::vector<at::Tensor> norm_outputs;  // each lives until the block returns
-  for (const BlockOp& op : BlockLayout(spec_)) {
+  std::vector<at::Tensor> norm_outputs;  // a pre-norm's output lives until the block returns
+  const std::vector<BlockOp> layout = BlockLayout(spec_);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const BlockOp& op = layout[i];
     const std::string m = p + op.module + ".";
     switch (op.kind) {
       case BlockOpKind::kNorm:
         current = norm(current, p + op.module);
-        norm_outputs.push_back(current);
+        // A post-norm's output goes to the residual add and dies there.
+        if (i + 1 < layout.size() && layout[i + 1].kind != BlockOpKind::kResidualAdd) norm_outputs.push_back(current);
         break;
       case BlockOpKind::kQkvProjection: {
         const std::vector<BlockLinear> linears = OpLinears(spec_, op);
@@ -447,21 +461,48 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         v = Linear(current, m + "v_proj", linears[2].bias).view({b, s, kv, d});
         break;
       }
-      case BlockOpKind::kQkNorm:
-        q = HfRmsNorm(q, Param(absl::StrCat(m, kQNorm, ".weight")));
-        k = HfRmsNorm(k, Param(absl::StrCat(m, kKNorm, ".weight")));
+      case BlockOpKind::kQkNorm: {
+        const bool fp32 = spec_.norm_weight_in_fp32();
+        const at::Tensor& q_weight = Param(absl::StrCat(m, kQNorm, ".weight"));
+        const at::Tensor& k_weight = Param(absl::StrCat(m, kKNorm, ".weight"));
+        if (spec_.qk_norm_over_projection()) {
+          // Olmo2Attention: over the projection's output, before the view into heads.
+          q = HfRmsNorm(q.view({b, s, a * d}), q_weight, fp32).view({b, s, a, d});
+          k = HfRmsNorm(k.view({b, s, kv * d}), k_weight, fp32).view({b, s, kv, d});
+        } else {
+          q = HfRmsNorm(q, q_weight, fp32);
+          k = HfRmsNorm(k, k_weight, fp32);
+        }
         break;
+      }
       case BlockOpKind::kAttention: {
         q = q.transpose(1, 2);
         k = k.transpose(1, 2);
         v = v.transpose(1, 2);
-        if (spec_.position_embedding() == POSITION_ROPE && spec_.rope_concatenates()) {
-          // Phi3's apply_rotary_pos_emb: the rotated part joined to the (here empty) rest.
-          q = at::cat({q * cos + RotateHalf(q) * sin, q.narrow(-1, d, 0)}, -1);
-          k = at::cat({k * cos + RotateHalf(k) * sin, k.narrow(-1, d, 0)}, -1);
-        } else if (spec_.position_embedding() == POSITION_ROPE) {
-          q = q * cos + RotateHalf(q) * sin;
-          k = k * cos + RotateHalf(k) * sin;
+        // SmolLM3Attention applies RoPE only where use_rope (ModelSpec.rope_layers).
+        const bool rope = spec_.position_embedding() == POSITION_ROPE &&
+                          (spec_.rope_layers().empty() || spec_.rope_layers(layer));
+        if (rope && spec_.rope_concatenates()) {
+          // Phi3's and Glm4's apply_rotary_pos_emb: the first rotary_dim of
+          // each head rotated, joined to the rest; Glm4 interleaves half of
+          // each table into new ones (which the multiplies keep) and turns pairs.
+          const int64_t r = spec_.rotary_dim() > 0 ? spec_.rotary_dim() : d;
+          at::Tensor c = cos, sn = sin;
+          if (spec_.rope_interleaved()) {
+            c = cos.narrow(-1, 0, r / 2).repeat_interleave(2, -1);
+            sn = sin.narrow(-1, 0, r / 2).repeat_interleave(2, -1);
+          }
+          auto rotated = [&](const at::Tensor& t) {
+            const at::Tensor part = t.narrow(-1, 0, r);
+            const at::Tensor turned = spec_.rope_interleaved() ? RotatePairs(part) : RotateHalf(part);
+            return at::cat({part * c + turned * sn, t.narrow(-1, r, d - r)}, -1);
+          };
+          q = rotated(q);
+          k = rotated(k);
+        } else if (rope) {
+          // Olmo2's fp32 tables promote the rotation to fp32; it is cast back (a no-op otherwise).
+          q = (q * cos + RotateHalf(q) * sin).to(x.scalar_type());
+          k = (k * cos + RotateHalf(k) * sin).to(x.scalar_type());
         }
         const double dropout = spec_.attention_dropout();
         // GraniteAttention's scaling is attention_multiplier; the others' head_dim^-0.5.
@@ -520,16 +561,27 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   const int64_t b = inputs.size(0), s = vision ? VisionTokens(spec_) : inputs.size(1);
   const int64_t h = spec_.hidden_size(), d = spec_.head_dim();
   const auto options = at::TensorOptions().device(device_);
-  // Rotary tables [s, d] in the working dtype, shared by every layer.
-  at::Tensor cos, sin;
+  // A layer's type indexes the tables and masks it reads (LayerType; 0:
+  // the model has no layer types, every layer reads the same ones).
+  auto type_of = [&](int layer) { return spec_.layer_types().empty() ? 0 : spec_.layer_types(layer); };
+  std::set<int> types;
+  for (int layer = 0; layer < spec_.num_layers(); ++layer) types.insert(type_of(layer));
+  // Rotary tables [s, rotary dims] in the working dtype (Olmo2: fp32), shared by
+  // every layer of a type (Olmo3Model.forward makes a pair per layer type).
+  std::vector<at::Tensor> cos_by_type(LayerType_ARRAYSIZE), sin_by_type(LayerType_ARRAYSIZE);
   if (spec_.position_embedding() == POSITION_ROPE) {
     at::NoGradGuard no_grad;
+    // Over the rotated dims only (partial RoPE: rotary_dim).
+    const int64_t r = spec_.rotary_dim() > 0 ? spec_.rotary_dim() : d;
     const at::Tensor inv_freq =
-        at::pow(kRopeTheta, at::arange(0, d, 2, options.dtype(at::kFloat)).div(static_cast<double>(d))).reciprocal();
+        at::pow(kRopeTheta, at::arange(0, r, 2, options.dtype(at::kFloat)).div(static_cast<double>(r))).reciprocal();
     const at::Tensor angles = at::outer(at::arange(s, options.dtype(at::kFloat)), inv_freq);
     const at::Tensor emb = at::cat({angles, angles}, -1);
-    cos = emb.cos().to(dtype_);
-    sin = emb.sin().to(dtype_);
+    const at::ScalarType table_dtype = spec_.rope_in_fp32() ? at::kFloat : dtype_;
+    for (int type : types) {
+      cos_by_type[type] = emb.cos().to(table_dtype);
+      sin_by_type[type] = emb.sin().to(table_dtype);
+    }
   }
   at::Tensor x;
   if (hooks.active()) hooks.before_forward(-1);
@@ -557,12 +609,26 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (spec_.embedding_dropout() > 0) x = at::dropout(x, spec_.embedding_dropout(), /*train=*/true);
   // Eager attention's additive causal mask [b, 1, s, s] in the working dtype
   // (transformers' eager_mask), alive until the blocks and final norm are
-  // done, or, with checkpointing, until the last recomputation. A ViT
-  // attends everywhere, without one.
-  at::Tensor mask;
+  // done, or, with checkpointing, until the last recomputation; with layer
+  // types the full and the sliding-window one, both made whatever the
+  // layers are (Olmo3Model.forward's causal_mask_mapping). A ViT attends
+  // everywhere, without one.
+  std::vector<at::Tensor> masks(LayerType_ARRAYSIZE);
   if (spec_.attention_impl() == ATTENTION_EAGER && !vision) {
     at::NoGradGuard no_grad;
-    mask = at::full({b, 1, s, s}, -std::numeric_limits<float>::infinity(), options.dtype(dtype_)).triu_(1);
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    const at::Tensor causal = at::full({b, 1, s, s}, kMasked, options.dtype(dtype_)).triu_(1);
+    if (spec_.layer_types().empty()) {
+      masks[0] = causal;
+    } else {
+      masks[LAYER_FULL_ATTENTION] = causal;
+      // masking_utils' sliding_window_overlay: a query sees the window's last keys only.
+      masks[LAYER_SLIDING_ATTENTION] = causal.clone();
+      if (spec_.sliding_window() > 0) {
+        masks[LAYER_SLIDING_ATTENTION].masked_fill_(
+            at::ones({s, s}, options.dtype(at::kBool)).tril_(-spec_.sliding_window()), kMasked);
+      }
+    }
   }
   // Released after forward; gathered again before the embedding's backward
   // (its gradient is accumulated into the full-shaped parameter).
@@ -577,6 +643,9 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // GraniteModel scales the embedding module's output (a new tensor, nothing saved).
   if (spec_.embedding_multiplier() != 0) x = x * spec_.embedding_multiplier();
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
+    const at::Tensor& cos = cos_by_type[type_of(layer)];
+    const at::Tensor& sin = sin_by_type[type_of(layer)];
+    const at::Tensor& mask = masks[type_of(layer)];
     if (hooks.active()) hooks.before_forward(layer);
     if (checkpointing.Checkpoints(layer)) {
       auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
@@ -596,11 +665,16 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     hooks.before_forward(head_part);
     x = AfterBackward::apply(x, &hooks, head_part);
   }
-  const at::Tensor final_norm = spec_.norm_type() == NORM_LAYERNORM
-                                    ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
-                                    : HfRmsNorm(x, Param("final_norm.weight"));
+  const at::Tensor final_norm =
+      spec_.norm_type() == NORM_LAYERNORM
+          ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
+          : HfRmsNorm(x, Param("final_norm.weight"), spec_.norm_weight_in_fp32());
   x.reset();
-  mask.reset();
+  // The model's forward returns: its masks and tables go, but what autograd
+  // or a checkpoint keeps (Glm4's layers keep copies of the tables, not them).
+  for (at::Tensor& mask : masks) mask.reset();
+  for (at::Tensor& table : cos_by_type) table.reset();
+  for (at::Tensor& table : sin_by_type) table.reset();
   if (vision) {
     // ViTForImageClassification: the classifier reads the CLS token's view
     // of the final norm's output (so it keeps all of it) and the loss is

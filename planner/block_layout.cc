@@ -11,20 +11,29 @@ namespace zplan {
 // attention, residual add; norm, MLP, residual add. Qwen3Attention normalizes
 // q and k per head before RoPE; GPT-2 drops each half's output (resid_pdrop)
 // before the add; GraniteDecoderLayer scales it (residual + x * residual_multiplier);
-// Phi3DecoderLayer runs Llama's halves with one qkv_proj and one gate_up_proj.
+// Phi3DecoderLayer runs Llama's halves with one qkv_proj and one gate_up_proj;
+// Olmo2DecoderLayer normalizes each half's output instead of its input;
+// Glm4DecoderLayer both.
 std::vector<BlockOp> BlockLayout(const ModelSpec& spec) {
-  std::vector<BlockOp> ops = {{BlockOpKind::kNorm, "attn_norm"}, {BlockOpKind::kQkvProjection, "attn"}};
+  const bool pre = spec.norm_placement() != NORM_PLACEMENT_POST;
+  const bool post = spec.norm_placement() != NORM_PLACEMENT_PRE;
+  std::vector<BlockOp> ops;
+  // Each half's norm before it or, post-norm, after it (before the dropout and add).
+  auto half_end = [&](const std::string& half, const char* post_norm) {
+    if (post) ops.push_back({BlockOpKind::kNorm, post_norm});
+    if (spec.residual_dropout() > 0) ops.push_back({BlockOpKind::kResidualDropout, half});
+    if (spec.residual_multiplier() != 0) ops.push_back({BlockOpKind::kResidualScale, half});
+    ops.push_back({BlockOpKind::kResidualAdd, ""});
+  };
+  if (pre) ops.push_back({BlockOpKind::kNorm, "attn_norm"});
+  ops.push_back({BlockOpKind::kQkvProjection, "attn"});
   if (spec.qk_norm()) ops.push_back({BlockOpKind::kQkNorm, "attn"});
   ops.push_back({BlockOpKind::kAttention, "attn"});
   ops.push_back({BlockOpKind::kOutProjection, "attn"});
-  if (spec.residual_dropout() > 0) ops.push_back({BlockOpKind::kResidualDropout, "attn"});
-  if (spec.residual_multiplier() != 0) ops.push_back({BlockOpKind::kResidualScale, "attn"});
-  ops.push_back({BlockOpKind::kResidualAdd, ""});
-  ops.push_back({BlockOpKind::kNorm, "mlp_norm"});
+  half_end("attn", "attn_post_norm");
+  if (pre) ops.push_back({BlockOpKind::kNorm, "mlp_norm"});
   ops.push_back({BlockOpKind::kMlp, "mlp"});
-  if (spec.residual_dropout() > 0) ops.push_back({BlockOpKind::kResidualDropout, "mlp"});
-  if (spec.residual_multiplier() != 0) ops.push_back({BlockOpKind::kResidualScale, "mlp"});
-  ops.push_back({BlockOpKind::kResidualAdd, ""});
+  half_end("mlp", "mlp_post_norm");
   return ops;
 }
 
@@ -108,11 +117,27 @@ bool IsDownProjTensor(const std::vector<BlockOp>& layout, const TensorSpec& tens
   return false;
 }
 
+bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved) {
+  absl::string_view rest;
+  const absl::string_view module = ModuleOf(saved.name(), &rest);
+  bool tail = false;  // past the half's output, before its residual add
+  for (const BlockOp& op : layout) {
+    if (tail && op.module == module) {
+      if (op.kind == BlockOpKind::kNorm) return true;
+      // The dropout shares its half's module: its tensor is the mask.
+      if (op.kind == BlockOpKind::kResidualDropout && rest == "resid_dropout_mask") return true;
+    }
+    if (op.kind == BlockOpKind::kOutProjection || op.kind == BlockOpKind::kMlp) tail = true;
+    if (op.kind == BlockOpKind::kResidualAdd) tail = false;
+  }
+  return false;
+}
+
 bool IsBlockInputItself(const std::vector<BlockOp>& layout, const TensorSpec& saved, DType dtype) {
   absl::string_view rest;
   const absl::string_view module = ModuleOf(saved.name(), &rest);
-  return saved.dtype() == dtype && !layout.empty() && layout.front().kind == BlockOpKind::kNorm &&
-         layout.front().module == module && (rest == "input" || rest == "input_fp32");
+  return saved.dtype() == dtype && !layout.empty() && layout.front().module == module &&
+         (rest == "input" || rest == "input_fp32");
 }
 
 }  // namespace zplan

@@ -85,9 +85,14 @@ int OpOfParameter(const ModelSpec& spec, const std::vector<BlockOp>& layout, abs
 // weight, bias or adapters. Both false outside the blocks.
 bool InMlpHalf(const std::vector<BlockOp>& layout, const TensorSpec& tensor);
 bool IsDownProjTensor(const std::vector<BlockOp>& layout, const TensorSpec& tensor);
+// Whether a saved tensor is an op's after its half's output (o_proj's, the
+// MLP's) -- the residual dropout's mask, a post-norm's: their backward runs
+// first in the half, before the attention's or the MLP's.
+bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved);
 // Whether a saved tensor is the block's input itself, not a copy: the first
-// norm's saved input in the working dtype (LayerNorm keeps its input;
-// RMSNorm's fp32 upcast is a no-op on fp32 input). A checkpointed block's
+// op's saved input in the working dtype (LayerNorm keeps its input;
+// RMSNorm's fp32 upcast is a no-op on fp32 input; a post-norm block's q/k/v
+// projections keep it). A checkpointed block's
 // recompute saves the input it kept, so it allocates this tensor no second time.
 bool IsBlockInputItself(const std::vector<BlockOp>& layout, const TensorSpec& saved, DType dtype);
 

@@ -136,6 +136,48 @@ TEST(BlockLayoutTest, TensorsFindTheirOp) {
   EXPECT_FALSE(IsBlockInputItself(layout, Named("layers.1.mlp_norm.input_fp32"), DTYPE_FP32));
 }
 
+// Olmo2DecoderLayer: no norm before either half, one after each (before the
+// add); q/k/v and the MLP read the residual stream, which q_proj keeps.
+TEST(BlockLayoutTest, PostNormBlocksNormalizeEachHalfsOutput) {
+  ModelSpec spec = Decoder();
+  spec.set_norm_placement(NORM_PLACEMENT_POST);
+  spec.set_qk_norm(true);
+  spec.set_qk_norm_over_projection(true);
+  EXPECT_THAT(Ops(spec), ElementsAre("qkv:attn", "qk_norm:attn", "attention:attn", "o_proj:attn",
+                                     "norm:attn_post_norm", "residual_add", "mlp:mlp", "norm:mlp_post_norm",
+                                     "residual_add"));
+  std::vector<std::string> shapes;
+  for (const TensorSpec& t : BlockParameters(spec, 0)) {
+    if (t.name().find("_norm") != std::string::npos) shapes.push_back(t.name() + " " + std::to_string(t.shape(0)));
+  }
+  EXPECT_THAT(shapes, ElementsAre("layers.0.attn.q_norm.weight 64", "layers.0.attn.k_norm.weight 32",
+                                  "layers.0.attn_post_norm.weight 64", "layers.0.mlp_post_norm.weight 64"));
+  const std::vector<BlockOp> layout = BlockLayout(spec);
+  EXPECT_TRUE(IsBlockInputItself(layout, Named("layers.1.attn.input", DTYPE_BF16), DTYPE_BF16));
+  EXPECT_FALSE(IsBlockInputItself(layout, Named("layers.1.mlp.input", DTYPE_BF16), DTYPE_BF16));
+  // What a half's post-norm (or residual dropout) keeps is freed first in its backward.
+  EXPECT_TRUE(InHalfTail(layout, Named("layers.1.attn_post_norm.normalized")));
+  EXPECT_TRUE(InHalfTail(layout, Named("layers.1.mlp_post_norm.input_fp32")));
+  EXPECT_FALSE(InHalfTail(layout, Named("layers.1.mlp.gate")));
+  EXPECT_FALSE(InHalfTail(layout, Named("layers.1.attn.q_norm.input_fp32")));
+  EXPECT_FALSE(InHalfTail(BlockLayout(Decoder()), Named("layers.1.mlp_norm.input_fp32")));
+  spec.set_residual_dropout(0.1);
+  EXPECT_TRUE(InHalfTail(BlockLayout(spec), Named("layers.1.mlp.resid_dropout_mask")));
+}
+
+// Glm4DecoderLayer: a norm before each half and one after it.
+TEST(BlockLayoutTest, SandwichBlocksNormalizeBothEnds) {
+  ModelSpec spec = Decoder();
+  spec.set_norm_placement(NORM_PLACEMENT_PRE_AND_POST);
+  EXPECT_THAT(Ops(spec), ElementsAre("norm:attn_norm", "qkv:attn", "attention:attn", "o_proj:attn",
+                                     "norm:attn_post_norm", "residual_add", "norm:mlp_norm", "mlp:mlp",
+                                     "norm:mlp_post_norm", "residual_add"));
+  const std::vector<BlockOp> layout = BlockLayout(spec);
+  EXPECT_TRUE(IsBlockInputItself(layout, Named("layers.1.attn_norm.input_fp32"), DTYPE_FP32));
+  EXPECT_TRUE(InHalfTail(layout, Named("layers.1.attn_post_norm.rstd")));
+  EXPECT_FALSE(InHalfTail(layout, Named("layers.1.mlp_norm.rstd")));
+}
+
 // Under LoRA a frozen module of block 0 runs backward (and ZeRO-3 gathers it
 // again) only when its input requires grad, which the layout's walk follows
 // from the adapters: q_proj's make q (and q_norm) need it, up_proj's the MLP's end.

@@ -99,9 +99,11 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
     const std::string module = absl::StrCat(op.module, ".");
     if (op.kind == BlockOpKind::kNorm) AddNorm(spec, p + "." + op.module, spec.hidden_size(), layer, &out);
     if (op.kind == BlockOpKind::kQkNorm) {
-      // One RMSNorm weight over head_dim each, shared by all heads.
-      for (const char* norm : {kQNorm, kKNorm}) {
-        out.push_back(Param(absl::StrCat(p, ".", module, norm, ".weight"), {spec.head_dim()}, layer));
+      // One RMSNorm weight over head_dim each, shared by all heads, or over the whole projection.
+      const bool whole = spec.qk_norm_over_projection();
+      for (const auto& [norm, heads] : {std::pair{kQNorm, spec.num_attention_heads()}, {kKNorm, spec.num_kv_heads()}}) {
+        out.push_back(Param(absl::StrCat(p, ".", module, norm, ".weight"), {(whole ? heads : 1) * spec.head_dim()},
+                            layer));
       }
     }
     for (const BlockLinear& l : OpLinears(spec, op)) {
@@ -275,7 +277,7 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
     act(".rstd", rows, stats);
   } else {
     act(".input_fp32", shape, DTYPE_FP32);
-    if (BaseWeightsTrain(spec)) act(".normalized", shape, dtype);
+    if (BaseWeightsTrain(spec)) act(".normalized", shape, spec.norm_weight_in_fp32() ? DTYPE_FP32 : dtype);
     act(".rstd", rows, DTYPE_FP32);  // HF RMSNorm computes it in fp32
   }
 }
@@ -298,9 +300,13 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
 //                the input itself in fp32), fp32 rstd, the normalized
 //                x*rstd cast back to the working dtype (saved by weight*)
 //   LayerNorm    input x, fp32 mean and rstd (at::native_layer_norm)
-//   q/k/v proj   the norm's output n1                             [b,s,h]
-//   qk-norm      Qwen3's RMSNorm over head_dim on q and k, as above
-//   RoPE         nothing (multiplies by constant cos/sin)
+//   q/k/v proj   the norm's output n1 (post-norm blocks: the stream) [b,s,h]
+//   qk-norm      Qwen3's RMSNorm over head_dim on q and k, as above (Olmo2:
+//                over the whole projection)
+//   fp32 weight  Olmo2RMSNorm multiplies by its weight in fp32: the
+//                normalized input is kept in fp32
+//   RoPE         nothing (multiplies by constant cos/sin); Glm4's per-layer
+//                interleaved copies of the tables [s, rotary_dim] x2
 //   attention    SDPA: q, k, v (rotated), output, fp32 logsumexp [b,a,s]
 //                SDPA's math path (CPU with dropout; attention.cpp
 //                _scaled_dot_product_attention_math): q and k scaled and v,
@@ -314,6 +320,8 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
 //   o_proj       attention output (the same tensor as above)
 //   residual     nothing
 //   mlp norm     residual stream h1, rstd; FFN input n2            [b,s,h]
+//   post-norm    as a norm, over o_proj's and the MLP's outputs; the MLP
+//                reads (and keeps) the residual stream h1
 //   SwiGLU       gate, up, silu(gate), silu(gate)*up               [b,s,f] x4
 //   GELU MLP     up output, gelu output                            [b,s,f] x2
 //   gelu_new     transformers' NewGELUActivation also: 0.5x, tanh, 1+tanh [b,s,f] x3
@@ -379,6 +387,8 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
     const bool q_grad = grad.q, k_grad = grad.k, v_grad = grad.v, attention_grad = grad.attention;
     const std::string m = op.module + ".";
     const std::vector<BlockLinear> linears = OpLinears(spec, op);
+    // What the op's projections read: a pre-norm's output, or the residual stream itself (post-norm blocks).
+    auto read_name = [&] { return current.empty() ? m + "input" : current + ".output"; };
     switch (op.kind) {
       case BlockOpKind::kNorm:
         if (current_grad) norm(op.module, {b, s, h});
@@ -387,13 +397,18 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
       case BlockOpKind::kQkvProjection: {
         bool keeps = false;
         for (const BlockLinear& l : linears) keeps = keeps || saves_input(l.name, current_grad);
-        if (keeps) act(current + ".output", {b, s, h}, dtype);
+        if (keeps) act(read_name(), {b, s, h}, dtype);
         for (const BlockLinear& l : linears) adapters(m + std::string(l.name), l.in_features, current_grad);
         break;
       }
       case BlockOpKind::kQkNorm:
-        if (q_grad) norm(m + kQNorm, {b, s, a, d});
-        if (k_grad) norm(m + kKNorm, {b, s, kv, d});
+        if (spec.qk_norm_over_projection()) {
+          if (q_grad) norm(m + kQNorm, {b, s, a * d});
+          if (k_grad) norm(m + kKNorm, {b, s, kv * d});
+        } else {
+          if (q_grad) norm(m + kQNorm, {b, s, a, d});
+          if (k_grad) norm(m + kKNorm, {b, s, kv, d});
+        }
         break;
       case BlockOpKind::kAttention: {
         const bool attention_dropout = spec.attention_dropout() > 0;
@@ -438,6 +453,12 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           }
           act(m + "logsumexp", {b, a, s}, DTYPE_FP32);
         }
+        // Glm4's interleaved cos and sin, made per layer, kept by the multiplies with q and k.
+        if (spec.rope_interleaved() && spec.position_embedding() == POSITION_ROPE && (q_grad || k_grad)) {
+          const int64_t rotary_dim = spec.rotary_dim() > 0 ? spec.rotary_dim() : d;
+          act(m + "rope_cos", {s, rotary_dim}, dtype);
+          act(m + "rope_sin", {s, rotary_dim}, dtype);
+        }
         // SDPA's flash kernel keeps its output itself.
         output_kept = attention_grad && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device);
         break;
@@ -466,7 +487,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         for (const BlockLinear& l : linears) {
           keeps = keeps || (l.name != "down_proj" && saves_input(l.name, input_grad));
         }
-        if (keeps) act(current + ".output", {b, s, h}, dtype);
+        if (keeps) act(read_name(), {b, s, h}, dtype);
         const bool up_grad = grad.up, gate_grad = grad.gate;
         if (spec.ffn_type() == FFN_SWIGLU) {
           adapters(m + "gate_proj", h, input_grad);
@@ -511,7 +532,7 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
   // The LM head keeps its input for its own gradient, or always (LinearSaves).
   if (!saves.fused_loss &&
       (BaseWeightsTrain(spec) || SavesModule(spec, "lm_head") || saves.linear == LinearSaves::kAlways)) {
-    out.push_back(Make("final_norm.output", {b, s, h}, dtype, ROLE_ACTIVATION, -1));
+    out.push_back(Make(kFinalNormOutput, {b, s, h}, dtype, ROLE_ACTIVATION, -1));
   }
   return out;
 }
@@ -530,6 +551,13 @@ std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t
                        ROLE_ACTIVATION, -1));
   }
   return out;
+}
+
+int64_t RmsNormBackwardTransientBytes(const ModelSpec& spec, int64_t elements, DType dtype, bool weight_trains) {
+  if (spec.norm_type() != NORM_RMSNORM) return 0;
+  constexpr int64_t kFp32TemporariesAtPeak = 5;
+  const DType normalized = spec.norm_weight_in_fp32() ? DTYPE_FP32 : dtype;
+  return elements * (kFp32TemporariesAtPeak * DTypeBytes(DTYPE_FP32) - (weight_trains ? DTypeBytes(normalized) : 0));
 }
 
 int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype, KernelDevice device) {

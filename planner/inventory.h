@@ -149,8 +149,10 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
                                               DType dtype, int layer, KernelDevice device,
                                               const SavePolicy& saves = {});
 
-// The final norm's saved tensors (as a block's norms save) and its output,
-// which the LM head keeps (LinearSaves; not with the fused loss); layer -1.
+// The final norm's saved tensors (as a block's norms save) and its output
+// (kFinalNormOutput), which the LM head keeps (LinearSaves; not with the
+// fused loss) until its own backward is done; layer -1.
+inline constexpr char kFinalNormOutput[] = "final_norm.output";
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                   DType dtype, KernelDevice device, const SavePolicy& saves = {});
 
@@ -161,6 +163,17 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
 // keeps the input itself, counted with the step's inputs); layer -1.
 std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                   DType dtype, KernelDevice device, const SavePolicy& saves = {});
+
+// Peak bytes of the temporaries of one RMSNorm's backward over `elements`
+// (rows x width) beyond its incoming gradient, net of its saved normalized
+// input, which is freed by then (0 for LayerNorm: ATen's one kernel makes
+// only the gradients). transformers' RMSNorm runs op by op, and autograd
+// runs its ops' backward in fp32: at PowBackward's product (pow_backward in
+// torch/csrc/autograd/FunctionsManual.cpp: grad * (2 * x.pow(1))) five fp32
+// tensors of the input's shape are alive -- mul's input gradient waiting for
+// its sum, MeanBackward's expanded gradient, x.pow(1), its double and the
+// product (read in the oracle's allocation trace of a final norm).
+int64_t RmsNormBackwardTransientBytes(const ModelSpec& spec, int64_t elements, DType dtype, bool weight_trains);
 
 // Peak bytes of tensors that exist only inside one block's forward (the
 // pre-softmax scores next to the probabilities when those are materialized).

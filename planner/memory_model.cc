@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -152,21 +153,27 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   sizer.saves_ = SavePolicyFor(config);
   const SavePolicy& saves = sizer.saves_;
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
-  // causal mask): fit the three terms from the inventory, check a fourth point.
+  // causal mask) + W*s (tables without a batch): fit the four terms from
+  // the inventory, check a fifth point.
   auto fit = [&](int layer) {
     auto saved = [&](int64_t b, int64_t seq) {
       return SumBytes(BlockSavedActivations(model, b, seq, dtype, layer, device, saves));
     };
     SavedFit f;
-    const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f21 = saved(2, 1);
-    f.per_seq_sq = 2 * f11 - f21;
-    f.per_token_sq = (f12 - 2 * f.per_seq_sq - 2 * f11) / 2;
-    f.per_token = f11 - f.per_seq_sq - f.per_token_sq;
+    const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f21 = saved(2, 1), f22 = saved(2, 2);
+    const int64_t batch_terms_1 = f21 - f11;  // X + Y
+    const int64_t batch_terms_2 = f22 - f12;  // 2X + 4Y
+    f.per_token_sq = (batch_terms_2 - 2 * batch_terms_1) / 2;
+    f.per_token = batch_terms_1 - f.per_token_sq;
+    const int64_t seq_terms_1 = f11 - f.per_token - f.per_token_sq;          // Z + W
+    const int64_t seq_terms_2 = f12 - 2 * f.per_token - 4 * f.per_token_sq;  // 4Z + 2W
+    f.per_seq_sq = (seq_terms_2 - 2 * seq_terms_1) / 2;
+    f.per_seq = seq_terms_1 - f.per_seq_sq;
     ZPLAN_CHECK(saved(3, 5) == f.Bytes(3, 5));
     for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
       if (InMlpHalf(layout, t)) f.mlp_per_token += TensorBytes(t);
       if (IsBlockInputItself(layout, t, dtype)) f.input_per_token += TensorBytes(t);
-      if (absl::EndsWith(t.name(), ".mlp.resid_dropout_mask")) f.mlp_dropout_per_token += TensorBytes(t);
+      if (InHalfTail(layout, t)) (InMlpHalf(layout, t) ? f.mlp_tail_per_token : f.attn_tail_per_token) += TensorBytes(t);
     }
     return f;
   };
@@ -177,7 +184,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 1, device, saves)) {
     sizer.down_input_saved_ = sizer.down_input_saved_ || absl::EndsWith(t.name(), down_input);
   }
-  sizer.final_norm_per_token_ = SumBytes(FinalNormSavedActivations(model, 1, 1, dtype, device, saves));
+  for (const TensorSpec& t : FinalNormSavedActivations(model, 1, 1, dtype, device, saves)) {
+    (t.name() == kFinalNormOutput ? sizer.head_input_per_token_ : sizer.final_norm_per_token_) += TensorBytes(t);
+  }
   s.block_grads = block_param_elements * w;
   s.block_grads_mlp = mlp_elements * w;
   s.block_grads_down = down_elements * w;
@@ -283,8 +292,10 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
   s.block_saved_input = saved_.input_per_token * tokens;
   s.block0_saved_input = saved_block0_.input_per_token * tokens;
-  s.block_mlp_dropout_saved = saved_.mlp_dropout_per_token * tokens;
-  s.block0_mlp_dropout_saved = saved_block0_.mlp_dropout_per_token * tokens;
+  s.block_mlp_tail_saved = saved_.mlp_tail_per_token * tokens;
+  s.block0_mlp_tail_saved = saved_block0_.mlp_tail_per_token * tokens;
+  s.block_attn_tail_saved = saved_.attn_tail_per_token * tokens;
+  s.block0_attn_tail_saved = saved_block0_.attn_tail_per_token * tokens;
   s.block_input = tokens * h * w;
   s.host_checkpoints = s.host_checkpoint_blocks * s.block_input;
   if (s.host_checkpoint_pinned) {
@@ -314,16 +325,20 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   }
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
   const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_);
-  s.block_bwd_mlp_transient = bwd.mlp_bytes;
-  // A weight gradient bound for a reduce bucket (stages 1-3) lives beside
-  // its linear's input gradient (down_proj: the FFN-wide one, and with
-  // residual dropout the dropped output's gradient, less the mask freed
-  // before it), not beside the half's widest moment: it adds only what
-  // exceeds that.
-  const int64_t dropout_grad =
-      model.residual_dropout() > 0 ? tokens * h * (w - DTypeBytes(DropoutSavedDType(dtype, device))) : 0;
+  // The gradient of the MLP's output, which ops after it make (a residual
+  // dropout's, a post-norm's), lives until down_proj's backward has run: a
+  // plain MLP's widest moment is inside that backward (docs/deepspeed_model.md
+  // row 41), a gated one's after it.
+  const int64_t output_grad = s.block_mlp_tail_saved > 0 ? tokens * h * w : 0;
+  s.block_mlp_output_grad = model.ffn_type() == FFN_SWIGLU ? 0 : output_grad;
+  s.block_bwd_mlp_transient = bwd.mlp_bytes + s.block_mlp_output_grad;
+  // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
+  // its linear's input gradient (down_proj: the FFN-wide one, and the
+  // gradient of its output when ops after the MLP made one: a residual
+  // dropout's, a post-norm's), not beside the half's widest moment: it adds
+  // only what exceeds that.
   s.block_max_mlp_grad = std::max<int64_t>(
-      0, tokens * model.ffn_hidden_size() * w + dropout_grad + base_.block_max_mlp_grad - bwd.mlp_bytes);
+      0, tokens * model.ffn_hidden_size() * w + output_grad + base_.block_max_mlp_grad - s.block_bwd_mlp_transient);
   s.block_bwd_attn_transient = bwd.attention_bytes;
   if (model.has_vision()) {
     // fp32 pixels and int64 labels (ViT has no mask: it attends everywhere).
@@ -331,12 +346,27 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     s.step_batch = b * (v.num_channels() * v.image_size() * v.image_size() * 4 + kTokenIdBytes);
   } else {
     s.step_batch = 2 * tokens * kTokenIdBytes;
-    // cos and sin [s, head_dim] in the working dtype, shared by every layer.
-    if (model.position_embedding() == POSITION_ROPE) s.rope_tables = 2 * seq * model.head_dim() * w;
-    if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = tokens * seq * w;
+    // cos and sin [s, head_dim] in the working dtype (Olmo2: fp32), shared
+    // by every layer, or with layer types by every layer of one type.
+    const std::set<int> layer_types(model.layer_types().begin(), model.layer_types().end());
+    const int64_t rope_pairs = std::max<int64_t>(1, layer_types.size());
+    if (model.position_embedding() == POSITION_ROPE) {
+      const int64_t rotary_dim = model.rotary_dim() > 0 ? model.rotary_dim() : model.head_dim();
+      s.rope_tables = rope_pairs * 2 * seq * rotary_dim * (model.rope_in_fp32() ? 4 : w);
+      s.rope_tables_unsaved = model.rope_interleaved();
+    }
+    // Eager's additive causal mask [b, 1, s, s]; with layer types both the
+    // full and the sliding one (Olmo3Model.forward's causal_mask_mapping).
+    const int64_t masks = model.layer_types().empty() ? 1 : 2;
+    if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = masks * tokens * seq * w;
   }
   s.act_grad = tokens * h * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;
+  s.head_input_saved = head_input_per_token_ * tokens;
+  s.final_norm_bwd_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, base_.final_norm_grads > 0);
+  if (model.norm_placement() != NORM_PLACEMENT_PRE) {
+    s.block_post_norm_bwd_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, !model.has_lora());
+  }
   s.embed_saved = SumBytes(EmbeddingSavedActivations(model, b, seq, dtype, device, saves_));
   // A ViT classifies each image once, from its CLS token.
   const int64_t logit_rows = model.has_vision() ? b : tokens;

@@ -107,17 +107,20 @@ class StepSizer {
     int64_t per_token = 0;
     int64_t per_token_sq = 0;
     int64_t per_seq_sq = 0;
+    int64_t per_seq = 0;             // Glm4's per-layer RoPE tables [s, rotary_dim]
     int64_t mlp_per_token = 0;
     int64_t input_per_token = 0;     // IsBlockInputItself
-    int64_t mlp_dropout_per_token = 0;  // the MLP's residual-dropout mask
+    int64_t mlp_tail_per_token = 0;   // of that, what the ops after the MLP save (InHalfTail)
+    int64_t attn_tail_per_token = 0;  // what the ops after o_proj save
     int64_t Bytes(int64_t b, int64_t seq) const {
-      return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq;
+      return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq + per_seq * seq;
     }
   };
   SavedFit saved_, saved_block0_;
   bool down_input_saved_ = false;    // BlockBackwardTransientBytes
   SavePolicy saves_;
-  int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations: linear in b*s
+  int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations but its output: linear in b*s
+  int64_t head_input_per_token_ = 0;  // its output, which the LM head keeps
 };
 
 // What DeepSpeed and transformers make autograd keep for this run: under

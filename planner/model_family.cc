@@ -16,6 +16,15 @@ constexpr double kGpt2DefaultDropout = 0.1;
 constexpr int64_t kGpt2FfnMultiple = 4;
 // Qwen3Config's head_dim default (its heads are wider than hidden / heads).
 constexpr int64_t kQwen3DefaultHeadDim = 128;
+// Olmo3Config: sliding_window 4096; layer_types "full_attention" where (i + 1) % 4 == 0.
+constexpr int64_t kOlmo3DefaultSlidingWindow = 4096;
+constexpr int64_t kOlmo3FullAttentionInterval = 4;
+// Glm4Config.__post_init__: partial_rotary_factor 0.5 when the config has none.
+constexpr double kGlm4PartialRotaryFactor = 0.5;
+// Glm4Config's head_dim default.
+constexpr int64_t kGlm4DefaultHeadDim = 128;
+// SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
+constexpr int64_t kSmolLm3NoRopeLayerInterval = 4;
 
 std::vector<ModelFamily> BuildFamilies() {
   std::vector<ModelFamily> families;
@@ -101,6 +110,67 @@ std::vector<ModelFamily> BuildFamilies() {
     f.fused_gate_up = true;
     f.sliding_window_key = "sliding_window";
     f.partial_rotary = true;
+    families.push_back(f);
+  }
+  {
+    // Llama's projections and MLP (attention_bias on all four, no mlp_bias),
+    // norms after each half instead of before, and fp32 where Olmo2's code
+    // computes in it.
+    ModelFamily f = families.front();
+    f.model_type = "olmo2";
+    f.read_from = "models/olmo2/configuration_olmo2.py (Olmo2Config), modeling_olmo2.py (Olmo2DecoderLayer: "
+                  "post_attention_layernorm and post_feedforward_layernorm after each half; Olmo2RMSNorm: "
+                  "(weight * x).to(input_dtype); Olmo2Attention: q_norm and k_norm over the whole projection; "
+                  "Olmo2RotaryEmbedding: fp32 cos and sin)";
+    f.mlp_bias_key = "";
+    f.norm_placement = NORM_PLACEMENT_POST;
+    f.norm_weight_in_fp32 = true;
+    f.qk_norm = true;
+    f.qk_norm_over_projection = true;
+    f.rope_in_fp32 = true;
+    families.push_back(f);
+    // Olmo2's blocks with layer types: three sliding-window layers to one full.
+    f.model_type = "olmo3";
+    f.read_from = "models/olmo3/configuration_olmo3.py (Olmo3Config: layer_types, sliding_window 4096), "
+                  "modeling_olmo3.py (Olmo3Attention: sliding_window on sliding layers; Olmo3Model: a RoPE table "
+                  "per layer type, the full and the sliding causal masks)";
+    f.sliding_window_key = "sliding_window";
+    f.full_attention_interval = kOlmo3FullAttentionInterval;
+    f.default_sliding_window = kOlmo3DefaultSlidingWindow;
+    families.push_back(f);
+  }
+  {
+    // Llama's blocks (attention_bias on all four projections, mlp_bias),
+    // tied by default, with RoPE left out on every fourth layer.
+    ModelFamily f = families.front();
+    f.model_type = "smollm3";
+    f.read_from = "models/smollm3/configuration_smollm3.py (SmolLM3Config: tie_word_embeddings true, "
+                  "no_rope_layers, use_sliding_window), modeling_smollm3.py (SmolLM3Attention: RoPE only where "
+                  "use_rope; SmolLM3Model: one RoPE table, the sliding mask only with sliding layers)";
+    f.tie_word_embeddings = true;
+    f.no_rope_layer_interval = kSmolLm3NoRopeLayerInterval;
+    f.unmodelled_switch_key = "use_sliding_window";
+    families.push_back(f);
+  }
+  {
+    // Llama's attention with q/k/v biases (attention_bias, default true)
+    // and none on o_proj, Phi3's gate_up_proj, a norm before and after each
+    // half, and RoPE over half of each head, interleaved.
+    ModelFamily f = families.front();
+    f.model_type = "glm4";
+    f.read_from = "models/glm4/configuration_glm4.py (Glm4Config: attention_bias true, partial_rotary_factor 0.5), "
+                  "modeling_glm4.py (Glm4DecoderLayer: input_layernorm, post_self_attn_layernorm, "
+                  "post_attention_layernorm, post_mlp_layernorm; Glm4Attention: o_proj without bias; Glm4MLP: "
+                  "gate_up_proj; apply_rotary_pos_emb: repeat_interleave, rotate_half on pairs, torch.cat)";
+    f.default_head_dim = kGlm4DefaultHeadDim;
+    f.qkv_bias = true;
+    f.out_bias = OutProjectionBias::kNever;
+    f.mlp_bias_key = "";
+    f.fused_gate_up = true;
+    f.norm_placement = NORM_PLACEMENT_PRE_AND_POST;
+    f.partial_rotary = true;
+    f.default_partial_rotary_factor = kGlm4PartialRotaryFactor;
+    f.rope_interleaved = true;
     families.push_back(f);
   }
   {

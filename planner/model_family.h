@@ -1,15 +1,18 @@
 // File: model_family.h
 // The transformers model types zplan plans, as data: one ModelFamily per
-// config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3, gpt2, vit -- holding
+// config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2,
+// vit --
+// holding
 // what that type's config class and modeling file give it: the keys its
 // config.json uses and the defaults of those it may leave out, the norm, the
 // MLP, which projections have biases, qk-norm, the position embedding, the
 // dropout sites, the dtype of eager attention's softmax, Granite's multipliers, Phi3's fused
-// projections and sliding window, and the transformers
+// projections and sliding window, OLMo's post-norms and layer types, SmolLM3's layers without RoPE, GLM-4's
+// four norms and partial interleaved RoPE, and the transformers
 // source (5.23.0, planner/version.h) it was read from. ModelSpecFromHfConfig
 // (model_spec.h) reads every config.json through its model_type's entry.
 //
-// Any other model_type (bert, gemma2, lfm2, olmo2, first-generation qwen, ...)
+// Any other model_type (bert, gemma2, lfm2, starcoder2, first-generation qwen, ...)
 // is not supported: nothing here describes it. Planning it as one of these
 // families anyway is an unvalidated approximation; a plan that is one says so
 // in ModelSpec.unvalidated_approximation (ApproximationNote), which zplan and
@@ -97,9 +100,31 @@ struct ModelFamily {
   // sliding_window; null: none); empty: the family has none.
   absl::string_view sliding_window_key;
   // Its apply_rotary_pos_emb rotates partial_rotary_factor of each head and
-  // concatenates the rest (ModelSpec.rope_concatenates). zplan reads the
-  // factor (top level or in rope_parameters) and plans 1.0 only.
+  // concatenates the rest (ModelSpec.rope_concatenates, rotary_dim), read
+  // from the top level or rope_parameters, default_partial_rotary_factor
+  // when absent; rope_interleaved as Glm4's.
   bool partial_rotary = false;
+  double default_partial_rotary_factor = 1.0;
+  bool rope_interleaved = false;
+  // Olmo2's block: norms after attention and MLP (NormPlacement), RMSNorm's
+  // weight multiply in fp32, q_norm and k_norm over the whole projection,
+  // RoPE in fp32 (ModelSpec's fields of those names).
+  NormPlacement norm_placement = NORM_PLACEMENT_PRE;
+  bool norm_weight_in_fp32 = false;
+  bool qk_norm_over_projection = false;
+  bool rope_in_fp32 = false;
+  // > 0: the config has layer_types (ModelSpec.layer_types), by default
+  // "full_attention" every this many layers and "sliding_attention" between
+  // (Olmo3Config.__post_init__: (i + 1) % 4 != 0 slides), with
+  // sliding_window_key's window defaulting to default_sliding_window.
+  int64_t full_attention_interval = 0;
+  int64_t default_sliding_window = 0;
+  // > 0: the config has no_rope_layers (ModelSpec.rope_layers), by default
+  // RoPE on every layer but each this-many-th (SmolLM3Config.__post_init__).
+  int64_t no_rope_layer_interval = 0;
+  // A boolean config key whose true value builds what zplan does not model,
+  // refused by name (SmolLM3's use_sliding_window); empty: none.
+  absl::string_view unmodelled_switch_key;
 };
 
 // Every family, in the order above.
@@ -108,7 +133,7 @@ const std::vector<ModelFamily>& ModelFamilies();
 // The entry for a model_type; nullptr when zplan has none.
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
-// "llama, mistral, qwen2, qwen3, granite, phi3, gpt2, vit".
+// "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

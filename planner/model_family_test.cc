@@ -11,7 +11,7 @@ namespace zplan {
 namespace {
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -22,7 +22,7 @@ TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
     EXPECT_FALSE(f.ffn_key.empty()) << f.model_type;
     EXPECT_TRUE(FfnTypeFor(f, f.default_activation).has_value()) << f.model_type << ": its own default";
   }
-  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma2", "phi", "olmo2", "mixtral", ""}) {
+  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma2", "phi", "starcoder2", "mixtral", ""}) {
     EXPECT_EQ(FindModelFamily(unsupported), nullptr) << unsupported;
   }
 }
@@ -65,6 +65,27 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_TRUE(phi3.fused_qkv && phi3.fused_gate_up && phi3.partial_rotary);
   EXPECT_EQ(phi3.residual_dropout.key, "resid_pdrop") << "Phi3DecoderLayer's resid_attn_dropout, resid_mlp_dropout";
   EXPECT_EQ(phi3.sliding_window_key, "sliding_window");
+  for (const char* olmo : {"olmo2", "olmo3"}) {
+    const ModelFamily& f = *FindModelFamily(olmo);
+    EXPECT_EQ(f.norm_placement, NORM_PLACEMENT_POST) << olmo;
+    EXPECT_TRUE(f.norm_weight_in_fp32 && f.qk_norm && f.qk_norm_over_projection && f.rope_in_fp32) << olmo;
+    EXPECT_EQ(f.qkv_bias_key, "attention_bias") << olmo << ": q, k, v and o_proj alike";
+    EXPECT_TRUE(f.mlp_bias_key.empty()) << olmo << ": Olmo2MLP has no bias";
+  }
+  EXPECT_EQ(FindModelFamily("olmo2")->full_attention_interval, 0);
+  EXPECT_EQ(FindModelFamily("olmo3")->full_attention_interval, 4);
+  EXPECT_EQ(FindModelFamily("olmo3")->default_sliding_window, 4096);
+  const ModelFamily& glm4 = *FindModelFamily("glm4");
+  EXPECT_EQ(glm4.norm_placement, NORM_PLACEMENT_PRE_AND_POST);
+  EXPECT_TRUE(glm4.qkv_bias && glm4.fused_gate_up && glm4.partial_rotary && glm4.rope_interleaved);
+  EXPECT_EQ(glm4.out_bias, OutProjectionBias::kNever);
+  EXPECT_DOUBLE_EQ(glm4.default_partial_rotary_factor, 0.5);
+  EXPECT_EQ(glm4.default_head_dim, 128);
+  const ModelFamily& smollm3 = *FindModelFamily("smollm3");
+  EXPECT_TRUE(smollm3.tie_word_embeddings);
+  EXPECT_EQ(smollm3.no_rope_layer_interval, 4);
+  EXPECT_EQ(smollm3.unmodelled_switch_key, "use_sliding_window");
+  EXPECT_EQ(smollm3.mlp_bias_key, "mlp_bias");
   for (const ModelFamily& f : ModelFamilies()) {
     if (f.model_type == "gpt2" || f.model_type == "vit") continue;
     EXPECT_EQ(f.attention_dropout.key, "attention_dropout") << f.model_type;

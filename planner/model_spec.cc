@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -129,6 +130,67 @@ absl::Status ReadSide(const JsonObject& config, absl::string_view key, int64_t* 
   return ReadInt(config, key, out);
 }
 
+// A per-layer list of config.json (layer_types, no_rope_layers): absent or
+// null, `fallback(i)` for each layer; else one entry per layer, each taken
+// by `take` (false: a value zplan does not model).
+absl::Status ReadPerLayer(const JsonObject& config, absl::string_view key, absl::string_view expected,
+                          const ModelFamily& family, int64_t layers, const std::function<void(int64_t)>& fallback,
+                          const std::function<bool(const google::protobuf::Value&)>& take) {
+  const google::protobuf::Value* given = config.Find(key);
+  if (given == nullptr || given->has_null_value()) {
+    for (int64_t i = 0; i < layers; ++i) fallback(i);
+    return absl::OkStatus();
+  }
+  if (!given->has_list_value()) return config.Error(key, absl::StrCat("expected ", expected));
+  const auto& values = given->list_value().values();
+  if (static_cast<int64_t>(values.size()) != layers) {
+    return config.Error(key, absl::StrCat(values.size(), " entries for num_hidden_layers ", layers, "; give ",
+                                          expected));
+  }
+  for (const google::protobuf::Value& v : values) {
+    if (!take(v)) {
+      const std::string shown = v.has_string_value() ? QuoteInput(v.string_value())
+                                : v.has_number_value() ? absl::StrCat(v.number_value())
+                                                       : JsonTypeName(v);
+      return config.Error(key, absl::StrCat(shown, " is not modelled in ", family.model_type, "; give ", expected));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// config.layer_types, or the family's pattern: full attention every
+// full_attention_interval layers, sliding between.
+absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+  spec->clear_layer_types();
+  return ReadPerLayer(
+      config, "layer_types", "a list of \"full_attention\" or \"sliding_attention\", one per layer", family,
+      spec->num_layers(),
+      [&](int64_t i) {
+        spec->add_layer_types((i + 1) % family.full_attention_interval != 0 ? LAYER_SLIDING_ATTENTION
+                                                                             : LAYER_FULL_ATTENTION);
+      },
+      [&](const google::protobuf::Value& v) {
+        const bool full = v.has_string_value() && v.string_value() == "full_attention";
+        const bool sliding = v.has_string_value() && v.string_value() == "sliding_attention";
+        if (full || sliding) spec->add_layer_types(full ? LAYER_FULL_ATTENTION : LAYER_SLIDING_ATTENTION);
+        return full || sliding;
+      });
+}
+
+// config.no_rope_layers (1: the layer applies RoPE), or the family's
+// pattern: none every no_rope_layer_interval layers.
+absl::Status ReadRopeLayers(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+  spec->clear_rope_layers();
+  return ReadPerLayer(
+      config, "no_rope_layers", "a list of 1 (RoPE) or 0 (none), one per layer", family, spec->num_layers(),
+      [&](int64_t i) { spec->add_rope_layers((i + 1) % family.no_rope_layer_interval != 0); },
+      [&](const google::protobuf::Value& v) {
+        if (!v.has_number_value() || (v.number_value() != 0 && v.number_value() != 1)) return false;
+        spec->add_rope_layers(v.number_value() == 1);
+        return true;
+      });
+}
+
 // What a config.json of `family` leaves to its family, read into `spec`: the
 // FFN type from the activation, norm, positions, biases, qk-norm, dropout at
 // the family's sites with its defaults, the attention implementation and its
@@ -183,22 +245,45 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   spec->set_fused_qkv_projection(family.fused_qkv);
   spec->set_fused_gate_up_projection(family.fused_gate_up);
   if (!family.sliding_window_key.empty()) {
-    int64_t window = 0;  // null: no window
+    const google::protobuf::Value* given = config.Find(family.sliding_window_key);
+    int64_t window = given != nullptr && given->has_null_value() ? 0 : family.default_sliding_window;  // null: none
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, family.sliding_window_key, &window));
     if (window < 0) return config.Error(family.sliding_window_key, "must be a positive number of tokens or null");
     spec->set_sliding_window(window);
   }
+  if (family.full_attention_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadLayerTypes(config, family, spec));
+  if (family.no_rope_layer_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadRopeLayers(config, family, spec));
+  if (!family.unmodelled_switch_key.empty()) {
+    bool on = false;
+    ZPLAN_RETURN_IF_ERROR(ReadBool(config, family.unmodelled_switch_key, &on));
+    if (on) {
+      return config.Error(family.unmodelled_switch_key, absl::StrCat("true is not modelled in ", family.model_type,
+                                                                     "; zplan plans it with the key false"));
+    }
+  }
+  spec->set_norm_placement(family.norm_placement);
+  spec->set_norm_weight_in_fp32(family.norm_weight_in_fp32);
+  spec->set_qk_norm_over_projection(family.qk_norm_over_projection);
+  spec->set_rope_in_fp32(family.rope_in_fp32);
   spec->set_rope_concatenates(family.partial_rotary);
+  spec->set_rope_interleaved(family.rope_interleaved);
   if (family.partial_rotary) {
-    // _compute_default_rope_parameters reads it from the config or its rope_parameters.
-    double factor = 1.0;
+    // _compute_default_rope_parameters reads it from the config or its
+    // rope_parameters, and rotates int(head_dim * factor) dims of each head.
+    double factor = family.default_partial_rotary_factor;
     ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "partial_rotary_factor", &factor));
     ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> rope, config.Object("rope_parameters"));
     if (rope) ZPLAN_RETURN_IF_ERROR(ReadDouble(*rope, "partial_rotary_factor", &factor));
-    if (factor != 1.0) {
-      return config.Error("partial_rotary_factor", absl::StrCat(factor, ": zplan plans ", family.model_type,
-                                                                " with RoPE over the whole head (1.0) only"));
+    const int64_t head_dim = spec->head_dim() > 0 ? spec->head_dim()
+                             : spec->num_attention_heads() > 0 ? spec->hidden_size() / spec->num_attention_heads()
+                                                                : 0;
+    const int64_t rotary = static_cast<int64_t>(head_dim * factor);
+    if (!(factor > 0 && factor <= 1) || rotary <= 0 || rotary % 2 != 0) {
+      return config.Error("partial_rotary_factor", absl::StrCat(factor, " rotates ", rotary, " of ", head_dim,
+                                                                " dims per head; give a factor in (0, 1] that "
+                                                                "rotates an even number of them"));
     }
+    spec->set_rotary_dim(rotary == head_dim ? 0 : rotary);
   }
   if (family.granite_multipliers) {
     // GraniteConfig's defaults; a value of 1.0 still runs its op.
@@ -609,6 +694,24 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     if (!(p >= 0 && p < 1)) {
       return absl::InvalidArgumentError(absl::StrCat("model.", field, ": a probability in [0, 1), got ", p));
     }
+  }
+  if (spec.rope_layers_size() != 0 && spec.rope_layers_size() != spec.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.rope_layers: ", spec.rope_layers_size(),
+                                                   " entries for num_layers ", spec.num_layers(),
+                                                   "; give one per layer, or none"));
+  }
+  if (spec.layer_types_size() != 0 && spec.layer_types_size() != spec.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.layer_types: ", spec.layer_types_size(),
+                                                   " entries for num_layers ", spec.num_layers(),
+                                                   "; give one per layer, or none"));
+  }
+  for (int type : spec.layer_types()) {
+    if (type != LAYER_FULL_ATTENTION && type != LAYER_SLIDING_ATTENTION) {
+      return absl::InvalidArgumentError("model.layer_types: LAYER_TYPE_UNSPECIFIED; give each layer its type");
+    }
+  }
+  if (spec.qk_norm_over_projection() && !spec.qk_norm()) {
+    return absl::InvalidArgumentError("model.qk_norm_over_projection: set without qk_norm; set both or neither");
   }
   if (spec.has_lora()) ZPLAN_RETURN_IF_ERROR(ValidateLora(spec));
   return absl::OkStatus();

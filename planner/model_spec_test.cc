@@ -5,11 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
 
 namespace zplan {
 namespace {
+
+using ::testing::ElementsAre;
 
 struct ExactCount {
   const char* preset;
@@ -186,6 +189,83 @@ TEST(ModelSpecTest, GraniteReadsItsMultipliers) {
   EXPECT_EQ(llama->residual_multiplier(), 0.0);
 }
 
+TEST(ModelSpecTest, OlmoNormsAfterEachHalfAndReadsLayerTypes) {
+  const std::string shape = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  auto olmo2 = ModelSpecFromHfConfig(absl::StrCat(R"({"model_type": "olmo2", )", shape, "}"), "olmo2.json");
+  ASSERT_TRUE(olmo2.ok()) << olmo2.status();
+  EXPECT_EQ(olmo2->norm_placement(), NORM_PLACEMENT_POST);
+  EXPECT_TRUE(olmo2->norm_weight_in_fp32() && olmo2->qk_norm_over_projection() && olmo2->rope_in_fp32());
+  EXPECT_TRUE(olmo2->layer_types().empty());
+  EXPECT_EQ(olmo2->sliding_window(), 0);
+  // Olmo3Config's defaults: a 4096-token window on three layers of every four.
+  auto olmo3 = ModelSpecFromHfConfig(absl::StrCat(R"({"model_type": "olmo3", )", shape, "}"), "olmo3.json");
+  ASSERT_TRUE(olmo3.ok()) << olmo3.status();
+  EXPECT_EQ(olmo3->sliding_window(), 4096);
+  EXPECT_THAT(olmo3->layer_types(), ElementsAre(LAYER_SLIDING_ATTENTION, LAYER_SLIDING_ATTENTION,
+                                                LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION));
+  auto given = ModelSpecFromHfConfig(
+      absl::StrCat(R"({"model_type": "olmo3", "sliding_window": null, "layer_types": ["full_attention",
+          "sliding_attention", "full_attention", "full_attention"], )", shape, "}"), "olmo3.json");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->sliding_window(), 0);
+  EXPECT_THAT(given->layer_types(), ElementsAre(LAYER_FULL_ATTENTION, LAYER_SLIDING_ATTENTION,
+                                                LAYER_FULL_ATTENTION, LAYER_FULL_ATTENTION));
+  // One per layer, of the kinds modelled.
+  for (const char* bad : {R"("layer_types": ["full_attention"], )", R"("layer_types": ["linear_attention",
+      "full_attention", "full_attention", "full_attention"], )", R"("layer_types": "full_attention", )"}) {
+    auto refused = ModelSpecFromHfConfig(absl::StrCat(R"({"model_type": "olmo3", )", bad, shape, "}"), "olmo3.json");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("olmo3.json: layer_types: "), std::string::npos) << refused.status();
+  }
+}
+
+TEST(ModelSpecTest, SmolLm3LeavesRopeOutOfEveryFourthLayer) {
+  const std::string shape = R"("model_type": "smollm3", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, "}"), "smollm3.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->rope_layers(), ElementsAre(true, true, true, false));
+  EXPECT_TRUE(spec->tie_word_embeddings()) << "SmolLM3Config ties by default";
+  EXPECT_TRUE(spec->layer_types().empty());
+  auto given = ModelSpecFromHfConfig(absl::StrCat(R"({"no_rope_layers": [0, 1, 0, 1], "mlp_bias": true, )", shape,
+                                                  "}"), "smollm3.json");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_THAT(given->rope_layers(), ElementsAre(false, true, false, true));
+  EXPECT_TRUE(given->mlp_bias());
+  for (const char* bad : {R"("no_rope_layers": [1, 1], )", R"("no_rope_layers": [1, 1, 2, 1], )",
+                          R"("use_sliding_window": true, "sliding_window": 64, )"}) {
+    auto refused = ModelSpecFromHfConfig(absl::StrCat("{", bad, shape, "}"), "smollm3.json");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("smollm3.json: "), std::string::npos) << refused.status();
+  }
+  // Other families have no such list.
+  auto llama = ModelSpecFromHfConfig(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "no_rope_layers": [0, 0]})", "llama.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_TRUE(llama->rope_layers().empty());
+}
+
+// Glm4: a norm before and after each half, q/k/v biases by default and none
+// on o_proj, one gate_up_proj, RoPE over half of each 128-wide head, interleaved.
+TEST(ModelSpecTest, Glm4SandwichesItsHalvesAndRotatesHalfOfEachHead) {
+  auto spec = ModelSpecFromHfConfig(R"({"model_type": "glm4", "hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100})", "glm4.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->norm_placement(), NORM_PLACEMENT_PRE_AND_POST);
+  EXPECT_EQ(spec->head_dim(), 128) << "Glm4Config's head_dim, not hidden / heads";
+  EXPECT_EQ(spec->rotary_dim(), 64);
+  EXPECT_TRUE(spec->rope_interleaved() && spec->rope_concatenates() && spec->fused_gate_up_projection());
+  EXPECT_TRUE(spec->attention_qkv_bias());
+  EXPECT_FALSE(spec->attention_out_bias() || spec->mlp_bias() || spec->fused_qkv_projection());
+  auto whole = ModelSpecFromHfConfig(R"({"model_type": "glm4", "hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 64, "vocab_size": 100, "attention_bias": false,
+      "partial_rotary_factor": 1.0})", "glm4.json");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->rotary_dim(), 0);
+  EXPECT_FALSE(whole->attention_qkv_bias());
+}
+
 TEST(ModelSpecTest, Phi3FusesItsProjectionsAndReadsItsWindow) {
   const std::string shape = R"("model_type": "phi3", "hidden_size": 64, "intermediate_size": 128,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
@@ -199,12 +279,22 @@ TEST(ModelSpecTest, Phi3FusesItsProjectionsAndReadsItsWindow) {
   auto unwindowed = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "sliding_window": null})"), "phi3.json");
   ASSERT_TRUE(unwindowed.ok()) << unwindowed.status();
   EXPECT_EQ(unwindowed->sliding_window(), 0);
-  // Partial RoPE (Phi-4-mini's 0.75), at the top level or in rope_parameters, is refused by name.
-  for (const char* partial : {R"(, "partial_rotary_factor": 0.75)",
-                              R"(, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})"}) {
-    auto refused = ModelSpecFromHfConfig(absl::StrCat("{", shape, partial, "}"), "phi3.json");
-    ASSERT_FALSE(refused.ok()) << partial;
-    EXPECT_NE(refused.status().message().find("partial_rotary_factor"), std::string::npos) << refused.status();
+  EXPECT_EQ(spec->rotary_dim(), 0) << "the whole head";
+  // Partial RoPE (Phi-4-mini's 0.75), at the top level or in rope_parameters: int(head_dim x factor) dims.
+  for (const auto& [partial, dims] : {std::pair{R"(, "partial_rotary_factor": 0.75)", 12},
+                                      {R"(, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})",
+                                       8}}) {
+    auto partly = ModelSpecFromHfConfig(absl::StrCat("{", shape, partial, "}"), "phi3.json");
+    ASSERT_TRUE(partly.ok()) << partly.status();
+    EXPECT_EQ(partly->rotary_dim(), dims) << partial;
+    EXPECT_FALSE(partly->rope_interleaved());
+  }
+  // A factor that rotates an odd number of dims, or none, is refused by name.
+  for (const char* bad : {R"(, "partial_rotary_factor": 0.3125)", R"(, "partial_rotary_factor": 0)"}) {
+    auto refused = ModelSpecFromHfConfig(absl::StrCat("{", shape, bad, "}"), "phi3.json");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("phi3.json: partial_rotary_factor: "), std::string::npos)
+        << refused.status();
   }
   // LoRA on the fused projections is refused, not planned as three.
   ModelSpec lora = *spec;
@@ -230,13 +320,13 @@ TEST(ModelSpecTest, RejectsMixtureOfExperts) {
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
 TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
-  for (const char* type : {"lfm2", "bert", "gemma2", "phi", "qwen", "olmo2", "smollm3"}) {
+  for (const char* type : {"lfm2", "bert", "gemma2", "phi", "qwen", "glm", "starcoder2"}) {
     const absl::Status status = FromJson(absl::StrCat(R"({"model_type": ")", type, R"(", "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})"));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, phi3, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -268,7 +358,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"gemma2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, phi3, gpt2, vit)"),
+                                  "qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.

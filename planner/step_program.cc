@@ -273,8 +273,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 22 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 22 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 28 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 28 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -333,7 +333,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // Per-block tensors: handle base + layer.
   auto per_block = [&] { return r.Handles(num_layers); };
   const int kept_gather = per_block(), forward_gather = per_block(), input = per_block(), copy = per_block(),
-            nograd = per_block(), saved_attn = per_block(), scores = per_block(), saved_mlp = per_block();
+            nograd = per_block(), saved_attn = per_block(), scores = per_block(), saved_mlp = per_block(),
+            saved_mlp_tail = per_block(), saved_attn_tail = per_block();
   // DeepSpeed's contiguous checkpoint buffers: slot j holds block j*k's copy
   // (the copy's handle); the spare ones have their own.
   const int spare_slots = r.Handles(s.checkpoint_slots);
@@ -353,7 +354,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // Block 0's own sizes (LoRA, dropout masks, the reused input) and the buffers made there.
   const bool block0_differs = s.block0_saved_less != 0 || s.block0_saved_mlp_less != 0 ||
                               s.block0_saved_input != s.block_saved_input ||
-                              s.block0_mlp_dropout_saved != s.block_mlp_dropout_saved || s.checkpoint_slots > 0;
+                              s.block0_mlp_tail_saved != s.block_mlp_tail_saved ||
+                              s.block0_attn_tail_saved != s.block_attn_tail_saved || s.checkpoint_slots > 0;
   const int partly_kept = s.gather_kept_partial != 0 ? kept_from - 1 : -1;
   r.Cuts(num_layers, period,
          std::array<int, 9>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
@@ -378,6 +380,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
                 "forward, layer #, copy of the checkpointed input");
       }
       r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
       r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, "forward, layer #");
       r.Free(Ref{nograd, i}, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
       if (s.checkpoint_copy_on_device) {
@@ -386,19 +390,27 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
         r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input to the host");
       }
     } else {
-      r.Alloc(Ref{saved_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i), PHASE_FORWARD, i,
-              "forward, layer #");
+      r.Alloc(Ref{saved_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.AttnTailSaved(i),
+              PHASE_FORWARD, i, "forward, layer #");
       r.Alloc(Ref{scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, "forward, layer #");
       r.Free(Ref{scores, i}, PHASE_FORWARD, i, "forward, layer #, attention scores freed");
-      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, s.AttnTailSaved(i), PHASE_FORWARD, i,
+              "forward, layer #");
+      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i) - s.MlpTailSaved(i), PHASE_FORWARD, i,
+              "forward, layer #");
+      r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, s.MlpTailSaved(i), PHASE_FORWARD, i, "forward, layer #");
     }
     r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
   });
   const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
+  const int head_input =
+      r.Alloc(COMPONENT_ACTIVATIONS, s.head_input_saved, PHASE_FORWARD, -1, "final norm output, the LM head's input");
   // The fused loss's input, which nothing saves for backward.
   const int norm_output =
       s.fused_loss ? r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, -1, "final norm output") : -1;
   if (!s.checkpointing) r.Free(mask, PHASE_FORWARD, -1, "attention mask freed");
+  const bool rope_to_backward = !s.rope_tables_unsaved || s.checkpointing;
+  if (!rope_to_backward) r.Free(rope, PHASE_FORWARD, -1, "RoPE tables freed");
 
   // Loss and the LM head's backward. Gradients kept on production are
   // released together after the step: those before the blocks, each
@@ -420,6 +432,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(norm_output, PHASE_LOSS, -1, "final norm output freed");
     r.Free(grad_input, PHASE_BACKWARD, -1, "input gradient handed on");
     r.Free(grad_weight, PHASE_BACKWARD, -1, "LM head gradient handed on");
+    r.Free(head_input, PHASE_BACKWARD, -1, "nothing kept the final norm's output");
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
     head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
     buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
@@ -471,6 +484,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     }
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
     head_grad = r.Alloc(produced, s.head_grad, PHASE_BACKWARD, -1, "backward, LM head weight gradient");
+    // Autograd releases what the head saved once its backward has run, before the weight's hook.
+    r.Free(head_input, PHASE_BACKWARD, -1, "LM head's backward done, its input freed");
     buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
     if (kept) kept_before_blocks.push_back(head_grad);
     if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
@@ -478,25 +493,47 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     if (gather >= 0) r.Free(gather, PHASE_BACKWARD, -1, "LM head released");
   } else {
     act_grad = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm output");
+    r.Free(head_input, PHASE_BACKWARD, -1, "the loss's backward done, the final norm's output freed");
   }
 
-  // Final norm backward.
+  // Final norm backward. LayerNorm's one kernel makes the input's gradient
+  // with the weight's; transformers' RMSNorm makes the weight's first (its
+  // hook runs; its first op's backward has used up the LM head's input
+  // gradient, not Liger's, measured to stay to the norm's end), then the
+  // input's, through its fp32 temporaries.
   partition_from(s.num_layers, PHASE_BACKWARD);
-  const int act_grad_in =
-      r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, "gradient of final norm input");
+  const char* input_grad = "gradient of final norm input";
+  const bool op_by_op = s.final_norm_bwd_transient > 0;
+  int act_grad_in = op_by_op ? -1 : r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, input_grad);
   const int norm_grads = r.Alloc(produced, s.final_norm_grads, PHASE_BACKWARD, -1, "backward, final norm");
   buckets_at(s.num_layers, false, -1, "backward, final norm");
   if (kept) kept_before_blocks.push_back(norm_grads);
   if (!kept) r.Free(norm_grads, PHASE_BACKWARD, -1, "final norm gradients into reduce bucket");
-  r.Free(act_grad, PHASE_BACKWARD, -1, "gradient of final norm output freed");
+  const char* output_grad_freed = "gradient of final norm output freed";
+  if (!s.fused_loss) r.Free(act_grad, PHASE_BACKWARD, -1, output_grad_freed);
+  if (op_by_op) {
+    const int transient = r.Alloc(COMPONENT_TEMPORARIES, s.final_norm_bwd_transient, PHASE_BACKWARD, -1,
+                                  "backward, final norm, fp32 temporaries");
+    r.Free(transient, PHASE_BACKWARD, -1, "backward, final norm, fp32 temporaries freed");
+    act_grad_in = r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, input_grad);
+  }
+  if (s.fused_loss) r.Free(act_grad, PHASE_BACKWARD, -1, output_grad_freed);
   r.Free(final_norm, PHASE_BACKWARD, -1, "final norm saved freed");
 
   // Blocks, last to first.
   const int backward_gather = per_block(), back = per_block(), recomputed_attn = per_block(),
-            recompute_scores = per_block(), recomputed_mlp = per_block(), mlp_transient = per_block(),
+            recompute_scores = per_block(), recomputed_mlp = per_block(), recomputed_mlp_tail = per_block(),
+            recomputed_attn_tail = per_block(), mlp_post_norm = per_block(), attn_post_norm = per_block(),
+            mlp_transient = per_block(),
             mlp_transient_past_hooks = per_block(), mlp_weight_grad = per_block(), waiting = per_block(),
             kept_down = per_block(), kept_mlp_rest = per_block(), attn_transient = per_block(),
             attn_weight_grad = per_block(), kept_attn = per_block();
+  // A post-norm's backward, first in its half: its fp32 temporaries beside
+  // everything the half saved.
+  auto post_norm_backward = [&](Ref transient, const char* what) {
+    r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_post_norm_bwd_transient, PHASE_BACKWARD, transient.layer, what);
+    r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, post-norm temporaries freed");
+  };
   r.Blocks(/*forward=*/false, [&](int i) {
     if (!s.grad_partition_at_attention && !s.grad_partition_at_down_proj_hook) partition_from(i, PHASE_BACKWARD);
     // A kept block is still gathered (DeepSpeed prefetches past it while
@@ -520,15 +557,24 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
                 "backward, layer #, checkpointed input back from the host");
         attention_saved = Ref{back, i};
       }
-      r.Alloc(Ref{recomputed_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.RecomputeReusedInput(i),
-              PHASE_BACKWARD, i, "backward, layer #, recompute");
+      r.Alloc(Ref{recomputed_attn, i}, COMPONENT_ACTIVATIONS,
+              saved_of(i) - saved_mlp_of(i) - s.AttnTailSaved(i) - s.RecomputeReusedInput(i), PHASE_BACKWARD, i,
+              "backward, layer #, recompute");
       r.Alloc(Ref{recompute_scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i,
               "backward, layer #, recompute");
       r.Free(Ref{recompute_scores, i}, PHASE_BACKWARD, i, "backward, layer #, recompute scores freed");
-      r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i), PHASE_BACKWARD, i,
+      r.Alloc(Ref{recomputed_attn_tail, i}, COMPONENT_ACTIVATIONS, s.AttnTailSaved(i), PHASE_BACKWARD, i,
+              "backward, layer #, recompute");
+      r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i) - s.MlpTailSaved(i), PHASE_BACKWARD, i,
+              "backward, layer #, recomputed");
+      r.Alloc(Ref{recomputed_mlp_tail, i}, COMPONENT_ACTIVATIONS, s.MlpTailSaved(i), PHASE_BACKWARD, i,
               "backward, layer #, recomputed");
     }
-    // MLP half: its gradients, then what it saved is freed.
+    // MLP half: the ops after the MLP run their backward first (what they
+    // saved is freed), then the MLP's gradients, then what it saved is freed.
+    post_norm_backward(Ref{mlp_post_norm, i}, "backward, layer #, MLP post-norm");
+    if (recompute) r.Free(Ref{recomputed_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
+    r.Free(Ref{saved_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
     const char* mlp = "backward, layer #, MLP gradients";
     Ref transient{mlp_transient, i};
     r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
@@ -547,12 +593,12 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       }
       r.Free(Ref{mlp_weight_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP weight gradients into reduce bucket");
       if (partition_here || s.block_down_weight_grad_waiting > 0) {
-        // The activation's backward, the half's widest moment: the residual
-        // dropout's mask is freed by then; down_proj's weight gradient,
-        // larger than a bucket, waits for the next reduction.
+        // The activation's backward, the half's widest moment: down_proj's
+        // weight gradient, larger than a bucket, waits for the next reduction.
         if (!partition_here) r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
         transient = Ref{mlp_transient_past_hooks, i};
-        r.Alloc(transient, COMPONENT_TEMPORARIES, s.MlpTransientPastDownProjHooks(i), PHASE_BACKWARD, i, mlp);
+        r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient - s.block_mlp_output_grad,
+                PHASE_BACKWARD, i, mlp);
         r.Alloc(Ref{waiting, i}, COMPONENT_TEMPORARIES, s.block_down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
         waits = true;
       }
@@ -567,7 +613,12 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
-    // Attention half.
+    // Attention half: the ops after o_proj first, as in the MLP half.
+    post_norm_backward(Ref{attn_post_norm, i}, "backward, layer #, attention post-norm");
+    if (recompute) {
+      r.Free(Ref{recomputed_attn_tail, i}, PHASE_BACKWARD, i, "backward, layer #, attention output's ops done");
+    }
+    r.Free(Ref{saved_attn_tail, i}, PHASE_BACKWARD, i, "backward, layer #, attention output's ops done");
     if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
     const char* attention = "backward, layer #, attention gradients";
     r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
@@ -588,6 +639,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(Ref{kept_gather, i}, PHASE_BACKWARD, i, "backward, layer #, kept parameters released");
   });
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
+  if (s.rope_tables_unsaved && s.checkpointing) r.Free(rope, PHASE_BACKWARD, 0, "RoPE tables freed");
   r.Free(embed_saved, PHASE_BACKWARD, -1, "embedding dropout mask freed");
 
   // Embedding backward: the token embedding's and the learned positions'
@@ -613,7 +665,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(gather, PHASE_BACKWARD, -1, "embedding released");
   }
   r.Free(act_grad_in, PHASE_BACKWARD, -1, "block input gradient freed");
-  r.Free(rope, PHASE_BACKWARD, -1, "RoPE tables freed");
+  if (!s.rope_tables_unsaved) r.Free(rope, PHASE_BACKWARD, -1, "RoPE tables freed");
 
   // The gradients kept on production, in the order they were made.
   auto free_kept = [&](Phase phase, const char* tensor) {

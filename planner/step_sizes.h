@@ -129,6 +129,10 @@ struct StepSizes {
   int64_t block_fwd_transient = 0;   // extra inside forward with grad
   int64_t block_nograd_peak = 0;     // checkpointed forward: live intermediates
   int64_t block_bwd_mlp_transient = 0;   // MLP half's backward temporaries
+  // Of those, the gradient of the MLP's output that ops after it made, alive
+  // at a plain MLP's widest moment (inside down_proj's backward), gone once
+  // down_proj's hooks run.
+  int64_t block_mlp_output_grad = 0;
   int64_t block_bwd_attn_transient = 0;  // attention half's
   int64_t block_grads = 0;           // all block parameters, working dtype
   int64_t block_grads_mlp = 0;       // of which the MLP half's
@@ -141,16 +145,16 @@ struct StepSizes {
   // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
   // the activation's backward: the half's widest moment.
   int64_t block_down_weight_grad_waiting = 0;
-  // The MLP's residual-dropout mask (block0_: block 0's), freed with its
-  // backward before the activation's backward (the widest moment).
-  int64_t block_mlp_dropout_saved = 0;
-  int64_t block0_mlp_dropout_saved = 0;
-  // The MLP half's activation-gradient temporaries past down_proj's hooks:
-  // the transient, less the mask freed by then.
-  int64_t MlpTransientPastDownProjHooks(int layer) const {
-    const int64_t mask = layer == 0 ? block0_mlp_dropout_saved : block_mlp_dropout_saved;
-    return block_bwd_mlp_transient - std::min(mask, block_bwd_mlp_transient);
-  }
+  // Of each half's saved tensors, what the ops after its output save
+  // (block0_: block 0's): the residual dropout's mask, a post-norm's input
+  // and statistics (block_layout.h, InHalfTail). Their backward runs first
+  // in the half, so it is freed before the MLP's or attention's gradients.
+  int64_t block_mlp_tail_saved = 0;
+  int64_t block0_mlp_tail_saved = 0;
+  int64_t block_attn_tail_saved = 0;
+  int64_t block0_attn_tail_saved = 0;
+  int64_t MlpTailSaved(int layer) const { return layer == 0 ? block0_mlp_tail_saved : block_mlp_tail_saved; }
+  int64_t AttnTailSaved(int layer) const { return layer == 0 ? block0_attn_tail_saved : block_attn_tail_saved; }
   int64_t block_gather = 0;          // stage 3: gathered block + prefetch
   // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
   // keeps from their forward to their backward -- blocks gather_kept_from
@@ -165,6 +169,10 @@ struct StepSizes {
 
   // Model ends.
   int64_t rope_tables = 0;           // RoPE cos/sin tables, to the end of backward
+  // No op keeps the tables (Glm4 multiplies by per-layer copies): they go
+  // with the forward's locals, or with checkpointing (a checkpointed block's
+  // inputs) at block 0's backward, as the eager mask.
+  bool rope_tables_unsaved = false;
   int64_t step_batch = 0;            // ids + targets (a ViT: pixels + labels), through the step
   int64_t embed_saved = 0;           // the embedding dropout's mask: to the embedding's backward
   bool embed_backward = true;        // the embeddings run a backward (not when frozen)
@@ -173,8 +181,16 @@ struct StepSizes {
   // (a checkpointed block's input) to block 0's backward.
   int64_t attention_mask = 0;
   int64_t act_grad = 0;              // gradient carried between blocks, b·s·h
-  int64_t final_norm_saved = 0;
+  int64_t final_norm_saved = 0;     // what the norm itself keeps for its backward
+  int64_t head_input_saved = 0;     // its output, kept by the LM head (classifier) to the end of that backward
   int64_t final_norm_grads = 0;
+  // transformers' RMSNorm backward: its fp32 temporaries at their widest,
+  // net of the normalized input freed by then (RmsNormBackwardTransientBytes):
+  // the final norm's (0: LayerNorm), and each post-norm's at the start of
+  // its half's backward (0: norms before the halves, whose backward runs
+  // once the half's saved tensors are freed, never the step's peak).
+  int64_t final_norm_bwd_transient = 0;
+  int64_t block_post_norm_bwd_transient = 0;
   int64_t head_grad = 0;             // V·h (the tied embedding's, or lm_head's)
   int64_t embed_grad = 0;            // V·h: the embedding's contribution
   int64_t pos_grad = 0;              // learned positions

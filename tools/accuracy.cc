@@ -43,6 +43,15 @@ const std::vector<std::string> kLlamaDropout = {"--hf-config", "configs/hf/tiny/
 // branch, the attention scale and the logits.
 const std::vector<std::string> kGranite = {"--hf-config", "configs/hf/tiny/granite.json"};
 const std::vector<std::string> kPhi3 = {"--hf-config", "configs/hf/tiny/phi3.json"};
+// transformers' Olmo2 and Olmo3 (norms after each half, fp32 norms and RoPE; Olmo3's layer types), and a
+// wider Olmo3 with a 64-token window under eager attention past it.
+const std::vector<std::string> kOlmo2 = {"--hf-config", "configs/hf/tiny/olmo2.json"};
+const std::vector<std::string> kOlmo3 = {"--hf-config", "configs/hf/tiny/olmo3.json"};
+const std::vector<std::string> kOlmo3Wide = {"--hf-config", "configs/hf/tiny/olmo3-wide.json"};
+// transformers' SmolLM3 (tied; no RoPE on every fourth layer) and GLM-4 (norms before and after each half,
+// RoPE over half of each head, interleaved).
+const std::vector<std::string> kSmolLm3 = {"--hf-config", "configs/hf/tiny/smollm3.json"};
+const std::vector<std::string> kGlm4 = {"--hf-config", "configs/hf/tiny/glm4.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -308,6 +317,15 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("granite-z3-bf16-w2", kGranite, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("phi3-z2-bf16-w2-ckpt", kPhi3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("phi3-z3-bf16-w2", kPhi3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("olmo2-z2-bf16-w2-ckpt", kOlmo2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("olmo2-z3-bf16-w2", kOlmo2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("olmo3-z2-bf16-w2", kOlmo3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("olmo3-z3-bf16-w2-ckpt", kOlmo3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("smollm3-z2-bf16-w2-ckpt", kSmolLm3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("smollm3-z3-bf16-w2", kSmolLm3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("glm4-z2-bf16-w2-ckpt", kGlm4, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("glm4-z3-bf16-w2", kGlm4, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("olmo3-wide-z1-fp32-w2-eager", kOlmo3Wide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
   };
 }
 
@@ -411,7 +429,11 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     gpt2 = "configs/hf/tiny/gpt2.json", gpt2_dropout = "configs/hf/tiny/gpt2-dropout.json",
                     llama_dropout = "configs/hf/tiny/llama-dropout.json", granite = "configs/hf/tiny/granite.json",
                     granite_wide = "configs/hf/tiny/granite-wide.json", phi3 = "configs/hf/tiny/phi3.json",
-                    phi3_wide = "configs/hf/tiny/phi3-wide.json";
+                    phi3_wide = "configs/hf/tiny/phi3-wide.json", olmo2 = "configs/hf/tiny/olmo2.json",
+                    olmo2_wide = "configs/hf/tiny/olmo2-wide.json", olmo3 = "configs/hf/tiny/olmo3.json",
+                    olmo3_wide = "configs/hf/tiny/olmo3-wide.json", smollm3 = "configs/hf/tiny/smollm3.json",
+                    smollm3_wide = "configs/hf/tiny/smollm3-wide.json", glm4 = "configs/hf/tiny/glm4.json",
+                    glm4_wide = "configs/hf/tiny/glm4-wide.json", phi3_partial = "configs/hf/tiny/phi3-partial.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
   // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
   // hidden and attention dropout.
@@ -577,6 +599,29 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("phi3-z2-bf16-ckpt", phi3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
       DeepSpeedCase("phi3-z3-bf16", phi3, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
       DeepSpeedCase("phi3-wide-z1-fp32", phi3_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      // Olmo2 and Olmo3: norms after each half (q/k/v and the MLP keep the residual stream), fp32 norm
+      // products, q_norm and k_norm over the whole projection, fp32 RoPE; Olmo3's layer types (a RoPE
+      // table each). Then wider ones at another stage in fp32: Olmo2 tied with attention biases, Olmo3
+      // with a 64-token window under eager attention past it (both causal masks).
+      DeepSpeedCase("olmo2-z2-bf16-ckpt", olmo2, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+      DeepSpeedCase("olmo2-z3-bf16", olmo2, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
+      DeepSpeedCase("olmo3-z2-bf16", olmo3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
+      DeepSpeedCase("olmo3-z3-bf16-ckpt", olmo3, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256, "sdpa", true),
+      DeepSpeedCase("olmo2-wide-z1-fp32", olmo2_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      DeepSpeedCase("olmo3-wide-z1-fp32-eager", olmo3_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 128, "eager"),
+      // SmolLM3: Llama's blocks, tied, RoPE left out of every fourth layer; then a wider untied one with
+      // biases and its own no_rope_layers at another stage, in fp32.
+      DeepSpeedCase("smollm3-z2-bf16-ckpt", smollm3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+      DeepSpeedCase("smollm3-z3-bf16", smollm3, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
+      DeepSpeedCase("smollm3-wide-z1-fp32", smollm3_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      // GLM-4: a norm before and after each half, q/k/v biases, one gate_up_proj, RoPE over half of each
+      // head with per-layer interleaved tables; then a wider tied one without biases rotating 3/4 of each
+      // head at another stage, in fp32 (its peak in the final norm's backward). Phi3 rotating 3/4 of each
+      // head (partial RoPE without the interleave).
+      DeepSpeedCase("glm4-z2-bf16-ckpt", glm4, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+      DeepSpeedCase("glm4-z3-bf16", glm4, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
+      DeepSpeedCase("glm4-wide-z1-fp32", glm4_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      DeepSpeedCase("phi3-partial-z2-bf16", phi3_partial, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
       // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
       // its real rank's measurement, byte for byte.

@@ -115,6 +115,10 @@ std::vector<std::string> LiveCases(Suite s) {
         "tiny-z3-bf16-w2-ds-ckpt-contiguous-s512",       // contiguous buffers
         "granite-z3-bf16-w2",                            // Granite's multipliers
         "phi3-z3-bf16-w2",                               // Phi3's fused projections
+        "olmo3-z3-bf16-w2-ckpt",                         // post-norms, layer types
+        "olmo2-z3-bf16-w2",                              // post-norms
+        "smollm3-z3-bf16-w2",                            // layers without RoPE
+        "glm4-z3-bf16-w2",                               // sandwich norms, partial interleaved RoPE
     };
   }
   return {
@@ -130,6 +134,10 @@ std::vector<std::string> LiveCases(Suite s) {
       "ds-ckpt-contiguous-z3-bf16-mistral-s512",       // DeepSpeed's checkpointing, partitioned, contiguous
       "granite-z3-bf16",                               // Granite's multipliers
       "phi3-z3-bf16",                                  // Phi3's fused projections
+      "olmo3-z3-bf16-ckpt",                            // post-norms, layer types
+      "olmo2-z3-bf16",                                 // post-norms
+      "smollm3-z3-bf16",                               // layers without RoPE
+      "glm4-z3-bf16",                                  // sandwich norms, partial interleaved RoPE
   };
 }
 
