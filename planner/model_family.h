@@ -1,16 +1,16 @@
 // File: model_family.h
 // The transformers model types zplan plans, as data: one ModelFamily per
-// config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2,
-// vit --
-// holding
-// what that type's config class and modeling file give it: the keys its
-// config.json uses and the defaults of those it may leave out, the norm, the
-// MLP, which projections have biases, qk-norm, the position embedding, the
-// dropout sites, the dtype of eager attention's softmax, Granite's multipliers, Phi3's fused
-// projections and sliding window, OLMo's post-norms and layer types, SmolLM3's layers without RoPE, GLM-4's
-// four norms and partial interleaved RoPE, and the transformers
-// source (5.23.0, planner/version.h) it was read from. ModelSpecFromHfConfig
-// (model_spec.h) reads every config.json through its model_type's entry.
+// config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3,
+// olmo2, olmo3, smollm3, glm4, gpt2, vit -- holding what that type's config
+// class and modeling file give it: the keys its config.json uses and the
+// defaults of those it may leave out, the norm and where it sits, the MLP,
+// which projections have biases, qk-norm, the position embedding, the
+// dropout sites, the dtype of eager attention's softmax, Granite's
+// multipliers, Phi3's fused projections and sliding window, OLMo's layer
+// types, SmolLM3's layers without RoPE, GLM-4's partial interleaved RoPE, and
+// the transformers source (5.23.0, planner/version.h) it was read from.
+// ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
+// model_type's entry.
 //
 // Any other model_type (bert, gemma2, lfm2, starcoder2, first-generation qwen, ...)
 // is not supported: nothing here describes it. Planning it as one of these
