@@ -486,7 +486,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           // Phi3's and Glm4's apply_rotary_pos_emb: the first rotary_dim of
           // each head rotated, joined to the rest; Glm4 interleaves half of
           // each table into new ones (which the multiplies keep) and turns pairs.
-          const int64_t r = spec_.rotary_dim() > 0 ? spec_.rotary_dim() : d;
+          const int64_t r = RotaryDims(spec_);
           at::Tensor c = cos, sn = sin;
           if (spec_.rope_interleaved()) {
             c = cos.narrow(-1, 0, r / 2).repeat_interleave(2, -1);
@@ -559,7 +559,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
                              const BlockHooks& hooks) const {
   const bool vision = spec_.has_vision();
   const int64_t b = inputs.size(0), s = vision ? VisionTokens(spec_) : inputs.size(1);
-  const int64_t h = spec_.hidden_size(), d = spec_.head_dim();
+  const int64_t h = spec_.hidden_size();
   const auto options = at::TensorOptions().device(device_);
   // A layer's type indexes the tables and masks it reads (LayerType; 0:
   // the model has no layer types, every layer reads the same ones).
@@ -572,7 +572,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (spec_.position_embedding() == POSITION_ROPE) {
     at::NoGradGuard no_grad;
     // Over the rotated dims only (partial RoPE: rotary_dim).
-    const int64_t r = spec_.rotary_dim() > 0 ? spec_.rotary_dim() : d;
+    const int64_t r = RotaryDims(spec_);
     const at::Tensor inv_freq =
         at::pow(kRopeTheta, at::arange(0, r, 2, options.dtype(at::kFloat)).div(static_cast<double>(r))).reciprocal();
     const at::Tensor angles = at::outer(at::arange(s, options.dtype(at::kFloat)), inv_freq);

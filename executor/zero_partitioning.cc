@@ -46,9 +46,9 @@ void ZeroEngine::AssignOwnership(int64_t total, int world, int rank, int64_t* fr
       slot.own_dst = slot.flat_offset + slot.own_lo - owned_begin_;
     }
   } else {
-    // On one rank without parameter offload the chunk is the parameter
-    // (DeepSpeed gathers nothing there): nothing is ever released.
-    unpartitioned_ = world == 1 && zero.offload_param() != OFFLOAD_CPU;
+    // On one rank, unless offload keeps the chunks apart from the device,
+    // the chunk is the parameter: nothing is ever released.
+    unpartitioned_ = !GathersParameters(stage_, world, zero.offload_param() == OFFLOAD_CPU, device_.is_cpu());
     int64_t offset = 0;
     for (Slot& slot : slots_) {
       slot.shard_numel = Stage3ShardElements(slot.numel, world);

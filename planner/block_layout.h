@@ -49,6 +49,11 @@ struct BlockOp {
 // The block's ops in forward order (every block of a spec is alike).
 std::vector<BlockOp> BlockLayout(const ModelSpec& spec);
 
+// The dims of each head RoPE rotates: rotary_dim, or the whole head when 0.
+inline int64_t RotaryDims(const ModelSpec& spec) {
+  return spec.rotary_dim() > 0 ? spec.rotary_dim() : spec.head_dim();
+}
+
 // A linear an op owns: its name within the op's module, its widths and
 // whether it has a bias.
 struct BlockLinear {

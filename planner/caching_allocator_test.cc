@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -89,6 +91,8 @@ struct Replay {
   int64_t allocations = 0, placed_alike = 0, segments_recorded = 0, segments_modelled = 0;
   int64_t segments_alike = 0;
   int64_t peak_reserved_recorded_delta = 0, peak_reserved_modelled_delta = 0;
+  // Peak reserved from the `measured_from` step marker on (recorded; modelled).
+  int64_t measured_peak_reserved_recorded = 0, measured_peak_reserved_modelled = 0;
   std::string first_difference;
 };
 
@@ -99,7 +103,11 @@ int64_t Field(const std::string& line, const std::string& key) {
 
 // With `free_at_request` every block comes back as soon as it is freed, as
 // if no other stream had used it: what the offload stream's waits cost.
-Replay ReplayTrace(const std::string& path, bool free_at_request = false) {
+// `measured_from`: the '# step N' marker from which the measured peaks count;
+// with `empty_cache` the model releases its cache there (zrun's and the
+// plan's ResetDevicePeak after the warm-up) and maps its own segments after.
+Replay ReplayTrace(const std::string& path, bool free_at_request = false, int measured_from = 0,
+                   bool empty_cache = false) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
   struct Seg { int64_t address, bytes, stream; bool small; std::vector<std::pair<int64_t, int64_t>> active; };
@@ -115,6 +123,8 @@ Replay ReplayTrace(const std::string& path, bool free_at_request = false) {
       if (line.find("state=active") != std::string::npos) {
         segments.back().active.push_back({Field(line, "address"), Field(line, "size")});
       }
+    } else if (line.rfind("# step ", 0) == 0) {
+      events.push_back({"step", std::stoll(line.substr(7)), 0, 0});
     } else if (!line.empty() && line[0] != '#' && line.rfind("time_us", 0) != 0) {
       std::istringstream f(line);
       int64_t t;
@@ -151,17 +161,26 @@ Replay ReplayTrace(const std::string& path, bool free_at_request = false) {
   const int64_t reserved_at_start = model.reserved_bytes();
   int64_t pending_segment = 0, recorded_reserved = 0, recorded_peak = 0;
   std::map<int64_t, int64_t> modelled_address;  // recorded -> modelled, where they differ
+  bool measuring = measured_from == 0, emptied = false, releasing = false;
   for (const Event& e : events) {
-    if (e.action == "segment_alloc") {
+    if (e.action == "step" && e.size == measured_from) {
+      measuring = true;
+      if (empty_cache) {
+        model.ReleaseCached();
+        emptied = true;
+      }
+    } else if (e.action == "segment_alloc") {
       pending_segment = e.addr;
       ++r.segments_recorded;
       recorded_reserved += e.size;
       recorded_peak = std::max(recorded_peak, recorded_reserved);
     } else if (e.action == "segment_free") {
+      // emptyCache (DeepSpeed calls it in ZeRO-3's setup) unmaps every free segment at once.
+      if (!releasing) model.ReleaseCached();
       recorded_reserved -= e.size;
     } else if (e.action == "alloc") {
       ++r.allocations;
-      const auto a = model.Allocate(e.size, e.stream, free_at_request ? 0 : pending_segment);
+      const auto a = model.Allocate(e.size, e.stream, free_at_request || emptied ? 0 : pending_segment);
       r.segments_modelled += a.new_segment;
       r.segments_alike += a.new_segment && pending_segment == a.address;
       modelled_address[e.addr] = a.address;
@@ -176,6 +195,11 @@ Replay ReplayTrace(const std::string& path, bool free_at_request = false) {
     } else if (e.action == (free_at_request ? "free_requested" : "free_completed")) {
       const auto it = modelled_address.find(e.addr);
       EXPECT_TRUE(model.Free(it == modelled_address.end() ? e.addr : it->second)) << e.addr;
+    }
+    releasing = e.action == "segment_free";
+    if (measuring) {
+      r.measured_peak_reserved_recorded = std::max(r.measured_peak_reserved_recorded, recorded_reserved);
+      r.measured_peak_reserved_modelled = std::max(r.measured_peak_reserved_modelled, model.reserved_bytes());
     }
   }
   r.peak_reserved_recorded_delta = recorded_peak;
@@ -201,6 +225,44 @@ TEST_P(RecordedH100Trace, ReplaysAsTheRealAllocator) {
   std::cout << "  without waiting for other streams, reserved would grow by " << undelayed.peak_reserved_modelled_delta
             << " B\n";
 }
+
+// Real DeepSpeed + transformers on an H100 (tools/gpu_deepspeed.sh), each
+// history from an empty pool: DeepSpeed's initialize, the warm-up step, then
+// two measured steps. The model must place every request as the real
+// allocator did; then, replayed with the cache emptied after the warm-up
+// (as zrun and the plan's replay do), the same requests reserve what the
+// plan predicts, so a reserved miss against DeepSpeed is the pool its
+// initialize and warm-up leave behind (docs/gpu_validation.md).
+class RecordedDeepSpeedTrace : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RecordedDeepSpeedTrace, ReplaysAsTheRealAllocator) {
+  const std::string path =
+      std::string(std::getenv("TEST_SRCDIR")) + "/zplan/planner/gpu_traces/" + GetParam() + ".tsv";
+  const Replay r = ReplayTrace(path, /*free_at_request=*/false, /*measured_from=*/1);
+  ASSERT_GT(r.allocations, 1000);
+  EXPECT_EQ(r.placed_alike, r.allocations) << r.first_difference;
+  EXPECT_EQ(r.segments_alike, r.segments_recorded);
+  EXPECT_EQ(r.measured_peak_reserved_modelled, r.measured_peak_reserved_recorded);
+  const Replay emptied = ReplayTrace(path, /*free_at_request=*/false, /*measured_from=*/1, /*empty_cache=*/true);
+  std::cout << GetParam() << ": peak reserved over the measured steps " << r.measured_peak_reserved_recorded
+            << " B; with the cache emptied after the warm-up " << emptied.measured_peak_reserved_modelled << " B\n";
+}
+
+// Every deepspeed_* history planner/BUILD unpacks (_DEEPSPEED_TRACES).
+std::vector<std::string> DeepSpeedTraces() {
+  std::vector<std::string> names;
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  if (srcdir == nullptr) return names;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(srcdir) + "/zplan/planner/gpu_traces")) {
+    const std::string name = entry.path().stem().string();
+    if (name.rfind("deepspeed_", 0) == 0) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(H100, RecordedDeepSpeedTrace, ::testing::ValuesIn(DeepSpeedTraces()));
+
 
 INSTANTIATE_TEST_SUITE_P(H100, RecordedH100Trace,
                          ::testing::Values("qwen3-0.6b_s2048_mb2_zero0_nccl1",

@@ -455,7 +455,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         }
         // Glm4's interleaved cos and sin, made per layer, kept by the multiplies with q and k.
         if (spec.rope_interleaved() && spec.position_embedding() == POSITION_ROPE && (q_grad || k_grad)) {
-          const int64_t rotary_dim = spec.rotary_dim() > 0 ? spec.rotary_dim() : d;
+          const int64_t rotary_dim = RotaryDims(spec);
           act(m + "rope_cos", {s, rotary_dim}, dtype);
           act(m + "rope_sin", {s, rotary_dim}, dtype);
         }

@@ -226,9 +226,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   SizeOptimizerStep(zero_in, &s);
 
   if (!s.cpu_ranks) {
-    // The cuBLAS workspace is a caching-allocator block (CublasHandlePool.cpp,
-    // getCurrentCUDABlasHandle -> setWorkspace), so it counts in peak
-    // allocated, with the buffers; the rest is outside the allocator.
+    // The cuBLAS workspaces are caching-allocator blocks (CublasHandlePool.cpp,
+    // getCurrentCUDABlasHandle -> setWorkspace; kCublasWorkspaces), so they
+    // count in peak allocated, with the buffers; the rest is outside the allocator.
     s.cublas_workspace = gpu.cublas_workspace_bytes();
     // A one-rank job creates its NCCL communicator too: DeepSpeed's engine
     // broadcasts the model (engine.py, _broadcast_model) and reduces
@@ -351,7 +351,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const std::set<int> layer_types(model.layer_types().begin(), model.layer_types().end());
     const int64_t rope_pairs = std::max<int64_t>(1, layer_types.size());
     if (model.position_embedding() == POSITION_ROPE) {
-      const int64_t rotary_dim = model.rotary_dim() > 0 ? model.rotary_dim() : model.head_dim();
+      const int64_t rotary_dim = RotaryDims(model);
       s.rope_tables = rope_pairs * 2 * seq * rotary_dim * (model.rope_in_fp32() ? 4 : w);
       s.rope_tables_unsaved = model.rope_interleaved();
     }

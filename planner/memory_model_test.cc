@@ -165,15 +165,15 @@ TEST(MemoryModelTest, Zero12BucketsLiveOnlyThroughBackward) {
     EXPECT_EQ(sizes.ipg_buckets, config.zero().reduce_bucket_elements() * 2);
     // 5e8-element buckets dwarf a 124M model: they are in the peak, made in
     // backward and released before the step.
-    // The other buffer is the cuBLAS workspace, resident from the start.
+    // The other buffers are the cuBLAS workspaces, resident from the start.
     EXPECT_EQ(sizes.cublas_workspace, 32 << 20);
-    EXPECT_EQ(StepPeak(sizes).buffers_bytes(), sizes.ipg_buckets + sizes.cublas_workspace);
+    EXPECT_EQ(StepPeak(sizes).buffers_bytes(), sizes.ipg_buckets + kCublasWorkspaces * sizes.cublas_workspace);
     const SimulatedStep step = SimulateStep(sizes);
     std::vector<Phase> phases;
     for (const MemoryEvent& e : step.events) {
       if (e.component() == COMPONENT_BUFFERS) phases.push_back(e.phase());
     }
-    EXPECT_EQ(phases, (std::vector<Phase>{PHASE_INIT, PHASE_BACKWARD, PHASE_BACKWARD})) << stage;
+    EXPECT_EQ(phases, (std::vector<Phase>{PHASE_INIT, PHASE_INIT, PHASE_BACKWARD, PHASE_BACKWARD})) << stage;
   }
   const StepSizes stage3 = Sizes(*model, Config(3, 8));
   EXPECT_EQ(stage3.ipg_buckets, 0);

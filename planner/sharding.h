@@ -66,6 +66,16 @@ inline bool KeepsFp32Master(int stage, bool mixed_precision, bool offload_optimi
   return mixed_precision || offload_optimizer || stage >= 1;
 }
 
+// Stage 3: whether each module's parameters are gathered onto the device
+// for it and released after. On one rank DeepSpeed's NoGatherHandle
+// (partition_parameters.py) sets param.data = ds_tensor.to(device): a copy
+// only where offload_param keeps ds_tensor in host memory apart from the
+// device (on an H100: 1.1 GiB of Qwen3-0.6B's blocks held at the peak), not
+// without offload nor on CPU ranks, where the two are one memory.
+inline bool GathersParameters(int stage, int64_t world, bool offload_param, bool cpu_ranks) {
+  return stage == 3 && (world > 1 || (offload_param && !cpu_ranks));
+}
+
 // Stage 1/2, per rank: the gradient partition DeepSpeed allocates holds
 // every parameter that touches the rank's shard whole (stage_1_and_2.py,
 // copy_grads_in_partition: sum of param.numel() over params_in_partition),

@@ -195,7 +195,7 @@ TEST(SimulatorTest, AgreesWithTheFastEvaluatorEverywhere) {
     EXPECT_EQ(step.events.back().live_bytes(),
               sizes->params_resident + (c.stage == 3 ? sizes->grads_resident : 0) +
                   sizes->master_resident + sizes->optimizer_resident + sizes->buckets_resident +
-                  sizes->offload_staging_resident + sizes->cublas_workspace);
+                  sizes->offload_staging_resident + kCublasWorkspaces * sizes->cublas_workspace);
     ++checked;
   }
   EXPECT_GT(checked, 1000);

@@ -289,7 +289,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   r.Alloc(COMPONENT_OPTIMIZER_STATES, s.optimizer_resident, PHASE_INIT, -1, "Adam m and v");
   r.Alloc(COMPONENT_BUFFERS, s.buckets_resident, PHASE_INIT, -1, "reduce buckets");
   r.Alloc(COMPONENT_BUFFERS, s.offload_staging_resident, PHASE_INIT, -1, "offload gradient staging");
-  r.Alloc(COMPONENT_BUFFERS, s.cublas_workspace, PHASE_INIT, -1, "cuBLAS workspace");
+  r.Alloc(COMPONENT_BUFFERS, s.cublas_workspace, PHASE_INIT, -1, "cuBLAS workspace (forward thread)");
+  r.Alloc(COMPONENT_BUFFERS, s.cublas_workspace, PHASE_INIT, -1, "cuBLAS workspace (autograd thread)");
+  static_assert(kCublasWorkspaces == 2, "one allocation per workspace above");
   // The stage-1/2 gradient partition, from the first bucket reduction (memory_model.h).
   const bool zero12 = s.stage == 1 || s.stage == 2;
   int partition = -1, ipg = -1;

@@ -17,6 +17,14 @@
 
 namespace zplan {
 
+// cuBLAS handles are per thread (aten/src/ATen/cuda/CublasHandlePool.cpp,
+// getCurrentCUDABlasHandle), each with its own workspace, and a CUDA
+// backward runs on the autograd engine's device thread
+// (torch/csrc/autograd/engine.cpp): the forward's matmuls make one, the
+// backward's another. Both seen, 32 MiB each and kept, in every DeepSpeed
+// history of the H100 matrix (docs/gpu_traces).
+inline constexpr int kCublasWorkspaces = 2;
+
 // Every size a step needs, in bytes unless named otherwise; one rank.
 struct StepSizes {
   // Configuration.
@@ -234,8 +242,9 @@ struct StepSizes {
   // (the flat partition, or one stage-3 sub-group).
   int64_t step_optimizer_temps = 0;
 
-  // CUDA ranks: one cuBLAS(Lt) workspace, allocated through the caching
-  // allocator at the first matmul and kept (the catalog's size).
+  // CUDA ranks: the catalog's size of one cuBLAS(Lt) workspace, allocated
+  // through the caching allocator at a handle's first matmul and kept; there
+  // are kCublasWorkspaces of them.
   int64_t cublas_workspace = 0;
   // Runtime outside the allocator (CUDA context, NCCL), from the catalog.
   int64_t runtime = 0;

@@ -15,8 +15,9 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const std::vector<TensorSpec>
   const int64_t w = in.w;
   const int64_t h = model.hidden_size();
   const int64_t vocab = model.vocab_size();
+  const bool gathers = GathersParameters(s.stage, s.world_size, s.offload_param, s.cpu_ranks);
   // Blocks: the gathered block, its prefetch and what stays gathered.
-  if (s.stage == 3 && s.world_size > 1) {
+  if (gathers) {
     int64_t partitioned = 0;
     for (const TensorSpec& t : block_params) {
       if (NumElements(t) > zero.stage3_param_persistence_threshold()) partitioned += NumElements(t);
@@ -62,18 +63,18 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const std::vector<TensorSpec>
       if (t.layer() >= 0 || absl::StartsWith(t.name(), "final_norm")) continue;
       const int64_t bytes = NumElements(t) * w;
       const bool head = absl::StartsWith(t.name(), "classifier");
-      if (s.stage == 3 && s.world_size > 1 && NumElements(t) > zero.stage3_param_persistence_threshold()) {
+      if (gathers && NumElements(t) > zero.stage3_param_persistence_threshold()) {
         (head ? s.head_gather : s.embed_gather) += bytes;
       }
     }
   } else if (s.has_head) {
-    if (s.stage == 3 && s.world_size > 1 && vocab * h > zero.stage3_param_persistence_threshold()) {
+    if (gathers && vocab * h > zero.stage3_param_persistence_threshold()) {
       s.embed_gather = s.head_gather = vocab * h * w;
     }
     // Learned positions (GPT-2's wpe) are gathered, and kept, with it.
     const int64_t positions =
         model.position_embedding() == POSITION_LEARNED ? model.max_position_embeddings() * h : 0;
-    if (s.stage == 3 && s.world_size > 1 && positions > zero.stage3_param_persistence_threshold()) {
+    if (gathers && positions > zero.stage3_param_persistence_threshold()) {
       s.embed_gather += positions * w;
     }
   }

@@ -15,9 +15,10 @@ void SizeModelStates(const ZeroSizingInputs& in, StepSizes* sizes) {
     s.params_resident = total * w;
   } else {
     // This rank's chunk of every parameter (the optimizer's contiguous
-    // working copy), and small persistent ones also whole. On one rank the
-    // chunk is the parameter: nothing is ever gathered.
-    s.params_resident = s.world_size > 1 ? sh.stage3_persistent_elements * w : 0;
+    // working copy), and small persistent ones also whole. On one rank
+    // without parameter offload the chunk is the parameter.
+    s.params_resident =
+        GathersParameters(s.stage, s.world_size, s.offload_param, s.cpu_ranks) ? sh.stage3_persistent_elements * w : 0;
     if (!s.offload_param) s.params_resident += sh.stage3_chunk_elements * w;
   }
   // Gradients: the stage-3 partition; per-parameter accumulation at stages
@@ -41,11 +42,12 @@ void SizeModelStates(const ZeroSizingInputs& in, StepSizes* sizes) {
 // working copy) and then copied into the flat buffer or the stage-3 chunks
 // while still whole.
 int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const ShardLayout& sh, const ZeroConfig& zero,
-                              int stage, int64_t w) {
+                              int stage, int64_t w, bool cpu_ranks) {
   int64_t built = 0, peak = 0;
   if (stage == 3 && zero.zero_init()) {
-    // On one rank without parameter offload the chunks are the parameters.
-    const bool unpartitioned = sh.world_size == 1 && zero.offload_param() != OFFLOAD_CPU;
+    // Where nothing is gathered (GathersParameters) the chunks are the parameters.
+    const bool unpartitioned =
+        !GathersParameters(stage, sh.world_size, zero.offload_param() == OFFLOAD_CPU, cpu_ranks);
     // The chunks, and every parameter's placeholder (one element, Transformer::Create).
     const int64_t chunks = sh.stage3_chunk_elements * w + static_cast<int64_t>(params.size()) * w;
     for (const TensorSpec& t : params) {
@@ -74,7 +76,7 @@ void SizeConstruction(const ZeroSizingInputs& in, StepSizes* sizes) {
   const int64_t w = in.w;
   const int64_t total = sh.total_elements;
   const std::vector<TensorSpec>& params = in.params;
-  s.construction = ConstructionPeakBytes(params, sh, zero, s.stage, w);
+  s.construction = ConstructionPeakBytes(params, sh, zero, s.stage, w, s.cpu_ranks);
   // Without zero.Init every local rank first builds the whole fp32 model.
   const bool sharded_init = s.stage == 3 && zero.zero_init();
   s.host_init_per_rank =

@@ -56,7 +56,7 @@ void SizeModelStates(const ZeroSizingInputs& in, StepSizes* sizes);
 // builds its model and puts the parameters in place, before any optimizer
 // state (executor/zero_partitioning.cc, PlaceParameters).
 int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const ShardLayout& sh, const ZeroConfig& zero,
-                              int stage, int64_t w);
+                              int stage, int64_t w, bool cpu_ranks);
 
 // construction (ConstructionPeakBytes) and host_init_per_rank.
 void SizeConstruction(const ZeroSizingInputs& in, StepSizes* sizes);

@@ -254,6 +254,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("tiny-z3-fp32-w2", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-z3-bf16-w4", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-z3-bf16-w2-ckpt", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "4", "--seq", "128"}),
+      // One rank: on CPU ranks the offloaded chunk is the parameter (sharding.h, GathersParameters).
+      Case("tiny-z3-bf16-w1-offload-both", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "1", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-z3-fp32-w2-offload-both", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-z3-bf16-w2-offload-param-ckpt-eager", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--offload-param", "cpu", "--offload-optimizer", "cpu", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("tiny-z3-bf16-w1-b4-s64", kTiny, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "1", "--micro-batch", "4", "--seq", "64"}),
@@ -483,6 +485,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z3-bf16-eager-ckpt", mistral, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256, "eager", true),
       DeepSpeedCase("z3-bf16-offload-optimizer", qwen2, DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffload})), 2, 128),
       DeepSpeedCase("z3-bf16-offload-both", llama, DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 128),
+      // One rank: the offloaded chunk is the parameter on CPU ranks, copied to the device on a GPU (GathersParameters).
+      DeepSpeedCase("z3-bf16-offload-both-w1", llama, DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 1, 128),
       DeepSpeedCase("z3-bf16-offload-both-ga2", qwen3, DsConfig(3, "bf16", 2, 2, "", With({kSmall3, kOffloadBoth})), 2, 128),
       DeepSpeedCase("z3-bf16-offload-both-ckpt-w4", qwen3,
                     DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 4, 128, "sdpa", true),
