@@ -90,7 +90,9 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
     if (f.model_type == "gpt2" || f.model_type == "vit") continue;
     EXPECT_EQ(f.attention_dropout.key, "attention_dropout") << f.model_type;
     EXPECT_TRUE(f.embedding_dropout.key.empty()) << f.model_type;
-    if (f.model_type != "phi3") EXPECT_TRUE(f.residual_dropout.key.empty()) << f.model_type;
+    if (f.model_type != "phi3") {
+      EXPECT_TRUE(f.residual_dropout.key.empty()) << f.model_type;
+    }
     EXPECT_EQ(f.default_activation, "silu") << f.model_type;
     EXPECT_EQ(f.norm, NORM_RMSNORM) << f.model_type;
   }
