@@ -21,9 +21,8 @@
 # scenario (1B, seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, rank 3 of 4 at
 # micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16).
 #
-# ROWS="1 2 5" runs only those rows (numbered from 1 in the order below), so that a lease cut short
-# resumes where it stopped; each finished row is appended to $OUT/deepspeed/rows.txt at once.
-# DEADLINE_S=N starts no row after N seconds of the script, so a lease's call ends with its table.
+# ROWS and DEADLINE_S (tools/gpu_env.sh) split the rows across a lease's calls; each finished row
+# is appended to $OUT/deepspeed/rows.txt at once.
 set -uo pipefail
 dry_run=0
 [[ ${1:-} == --dry-run ]] && dry_run=1
@@ -86,18 +85,12 @@ ds_config() {
 offload_opt='"offload_optimizer": {"device": "cpu", "pin_memory": true}'
 offload_both="$offload_opt"', "offload_param": {"device": "cpu", "pin_memory": true}'
 
-rows=()
-row_number=0
 : > "$out/rows.txt"
 # label, transformers config, seq, world, emulated rank (-1: a real rank), ds_config JSON, then
 # flags both zplan and the oracle take (--checkpointing is translated).
 ds_row() {
   local label=$1 hf=$2 row_seq=$3 world=$4 rank=$5 config=$6; shift 6
-  row_number=$((row_number + 1))
-  [[ -z ${ROWS:-} || " $ROWS " == *" $row_number "* ]] || return 0
-  if (( SECONDS >= ${DEADLINE_S:-1000000} )); then  # leave the call's last minutes to the table
-    rows+=("$label|not started: DEADLINE_S"); echo "${rows[-1]}" >> "$out/rows.txt"; return 0
-  fi
+  row_starts "$label" || return 0
   local slug=${label//[^A-Za-z0-9]/_}
   echo "$config" > "$out/$slug.ds.json"
   local zplan_flags=() oracle_flags=() zrun_flags=()
@@ -113,7 +106,7 @@ ds_row() {
   if (( history )); then oracle_flags+=(--memory-history "$out/$slug.history.tsv.gz"); fi
   "$ZPLAN" --gpu "$gpu" --hf-config "$hf" --seq "$row_seq" --ds-config "$out/$slug.ds.json" "${zplan_flags[@]}" \
     --out "$out/$slug.pb" > "$out/$slug.plan.txt" 2>&1 ||
-    { rows+=("$label|zplan failed"); echo "${rows[-1]}" >> "$out/rows.txt"; return; }
+    { rows+=("$label|zplan failed"); row_done; return; }
   "$ZPLAN" show "$out/$slug.pb" --format json > "$out/$slug.plan.json"
   limit "$PY" "$ORACLE" "${oracle_device[@]}" --hf-config "$hf" --seq "$row_seq" --ds-config "$out/$slug.ds.json" \
     --world "$world" --steps "$steps" "${oracle_flags[@]}" --out "$out/$slug.deepspeed.json" \
@@ -165,7 +158,7 @@ print(f"{gib(tensors)}|{gib(alloc)}|{err(alloc, tensors)}|{gib(reserved)}|"
       + (f"{zrun_step:.3f}|{ds_step / zrun_step:.2f}x" if zrun_step else "no zrun|-"))
 PY
 )")
-  echo "${rows[-1]}" | tee -a "$out/rows.txt"
+  row_done
 }
 
 lora=$root/configs/peft/lora-qv-r8.json

@@ -22,6 +22,26 @@ if (( ! dry_run )); then
     *) gpu=h100-80gb ;;
   esac
 fi
+# Rows a lease can split across calls: ROWS="1 2 5" runs only those rows (numbered from 1 in the
+# script's order), and DEADLINE_S=N starts no row after N seconds of the script, so that a call ends
+# with its table. `row_starts LABEL [ARRAY]` says whether the next row runs; one past the deadline
+# goes into ARRAY (default rows) and $out/rows.txt as not started. `row_done [ARRAY]` appends the
+# row just finished to rows.txt.
+rows=()
+row_number=0
+row_starts() {
+  local -n into=${2:-rows}
+  row_number=$((row_number + 1))
+  [[ -z ${ROWS:-} || " $ROWS " == *" $row_number "* ]] || return 1
+  if (( SECONDS >= ${DEADLINE_S:-1000000} )); then
+    into+=("$1|not started: DEADLINE_S"); row_done "${2:-rows}"; return 1
+  fi
+}
+row_done() {
+  local -n from=${1:-rows}
+  echo "${from[-1]}" | tee -a "$out/rows.txt"
+}
+
 # table FORMAT HEADER_CELL... -- ROW...: the header, then each row's '|'-separated cells, in FORMAT
 # (nine cells; a short row leaves the rest blank).
 table() {

@@ -16,7 +16,9 @@
 # CUDA context and NCCL measured outside the allocator. Then speed: the 1B
 # (Llama-3.2 shape) bf16 seq-2048 SDPA model on one GPU, ZeRO-0, zrun's MFU
 # against the PyTorch loops' (tools/torch_reference_loop.py; goal >= 40% MFU
-# and >= 1.0x). Full reports go to $OUT (or ./gpu_out).
+# and >= 1.0x). Full reports go to $OUT (or ./gpu_out); ROWS and DEADLINE_S (tools/gpu_env.sh)
+# split the rows, the speed row last, across a lease's calls, each finished row appended to
+# $OUT/rows.txt at once.
 set -uo pipefail
 dry_run=0
 [[ ${1:-} == --dry-run ]] && dry_run=1
@@ -44,9 +46,10 @@ else
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 fi
 
-rows=()
+: > "$out/rows.txt"
 run_case() {  # label, zrun args (after the plan), then -- zplan flags
   local label=$1; shift
+  row_starts "$label" || return 0
   local zrun_args=()
   while [[ $1 != -- ]]; do zrun_args+=("$1"); shift; done
   shift
@@ -55,7 +58,7 @@ run_case() {  # label, zrun args (after the plan), then -- zplan flags
   local model_flags=(--model "$model")
   [[ " $* " == *" --model "* || " $* " == *" --params "* || " $* " == *" --hf-config "* ]] && model_flags=()
   "$ZPLAN" --gpu "$gpu" "${model_flags[@]}" --seq "$seq" --micro-batch "$batch" --out "$out/$slug.pb" "$@" \
-    > "$out/$slug.plan.txt" 2>&1 || { rows+=("$label|zplan failed"); return; }
+    > "$out/$slug.plan.txt" 2>&1 || { rows+=("$label|zplan failed"); row_done; return; }
   limit "$ZRUN" "$out/$slug.pb" --steps "$steps" --report "$out/$slug.report.json" "${zrun_args[@]}" \
     > "$out/$slug.zrun.txt" 2>&1
   local rc=$?
@@ -89,6 +92,7 @@ print(f"{gib(tensors)}|{gib(alloc)}|{err(alloc, tensors)}|{gib(reserved)}|"
       f"{err(reserved, tensors + g(plan, 'allocator_bytes'))}|{gib(runtime)}|{gib(planned_runtime)}|exit {rc}")
 PY
 )")
+  row_done
 }
 
 if (( dry_run )); then backend=gloo; else backend=nccl; fi
@@ -151,9 +155,10 @@ run_case "$backend 1, $big_model fused loss, ZeRO-2, mb 4" -- --model "$big_mode
 speed_rows=()
 speed_case() {  # label, zplan flags...
   local label=$1; shift
+  row_starts "$label" speed_rows || return 0
   local slug=speed_${label//[^A-Za-z0-9]/_}
   "$ZPLAN" --gpu "$gpu" "$@" --gpus 1 --zero-stage 0 --precision bf16 --out "$out/$slug.pb" \
-    > "$out/$slug.plan.txt" 2>&1 || { speed_rows+=("$label|zplan failed"); return; }
+    > "$out/$slug.plan.txt" 2>&1 || { speed_rows+=("$label|zplan failed"); row_done speed_rows; return; }
   "$ZPLAN" show "$out/$slug.pb" --format json > "$out/$slug.plan.json"
   limit "$ZRUN" "$out/$slug.pb" --steps "$speed_steps" --report "$out/$slug.report.json" \
     --profile_dir "$out/$slug.profile" \
@@ -189,6 +194,7 @@ for weights in ("working", "fp32-master"):
 print("|".join(cells))
 PY
 )")
+  row_done speed_rows
 }
 speed_case "$big_model bf16 seq $speed_seq, mb $speed_batch" --model "$big_model" --seq "$speed_seq" --micro-batch "$speed_batch" \
   --checkpointing false
