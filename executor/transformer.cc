@@ -54,13 +54,16 @@ at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64
 // transformers' LlamaRMSNorm (Qwen2/3 and Mistral use the same code), op for
 // op, so autograd saves what it saves (planner/inventory.h): the input upcast
 // to fp32, the fp32 rstd and the normalized input cast back; or
-// Olmo2RMSNorm's (`weight_in_fp32`), which multiplies by the weight in fp32
-// and casts the product, keeping the normalized input in fp32.
-at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& weight, bool weight_in_fp32) {
+// Olmo2RMSNorm's (norm_weight_in_fp32), which multiplies by the weight in
+// fp32 and casts the product, keeping the normalized input in fp32; or
+// Gemma3RMSNorm's (norm_unit_offset), the same with 1 + weight.
+at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
   const at::Tensor x32 = x.to(at::kFloat);
   const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
   const at::Tensor normalized = x32 * at::rsqrt(variance + kNormEps);
-  if (weight_in_fp32) return (weight * normalized).to(x.scalar_type());
+  // Gemma3RMSNorm: normalized * (1.0 + weight.float()), cast back.
+  if (spec.norm_unit_offset()) return (normalized * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
+  if (spec.norm_weight_in_fp32()) return (weight * normalized).to(x.scalar_type());
   return weight * normalized.to(x.scalar_type());
 }
 
@@ -403,20 +406,24 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
     if (spec_.norm_type() == NORM_LAYERNORM) {
       return at::layer_norm(in, {in.size(-1)}, Param(name + ".weight"), Param(name + ".bias"), kNormEps);
     }
-    return HfRmsNorm(in, Param(name + ".weight"), spec_.norm_weight_in_fp32());
+    return HfRmsNorm(in, Param(name + ".weight"), spec_);
   };
   // The MLP's intermediates live until down_proj has run.
   auto mlp = [&](const at::Tensor& in, const std::string& m) {
     const bool bias = spec_.mlp_bias();
-    if (spec_.ffn_type() == FFN_SWIGLU && spec_.fused_gate_up_projection()) {
-      // Phi3MLP: gate and up are views of one output, which silu and the product keep.
+    // A gated MLP's activation: SiLU, or (Gemma3MLP) GELU's tanh form; each keeps its input.
+    auto gate_act = [&](const at::Tensor& gate) {
+      return spec_.ffn_type() == FFN_GEGLU ? at::gelu(gate, "tanh") : at::silu(gate);
+    };
+    if (GatedMlp(spec_) && spec_.fused_gate_up_projection()) {
+      // Phi3MLP: gate and up are views of one output, which the activation and the product keep.
       const std::vector<at::Tensor> gate_up = Linear(in, m + kGateUpProj, bias).chunk(2, -1);
-      return Linear(gate_up[1] * at::silu(gate_up[0]), m + "down_proj", bias);
+      return Linear(gate_up[1] * gate_act(gate_up[0]), m + "down_proj", bias);
     }
-    if (spec_.ffn_type() == FFN_SWIGLU) {
+    if (GatedMlp(spec_)) {
       const at::Tensor gate = Linear(in, m + "gate_proj", bias);
       const at::Tensor up = Linear(in, m + "up_proj", bias);
-      return Linear(at::silu(gate) * up, m + "down_proj", bias);
+      return Linear(gate_act(gate) * up, m + "down_proj", bias);
     }
     const at::Tensor up = Linear(in, m + "up_proj", bias);
     at::Tensor act;
@@ -462,16 +469,15 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         break;
       }
       case BlockOpKind::kQkNorm: {
-        const bool fp32 = spec_.norm_weight_in_fp32();
         const at::Tensor& q_weight = Param(absl::StrCat(m, kQNorm, ".weight"));
         const at::Tensor& k_weight = Param(absl::StrCat(m, kKNorm, ".weight"));
         if (spec_.qk_norm_over_projection()) {
           // Olmo2Attention: over the projection's output, before the view into heads.
-          q = HfRmsNorm(q.view({b, s, a * d}), q_weight, fp32).view({b, s, a, d});
-          k = HfRmsNorm(k.view({b, s, kv * d}), k_weight, fp32).view({b, s, kv, d});
+          q = HfRmsNorm(q.view({b, s, a * d}), q_weight, spec_).view({b, s, a, d});
+          k = HfRmsNorm(k.view({b, s, kv * d}), k_weight, spec_).view({b, s, kv, d});
         } else {
-          q = HfRmsNorm(q, q_weight, fp32);
-          k = HfRmsNorm(k, k_weight, fp32);
+          q = HfRmsNorm(q, q_weight, spec_);
+          k = HfRmsNorm(k, k_weight, spec_);
         }
         break;
       }
@@ -668,7 +674,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   const at::Tensor final_norm =
       spec_.norm_type() == NORM_LAYERNORM
           ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
-          : HfRmsNorm(x, Param("final_norm.weight"), spec_.norm_weight_in_fp32());
+          : HfRmsNorm(x, Param("final_norm.weight"), spec_);
   x.reset();
   // The model's forward returns: its masks and tables go, but what autograd
   // or a checkpoint keeps (Glm4's layers keep copies of the tables, not them).

@@ -50,10 +50,10 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
     case BlockOpKind::kOutProjection: return {{"o_proj", q_width, h, spec.attention_out_bias()}};
     case BlockOpKind::kMlp: {
       std::vector<BlockLinear> linears;
-      if (spec.ffn_type() == FFN_SWIGLU && spec.fused_gate_up_projection()) {
+      if (GatedMlp(spec) && spec.fused_gate_up_projection()) {
         linears.push_back({kGateUpProj, h, 2 * f, spec.mlp_bias()});
       } else {
-        if (spec.ffn_type() == FFN_SWIGLU) linears.push_back({"gate_proj", h, f, spec.mlp_bias()});
+        if (GatedMlp(spec)) linears.push_back({"gate_proj", h, f, spec.mlp_bias()});
         linears.push_back({"up_proj", h, f, spec.mlp_bias()});
       }
       linears.push_back({kDownProj, f, h, spec.mlp_bias()});

@@ -67,6 +67,12 @@ struct BlockLinear {
 // for kQkvProjection (one qkv_proj when fused). The spec must be resolved (ResolveModelSpec).
 std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op);
 
+// Whether the MLP is gated, down(act(gate) * up): SwiGLU or GeGLU, whose
+// activations save the same (their input) and differ in nothing else.
+inline bool GatedMlp(const ModelSpec& spec) {
+  return spec.ffn_type() == FFN_SWIGLU || spec.ffn_type() == FFN_GEGLU;
+}
+
 // The MLP's last linear, whose gradient hooks are the first of a block's backward.
 inline constexpr char kDownProj[] = "down_proj";
 // The fused projections (ModelSpec.fused_qkv_projection, fused_gate_up_projection).

@@ -203,7 +203,7 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
         break;
       case BlockOpKind::kMlp:
         at.up = current || IsLoraTarget(spec, "up_proj");
-        at.gate = spec.ffn_type() == FFN_SWIGLU && (current || IsLoraTarget(spec, "gate_proj"));
+        at.gate = GatedMlp(spec) && (current || IsLoraTarget(spec, "gate_proj"));
         current = at.gate || at.up || IsLoraTarget(spec, kDownProj);
         break;
       default: break;
@@ -489,7 +489,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         }
         if (keeps) act(read_name(), {b, s, h}, dtype);
         const bool up_grad = grad.up, gate_grad = grad.gate;
-        if (spec.ffn_type() == FFN_SWIGLU) {
+        if (GatedMlp(spec)) {
           adapters(m + "gate_proj", h, input_grad);
           adapters(m + "up_proj", h, input_grad);
           if (gate_grad && spec.fused_gate_up_projection()) {

@@ -180,7 +180,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   sizer.saved_ = fit(1);
   sizer.saved_block0_ = fit(0);
   // Whether down_proj keeps its input (the FFN product or activation).
-  const std::string down_input = model.ffn_type() == FFN_SWIGLU ? ".mlp.product" : ".mlp.act";
+  const std::string down_input = GatedMlp(model) ? ".mlp.product" : ".mlp.act";
   for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 1, device, saves)) {
     sizer.down_input_saved_ = sizer.down_input_saved_ || absl::EndsWith(t.name(), down_input);
   }
@@ -307,7 +307,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   // branch (gate, up and their product, or up and GELU) is the widest point.
   // (NewGELUActivation: x, 0.5x, tanh and 1 + tanh, then the product.)
   // A fused gate_up_proj's output stays whole until down_proj: 2f beside the activation and the product.
-  const int64_t ffn_branches = model.ffn_type() == FFN_SWIGLU ? (model.fused_gate_up_projection() ? 4 : 3)
+  const int64_t ffn_branches = GatedMlp(model) ? (model.fused_gate_up_projection() ? 4 : 3)
                                : model.ffn_type() == FFN_GELU_NEW ? 4
                                                                   : 2;
   const int64_t ffn_live = ffn_branches * tokens * model.ffn_hidden_size() * w;
@@ -330,7 +330,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   // plain MLP's widest moment is inside that backward (docs/deepspeed_model.md
   // row 41), a gated one's after it.
   const int64_t output_grad = s.block_mlp_tail_saved > 0 ? tokens * h * w : 0;
-  s.block_mlp_output_grad = model.ffn_type() == FFN_SWIGLU ? 0 : output_grad;
+  s.block_mlp_output_grad = GatedMlp(model) ? 0 : output_grad;
   s.block_bwd_mlp_transient = bwd.mlp_bytes + s.block_mlp_output_grad;
   // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
   // its linear's input gradient (down_proj: the FFN-wide one, and the

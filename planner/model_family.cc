@@ -23,6 +23,13 @@ constexpr int64_t kOlmo3FullAttentionInterval = 4;
 constexpr double kGlm4PartialRotaryFactor = 0.5;
 // Glm4Config's head_dim default.
 constexpr int64_t kGlm4DefaultHeadDim = 128;
+// Gemma3TextConfig: head_dim 256, query_pre_attn_scalar 256, sliding_window
+// 4096, layer_types "full_attention" where (i + 1) % sliding_window_pattern
+// == 0, the pattern 6 when the config has none.
+constexpr int64_t kGemma3DefaultHeadDim = 256;
+constexpr double kGemma3QueryPreAttnScalar = 256;
+constexpr int64_t kGemma3DefaultSlidingWindow = 4096;
+constexpr int64_t kGemma3SlidingWindowPattern = 6;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
 constexpr int64_t kSmolLm3NoRopeLayerInterval = 4;
 
@@ -149,7 +156,7 @@ std::vector<ModelFamily> BuildFamilies() {
                   "use_rope; SmolLM3Model: one RoPE table, the sliding mask only with sliding layers)";
     f.tie_word_embeddings = true;
     f.no_rope_layer_interval = kSmolLm3NoRopeLayerInterval;
-    f.unmodelled_switch_key = "use_sliding_window";
+    f.unmodelled_keys = {"use_sliding_window"};
     families.push_back(f);
   }
   {
@@ -171,6 +178,39 @@ std::vector<ModelFamily> BuildFamilies() {
     f.partial_rotary = true;
     f.default_partial_rotary_factor = kGlm4PartialRotaryFactor;
     f.rope_interleaved = true;
+    families.push_back(f);
+  }
+  {
+    // Llama's projections (attention_bias on all four, no MLP bias), GLM-4's
+    // four norms, each zero-centred and in fp32, Qwen3's q/k norms, OLMo 3's
+    // layer types, a GELU-gated MLP, a scaled embedding, tied by default.
+    ModelFamily f = families.front();
+    f.model_type = "gemma3_text";
+    f.read_from = "models/gemma3/configuration_gemma3.py (Gemma3TextConfig: hidden_activation, head_dim 256, "
+                  "query_pre_attn_scalar, sliding_window 4096, sliding_window_pattern 6, tie_word_embeddings true), "
+                  "modeling_gemma3.py (Gemma3RMSNorm: x (1 + weight.float()) in fp32; Gemma3DecoderLayer: "
+                  "input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm; "
+                  "Gemma3Attention: q_norm and k_norm per head, scaling query_pre_attn_scalar**-0.5; Gemma3MLP; "
+                  "Gemma3TextScaledWordEmbedding: x embed_scale, sqrt(hidden_size))";
+    f.default_head_dim = kGemma3DefaultHeadDim;
+    f.tie_word_embeddings = true;
+    f.activation_key = "hidden_activation";
+    f.default_activation = "gelu_pytorch_tanh";
+    f.mlp_bias_key = "";
+    f.qk_norm = true;
+    f.norm_placement = NORM_PLACEMENT_PRE_AND_POST;
+    f.norm_weight_in_fp32 = true;
+    f.norm_unit_offset = true;
+    f.sliding_window_key = "sliding_window";
+    f.default_sliding_window = kGemma3DefaultSlidingWindow;
+    f.full_attention_interval = kGemma3SlidingWindowPattern;
+    f.full_attention_interval_key = "sliding_window_pattern";
+    f.embedding_scaled_by_sqrt_hidden = true;
+    f.attention_scalar_key = "query_pre_attn_scalar";
+    f.default_attention_scalar = kGemma3QueryPreAttnScalar;
+    // Gemma3ForCausalLM's tanh over the logits, and attention without the
+    // causal mask. (attn_logit_softcapping is read but never applied.)
+    f.unmodelled_keys = {"final_logit_softcapping", "use_bidirectional_attention"};
     families.push_back(f);
   }
   {
@@ -241,6 +281,7 @@ std::optional<FfnType> FfnTypeFor(const ModelFamily& family, absl::string_view a
   if (family.mlp == MlpKind::kGated) {
     // ACT2FN's two names for SiLU; zplan's gated MLP is SwiGLU.
     if (activation == "silu" || activation == "swish") return FFN_SWIGLU;
+    if (activation == "gelu_pytorch_tanh") return FFN_GEGLU;
     return std::nullopt;
   }
   if (activation == "gelu_new") return FFN_GELU_NEW;
@@ -249,7 +290,7 @@ std::optional<FfnType> FfnTypeFor(const ModelFamily& family, absl::string_view a
 }
 
 std::string ModelledActivations(const ModelFamily& family) {
-  return family.mlp == MlpKind::kGated ? "\"silu\" or \"swish\"" : "\"gelu\", \"gelu_pytorch_tanh\" or \"gelu_new\"";
+  return family.mlp == MlpKind::kGated ? "\"silu\", \"swish\" or \"gelu_pytorch_tanh\"" : "\"gelu\", \"gelu_pytorch_tanh\" or \"gelu_new\"";
 }
 
 std::string ApproximationNote(absl::string_view model_type, absl::string_view family) {

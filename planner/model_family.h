@@ -1,14 +1,15 @@
 // File: model_family.h
 // The transformers model types zplan plans, as data: one ModelFamily per
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3,
-// olmo2, olmo3, smollm3, glm4, gpt2, vit -- holding what that type's config
-// class and modeling file give it: the keys its config.json uses and the
-// defaults of those it may leave out, the norm and where it sits, the MLP,
-// which projections have biases, qk-norm, the position embedding, the
-// dropout sites, the dtype of eager attention's softmax, Granite's
-// multipliers, Phi3's fused projections and sliding window, OLMo's layer
-// types, SmolLM3's layers without RoPE, GLM-4's partial interleaved RoPE, and
-// the transformers source (5.23.0, planner/version.h) it was read from.
+// olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit -- holding what that
+// type's config class and modeling file give it: the keys its config.json
+// uses and the defaults of those it may leave out, the norm and where it
+// sits, the MLP, which projections have biases, qk-norm, the position
+// embedding, the dropout sites, the dtype of eager attention's softmax,
+// Granite's multipliers, Phi3's fused projections and sliding window, OLMo's
+// layer types, SmolLM3's layers without RoPE, GLM-4's partial interleaved
+// RoPE, Gemma 3's zero-centred norms, GeGLU and scales, and the transformers
+// source (5.23.0, planner/version.h) it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
 //
@@ -122,9 +123,21 @@ struct ModelFamily {
   // > 0: the config has no_rope_layers (ModelSpec.rope_layers), by default
   // RoPE on every layer but each this-many-th (SmolLM3Config.__post_init__).
   int64_t no_rope_layer_interval = 0;
-  // A boolean config key whose true value builds what zplan does not model,
-  // refused by name (SmolLM3's use_sliding_window); empty: none.
-  absl::string_view unmodelled_switch_key;
+  // A legacy config key that sets full_attention_interval when layer_types
+  // is absent (Gemma3TextConfig.__post_init__'s sliding_window_pattern); empty: none.
+  absl::string_view full_attention_interval_key;
+  // Gemma's RMSNorm: normalized x (1 + weight) in fp32 (ModelSpec.norm_unit_offset).
+  bool norm_unit_offset = false;
+  // Gemma's embedding times sqrt(hidden_size) (an embedding_multiplier) and
+  // attention scale attention_scalar_key^-0.5 (an attention_multiplier),
+  // default_attention_scalar when absent; empty key: head_dim^-0.5.
+  bool embedding_scaled_by_sqrt_hidden = false;
+  absl::string_view attention_scalar_key;
+  double default_attention_scalar = 0;
+  // Config keys whose value, unless absent, null or false, builds what zplan
+  // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
+  // final_logit_softcapping).
+  std::vector<absl::string_view> unmodelled_keys;
 };
 
 // Every family, in the order above.
@@ -133,13 +146,14 @@ const std::vector<ModelFamily>& ModelFamilies();
 // The entry for a model_type; nullptr when zplan has none.
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
-// "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit".
+// "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with
-// "silu" or "swish" is FFN_SWIGLU; kPlain with "gelu_new" FFN_GELU_NEW (its
-// tanh formula in separate ops), "gelu" or "gelu_pytorch_tanh" FFN_GELU (one
-// op that keeps its input). nullopt for an activation zplan does not model.
+// "silu" or "swish" is FFN_SWIGLU, with "gelu_pytorch_tanh" FFN_GEGLU; kPlain
+// with "gelu_new" FFN_GELU_NEW (its tanh formula in separate ops), "gelu" or
+// "gelu_pytorch_tanh" FFN_GELU (one op that keeps its input). nullopt for an
+// activation zplan does not model.
 std::optional<FfnType> FfnTypeFor(const ModelFamily& family, absl::string_view activation);
 // The activations FfnTypeFor accepts for the family, quoted, for messages.
 std::string ModelledActivations(const ModelFamily& family);

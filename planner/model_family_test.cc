@@ -3,6 +3,8 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/model_spec.h"
 #include "planner/proto_io.h"
@@ -10,13 +12,17 @@
 namespace zplan {
 namespace {
 
+using ::testing::ElementsAre;
+
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
     EXPECT_EQ(FindModelFamily(f.model_type), &f);
-    EXPECT_NE(f.read_from.find("models/" + std::string(f.model_type) + "/"), std::string::npos) << f.model_type;
+    // gemma3_text's files are models/gemma3/'s.
+    const std::string folder(absl::StripSuffix(f.model_type, "_text"));
+    EXPECT_NE(f.read_from.find("models/" + folder + "/"), std::string::npos) << f.model_type;
     EXPECT_NE(f.norm, NORM_TYPE_UNSPECIFIED) << f.model_type;
     EXPECT_NE(f.position, POSITION_EMBEDDING_UNSPECIFIED) << f.model_type;
     EXPECT_FALSE(f.ffn_key.empty()) << f.model_type;
@@ -84,8 +90,20 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   const ModelFamily& smollm3 = *FindModelFamily("smollm3");
   EXPECT_TRUE(smollm3.tie_word_embeddings);
   EXPECT_EQ(smollm3.no_rope_layer_interval, 4);
-  EXPECT_EQ(smollm3.unmodelled_switch_key, "use_sliding_window");
+  EXPECT_THAT(smollm3.unmodelled_keys, ElementsAre("use_sliding_window"));
   EXPECT_EQ(smollm3.mlp_bias_key, "mlp_bias");
+  const ModelFamily& gemma3 = *FindModelFamily("gemma3_text");
+  EXPECT_EQ(gemma3.activation_key, "hidden_activation") << "Gemma3TextConfig has no hidden_act";
+  EXPECT_EQ(FfnTypeFor(gemma3, gemma3.default_activation), FFN_GEGLU);
+  EXPECT_EQ(gemma3.norm_placement, NORM_PLACEMENT_PRE_AND_POST);
+  EXPECT_TRUE(gemma3.norm_weight_in_fp32 && gemma3.norm_unit_offset && gemma3.qk_norm && gemma3.tie_word_embeddings);
+  EXPECT_FALSE(gemma3.qk_norm_over_projection) << "Gemma3Attention normalizes per head";
+  EXPECT_EQ(gemma3.full_attention_interval, 6);
+  EXPECT_EQ(gemma3.full_attention_interval_key, "sliding_window_pattern");
+  EXPECT_EQ(gemma3.default_head_dim, 256);
+  EXPECT_TRUE(gemma3.embedding_scaled_by_sqrt_hidden);
+  EXPECT_EQ(gemma3.attention_scalar_key, "query_pre_attn_scalar");
+  EXPECT_THAT(gemma3.unmodelled_keys, ElementsAre("final_logit_softcapping", "use_bidirectional_attention"));
   for (const ModelFamily& f : ModelFamilies()) {
     if (f.model_type == "gpt2" || f.model_type == "vit") continue;
     EXPECT_EQ(f.attention_dropout.key, "attention_dropout") << f.model_type;
@@ -93,7 +111,9 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
     if (f.model_type != "phi3") {
       EXPECT_TRUE(f.residual_dropout.key.empty()) << f.model_type;
     }
-    EXPECT_EQ(f.default_activation, "silu") << f.model_type;
+    if (f.model_type != "gemma3_text") {
+      EXPECT_EQ(f.default_activation, "silu") << f.model_type;
+    }
     EXPECT_EQ(f.norm, NORM_RMSNORM) << f.model_type;
   }
 }
@@ -101,7 +121,8 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
 TEST(ModelFamilyTest, ActivationsByMlpKind) {
   const ModelFamily& llama = *FindModelFamily("llama");
   EXPECT_EQ(FfnTypeFor(llama, "swish"), FFN_SWIGLU);
-  EXPECT_FALSE(FfnTypeFor(llama, "gelu").has_value()) << "a gated GELU (GeGLU) is not modelled";
+  EXPECT_EQ(FfnTypeFor(llama, "gelu_pytorch_tanh"), FFN_GEGLU);
+  EXPECT_FALSE(FfnTypeFor(llama, "gelu").has_value()) << "a gated exact GELU is not modelled";
   const ModelFamily& vit = *FindModelFamily("vit");
   EXPECT_EQ(FfnTypeFor(vit, "gelu_pytorch_tanh"), FFN_GELU);
   EXPECT_FALSE(FfnTypeFor(vit, "silu").has_value());

@@ -162,12 +162,18 @@ absl::Status ReadPerLayer(const JsonObject& config, absl::string_view key, absl:
 // full_attention_interval layers, sliding between.
 absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
   spec->clear_layer_types();
+  int64_t interval = family.full_attention_interval;
+  if (!family.full_attention_interval_key.empty()) {
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, family.full_attention_interval_key, &interval));
+    if (interval <= 0) {
+      return config.Error(family.full_attention_interval_key, "must be a positive number of layers");
+    }
+  }
   return ReadPerLayer(
       config, "layer_types", "a list of \"full_attention\" or \"sliding_attention\", one per layer", family,
       spec->num_layers(),
       [&](int64_t i) {
-        spec->add_layer_types((i + 1) % family.full_attention_interval != 0 ? LAYER_SLIDING_ATTENTION
-                                                                             : LAYER_FULL_ATTENTION);
+        spec->add_layer_types((i + 1) % interval != 0 ? LAYER_SLIDING_ATTENTION : LAYER_FULL_ATTENTION);
       },
       [&](const google::protobuf::Value& v) {
         const bool full = v.has_string_value() && v.string_value() == "full_attention";
@@ -253,16 +259,18 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   }
   if (family.full_attention_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadLayerTypes(config, family, spec));
   if (family.no_rope_layer_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadRopeLayers(config, family, spec));
-  if (!family.unmodelled_switch_key.empty()) {
-    bool on = false;
-    ZPLAN_RETURN_IF_ERROR(ReadBool(config, family.unmodelled_switch_key, &on));
-    if (on) {
-      return config.Error(family.unmodelled_switch_key, absl::StrCat("true is not modelled in ", family.model_type,
-                                                                     "; zplan plans it with the key false"));
-    }
+  for (absl::string_view key : family.unmodelled_keys) {
+    const google::protobuf::Value* given = config.Find(key);
+    if (given == nullptr || given->has_null_value() || (given->has_bool_value() && !given->bool_value())) continue;
+    const std::string shown = given->has_number_value() ? absl::StrCat(given->number_value())
+                              : given->has_bool_value() ? "true"
+                                                        : JsonTypeName(*given);
+    return config.Error(key, absl::StrCat(shown, " is not modelled in ", family.model_type,
+                                          "; zplan plans it with the key null or false"));
   }
   spec->set_norm_placement(family.norm_placement);
   spec->set_norm_weight_in_fp32(family.norm_weight_in_fp32);
+  spec->set_norm_unit_offset(family.norm_unit_offset);
   spec->set_qk_norm_over_projection(family.qk_norm_over_projection);
   spec->set_rope_in_fp32(family.rope_in_fp32);
   spec->set_rope_concatenates(family.partial_rotary);
@@ -284,6 +292,15 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
                                                                 "rotates an even number of them"));
     }
     spec->set_rotary_dim(rotary == head_dim ? 0 : rotary);
+  }
+  if (family.embedding_scaled_by_sqrt_hidden) {
+    spec->set_embedding_multiplier(std::sqrt(static_cast<double>(spec->hidden_size())));
+  }
+  if (!family.attention_scalar_key.empty()) {
+    double scalar = family.default_attention_scalar;
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, family.attention_scalar_key, &scalar));
+    if (!(scalar > 0)) return config.Error(family.attention_scalar_key, "must be positive: the scale is its -0.5 power");
+    spec->set_attention_multiplier(1.0 / std::sqrt(scalar));
   }
   if (family.granite_multipliers) {
     // GraniteConfig's defaults; a value of 1.0 still runs its op.
@@ -709,6 +726,10 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     if (type != LAYER_FULL_ATTENTION && type != LAYER_SLIDING_ATTENTION) {
       return absl::InvalidArgumentError("model.layer_types: LAYER_TYPE_UNSPECIFIED; give each layer its type");
     }
+  }
+  if (spec.norm_unit_offset() && !spec.norm_weight_in_fp32()) {
+    return absl::InvalidArgumentError(
+        "model.norm_unit_offset: set without norm_weight_in_fp32 (Gemma3RMSNorm multiplies in fp32); set both");
   }
   if (spec.qk_norm_over_projection() && !spec.qk_norm()) {
     return absl::InvalidArgumentError("model.qk_norm_over_projection: set without qk_norm; set both or neither");

@@ -220,6 +220,45 @@ TEST(ModelSpecTest, OlmoNormsAfterEachHalfAndReadsLayerTypes) {
   }
 }
 
+TEST(ModelSpecTest, Gemma3TextReadsItsScalesNormsAndLayerPattern) {
+  const std::string shape = R"("model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, "}"), "gemma3.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ffn_type(), FFN_GEGLU) << "hidden_activation defaults to gelu_pytorch_tanh";
+  EXPECT_EQ(spec->head_dim(), 256);
+  EXPECT_TRUE(spec->tie_word_embeddings() && spec->qk_norm() && spec->norm_unit_offset() &&
+              spec->norm_weight_in_fp32());
+  EXPECT_EQ(spec->norm_placement(), NORM_PLACEMENT_PRE_AND_POST);
+  EXPECT_DOUBLE_EQ(spec->embedding_multiplier(), 8.0) << "sqrt(hidden_size)";
+  EXPECT_DOUBLE_EQ(spec->attention_multiplier(), 1.0 / 16) << "query_pre_attn_scalar 256 ** -0.5";
+  EXPECT_EQ(spec->sliding_window(), 4096);
+  EXPECT_THAT(spec->layer_types(), ElementsAre(LAYER_SLIDING_ATTENTION, LAYER_SLIDING_ATTENTION,
+                                               LAYER_SLIDING_ATTENTION, LAYER_SLIDING_ATTENTION,
+                                               LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION,
+                                               LAYER_SLIDING_ATTENTION));
+  // The legacy sliding_window_pattern sets the default layer types; the scalar the scale.
+  auto given = ModelSpecFromHfConfig(absl::StrCat(R"({"sliding_window_pattern": 2, "query_pre_attn_scalar": 64,
+      "head_dim": 16, "sliding_window": 512, "final_logit_softcapping": null, "attn_logit_softcapping": 50.0, )",
+                                                  shape, "}"), "gemma3.json");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_THAT(given->layer_types(), ElementsAre(LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION,
+                                                LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION,
+                                                LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION,
+                                                LAYER_SLIDING_ATTENTION));
+  EXPECT_DOUBLE_EQ(given->attention_multiplier(), 0.125);
+  EXPECT_EQ(given->sliding_window(), 512);
+  for (const char* bad : {R"("final_logit_softcapping": 30.0, )", R"("use_bidirectional_attention": true, )",
+                          R"("hidden_activation": "gelu", )", R"("sliding_window_pattern": 0, )",
+                          R"("query_pre_attn_scalar": 0, )"}) {
+    auto refused = ModelSpecFromHfConfig(absl::StrCat("{", bad, shape, "}"), "gemma3.json");
+    ASSERT_FALSE(refused.ok()) << bad;
+    const std::string key(absl::string_view(bad).substr(1, absl::string_view(bad).find('"', 1) - 1));
+    EXPECT_NE(refused.status().message().find(absl::StrCat("gemma3.json: ", key, ": ")), std::string::npos)
+        << refused.status();
+  }
+}
+
 TEST(ModelSpecTest, SmolLm3LeavesRopeOutOfEveryFourthLayer) {
   const std::string shape = R"("model_type": "smollm3", "hidden_size": 64, "intermediate_size": 128,
       "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
@@ -326,7 +365,7 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -337,7 +376,7 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
 
 constexpr char kGemma2[] = R"({"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
-    "vocab_size": 100, "hidden_act": "gelu_pytorch_tanh", "attention_bias": false})";
+    "vocab_size": 100, "hidden_act": "gelu", "attention_bias": false})";
 
 TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   auto spec = ModelSpecFromHfConfig(kGemma2, "gemma2.json", "llama");
@@ -351,14 +390,14 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   EXPECT_FALSE(spec->tie_word_embeddings());
   EXPECT_EQ(spec->ffn_type(), FFN_SWIGLU);
   EXPECT_EQ(spec->source(), "Hugging Face config gemma2.json (model_type \"gemma2\", planned as llama; hidden_act "
-                            "\"gelu_pytorch_tanh\" planned as silu)");
+                            "\"gelu\" planned as silu)");
   EXPECT_TRUE(ValidateModelSpec(*spec).ok());
   // The plan's spec without its note is refused (zrun reads plans through ValidateModelSpec).
   ModelSpec unmarked = *spec;
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"gemma2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gpt2, vit)"),
+                                  "qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.
@@ -420,7 +459,7 @@ TEST(ModelSpecTest, BiasesFollowEachFamilysModelingFile) {
   EXPECT_EQ(qwen3->head_dim(), 128);
   const absl::Status gelu = FromJson(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
       "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "hidden_act": "gelu"})");
-  EXPECT_NE(gelu.message().find("hidden_act: \"gelu\" is not modelled in llama's MLP; use \"silu\" or \"swish\""),
+  EXPECT_NE(gelu.message().find("hidden_act: \"gelu\" is not modelled in llama's MLP; use \"silu\", \"swish\" or \"gelu_pytorch_tanh\""),
             std::string::npos)
       << gelu;
 }
