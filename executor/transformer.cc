@@ -527,6 +527,11 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           scores.reset();
           if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
           attn = at::matmul(probs, vv);
+        } else if (mask.defined()) {
+          // A sliding layer past the window (SdpaSlidingMaskAt): sdpa_attention_forward
+          // repeats k and v to every head and passes the bool mask, which ATen makes additive.
+          attn = at::scaled_dot_product_attention(q, RepeatKv(k, a / kv), RepeatKv(v, a / kv), mask, dropout,
+                                                  /*is_causal=*/false, /*scale=*/scale);
         } else {
           attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout,
                                                   /*is_causal=*/!spec_.has_vision(), /*scale=*/scale,
@@ -620,6 +625,16 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // layers are (Olmo3Model.forward's causal_mask_mapping). A ViT attends
   // everywhere, without one.
   std::vector<at::Tensor> masks(LayerType_ARRAYSIZE);
+  if (!vision && SdpaSlidingMaskAt(spec_, s)) {
+    // masking_utils.py's sdpa_mask past the window: the sliding layers' bool
+    // mask [1, 1, s, s] (kv <= q and kv > q - window), expanded to the batch;
+    // full-attention layers keep is_causal and no mask.
+    at::NoGradGuard no_grad;
+    const at::Tensor q_index = at::arange(s, options.dtype(at::kLong)).view({1, 1, s, 1});
+    const at::Tensor kv_index = at::arange(s, options.dtype(at::kLong)).view({1, 1, 1, s});
+    masks[spec_.layer_types().empty() ? 0 : LAYER_SLIDING_ATTENTION] =
+        ((kv_index > q_index - spec_.sliding_window()) & (kv_index <= q_index)).expand({b, 1, s, s});
+  }
   if (spec_.attention_impl() == ATTENTION_EAGER && !vision) {
     at::NoGradGuard no_grad;
     constexpr float kMasked = -std::numeric_limits<float>::infinity();

@@ -292,6 +292,15 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
   return spec.attention_impl() == ATTENTION_SDPA && device == KernelDevice::kCpu && spec.attention_dropout() > 0;
 }
 
+bool SdpaSlidingMaskAt(const ModelSpec& spec, int64_t seq_length) {
+  return spec.attention_impl() == ATTENTION_SDPA && spec.sliding_window() > 0 && seq_length >= spec.sliding_window();
+}
+
+bool LayerSlides(const ModelSpec& spec, int layer) {
+  return spec.sliding_window() > 0 &&
+         (spec.layer_types().empty() || spec.layer_types(layer) == LAYER_SLIDING_ATTENTION);
+}
+
 // What each op of a block (block_layout.h) keeps for backward in
 // transformers' implementation, which the executor's block saves too (ATen saves only the inputs a gradient
 // formula needs; a shared input is one tensor):
@@ -441,6 +450,22 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           act(m + "probs_fp32", {b, a, s, s}, DTYPE_FP32);
           act(m + "probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(DTYPE_FP32, device));
           act(m + "probs_dropped", {b, a, s, s}, DTYPE_FP32);
+        } else if (saves.sdpa_sliding_mask && LayerSlides(spec, layer)) {
+          // With a mask, sdpa_attention_forward repeats k and v to every
+          // query head (use_gqa_in_sdpa is false): the kernel keeps those
+          // copies, and the projections' outputs go. ATen's
+          // convert_boolean_attn_mask turns the bool mask into an additive
+          // one [b, 1, s, s] in the working dtype, which the kernel keeps.
+          act(m + "q", {b, a, s, d}, dtype);
+          const bool repeated = kv != a;
+          act(m + (repeated ? "k_repeated" : "k"), {b, a, s, d}, dtype);
+          if (repeated || !spec.fused_qkv_projection()) {
+            act(m + (repeated ? "v_repeated" : "v"), {b, a, s, d}, dtype);
+          } else {
+            act(m + "qkv", {b, s, (a + 2 * kv) * d}, dtype);
+          }
+          act(m + "sliding_mask", {b, 1, s, s}, dtype);
+          act(m + "logsumexp", {b, a, s}, DTYPE_FP32);
         } else {
           act(m + "q", {b, a, s, d}, dtype);
           act(m + "k", {b, kv, s, d}, dtype);

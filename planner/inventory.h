@@ -75,6 +75,9 @@ struct SavePolicy {
   // keeps the final norm's output for backward (it computed its gradients
   // in the forward).
   bool fused_loss = false;
+  // The sequence reaches ModelSpec.sliding_window with SDPA: transformers
+  // passes its sliding layers a materialized mask (SdpaGetsMask).
+  bool sdpa_sliding_mask = false;
 };
 
 // LoRA (ModelSpec.lora): a targeted block linear "<prefix>.q_proj" gains
@@ -139,6 +142,15 @@ DType DropoutSavedDType(DType input, KernelDevice device);
 // aten/src/ATen/native/transformers/sdp_utils_cpp.cpp), so with attention
 // dropout the fp32 math path materializes the [b,a,s,s] probabilities.
 bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device);
+
+// Whether a sequence of `seq_length` tokens reaches the sliding window under
+// SDPA (masking_utils.py's _ignore_causal_mask_sdpa keeps the mask from
+// local_attention_size on): transformers then builds the sliding-window mask
+// [s, s] (bool, expanded to the batch) once per forward and passes it to
+// every sliding layer (every layer without layer_types: Phi3).
+bool SdpaSlidingMaskAt(const ModelSpec& spec, int64_t seq_length);
+// Whether layer `layer` attends through that mask (LayerSlides; saves.sdpa_sliding_mask).
+bool LayerSlides(const ModelSpec& spec, int layer);
 
 
 // Tensors one block saves for backward in `dtype` (plus fp32 norm

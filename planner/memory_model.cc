@@ -155,7 +155,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
   // causal mask) + W*s (tables without a batch): fit the four terms from
   // the inventory, check a fifth point.
-  auto fit = [&](int layer) {
+  auto fit = [&](int layer, const SavePolicy& saves) {
     auto saved = [&](int64_t b, int64_t seq) {
       return SumBytes(BlockSavedActivations(model, b, seq, dtype, layer, device, saves));
     };
@@ -177,8 +177,19 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
     return f;
   };
-  sizer.saved_ = fit(1);
-  sizer.saved_block0_ = fit(0);
+  sizer.saved_ = fit(1, saves);
+  sizer.saved_block0_ = fit(0, saves);
+  int sliding = -1;  // the first sliding layer past block 0 (block 0 if it alone slides)
+  for (int layer = model.num_layers() - 1; layer >= 0; --layer) {
+    sizer.sliding_layers_[layer] = LayerSlides(model, layer);
+    if (sizer.sliding_layers_[layer] && (sliding < 1 || layer >= 1)) sliding = layer;
+  }
+  if (sliding >= 0 && model.attention_impl() == ATTENTION_SDPA) {
+    SavePolicy masked = saves;
+    masked.sdpa_sliding_mask = true;
+    sizer.saved_sliding_ = fit(sliding, saves);
+    sizer.saved_sliding_masked_ = fit(sliding, masked);
+  }
   // Whether down_proj keeps its input (the FFN product or activation).
   const std::string down_input = GatedMlp(model) ? ".mlp.product" : ".mlp.act";
   for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 1, device, saves)) {
@@ -324,6 +335,15 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     attn_live += scores * std::max(w + softmax, w + dropped);
   }
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
+  if (SdpaSlidingMaskAt(model, seq) && sliding_layers_.any()) {
+    const int64_t a = model.num_attention_heads(), kv = model.num_kv_heads(), d = model.head_dim();
+    const int64_t unrepeated = a != kv ? 2 * tokens * kv * d * w : 0, repeated = a != kv ? 2 * tokens * a * d * w : 0;
+    s.masked_layers = sliding_layers_;
+    s.masked_attn_saved_extra = saved_sliding_masked_.Bytes(b, seq) - saved_sliding_.Bytes(b, seq);
+    s.masked_fwd_transient_extra = unrepeated;
+    s.masked_nograd_extra = std::max(ffn_live, attn_live + repeated + b * seq * seq * w) - std::max(ffn_live, attn_live);
+    s.masked_bwd_attn_extra = repeated - unrepeated;
+  }
   const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_);
   // The gradient of the MLP's output, which ops after it make (a residual
   // dropout's, a post-norm's), lives until down_proj's backward has run: a
@@ -352,13 +372,23 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const int64_t rope_pairs = std::max<int64_t>(1, layer_types.size());
     if (model.position_embedding() == POSITION_ROPE) {
       const int64_t rotary_dim = RotaryDims(model);
-      s.rope_tables = rope_pairs * 2 * seq * rotary_dim * (model.rope_in_fp32() ? 4 : w);
+      const int64_t pair = 2 * seq * rotary_dim * (model.rope_in_fp32() ? 4 : w);
+      s.rope_tables = rope_pairs * pair;
       s.rope_tables_unsaved = model.rope_interleaved();
+      for (int layer = 1; layer < model.num_layers() && rope_pairs > 1; ++layer) {
+        if (model.layer_types(layer) != model.layer_types(0)) {
+          s.rope_late_pair = pair;
+          s.rope_late_pair_layer = layer;
+          break;
+        }
+      }
     }
     // Eager's additive causal mask [b, 1, s, s]; with layer types both the
     // full and the sliding one (Olmo3Model.forward's causal_mask_mapping).
     const int64_t masks = model.layer_types().empty() ? 1 : 2;
     if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = masks * tokens * seq * w;
+    // SDPA past the window: the sliding one, bool [s, s] expanded to the batch (masking_utils.py, sdpa_mask).
+    if (SdpaSlidingMaskAt(model, seq) && sliding_layers_.any()) s.attention_mask = seq * seq;
   }
   s.act_grad = tokens * h * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;

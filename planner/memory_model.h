@@ -117,6 +117,9 @@ class StepSizer {
     }
   };
   SavedFit saved_, saved_block0_;
+  // A sliding layer's (SdpaSlidingMaskAt) with and without the mask, and which layers slide.
+  SavedFit saved_sliding_, saved_sliding_masked_;
+  std::bitset<kMaxLayers> sliding_layers_;
   bool down_input_saved_ = false;    // BlockBackwardTransientBytes
   SavePolicy saves_;
   int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations but its output: linear in b*s

@@ -235,6 +235,33 @@ TEST(MemoryModelTest, EagerAttentionKeepsQuadraticScores) {
   EXPECT_EQ(Sizes(eager, config).block_saved - sdpa, 12 * 1024 * 1024 * (4 + 2) - 12 * 1024 * 4);
 }
 
+TEST(MemoryModelTest, SlidingLayersPastTheWindowKeepSdpasMaskAndRepeatedKeysAndValues) {
+  // A Gemma 3 shape: 4 query heads, 1 key/value head of 256, a 512-token
+  // window on five layers of six.
+  auto model = ModelSpecFromHfConfig(R"({"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+      "num_hidden_layers": 12, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 1000,
+      "sliding_window": 512})", "gemma3.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  RunConfig config = Config(2, 2);
+  config.set_micro_batch_size(2);
+  config.set_seq_length(511);
+  StepSizes below = Sizes(*model, config);
+  EXPECT_TRUE(below.masked_layers.none()) << "below the window SDPA runs with is_causal";
+  EXPECT_EQ(below.attention_mask, 0);
+  config.set_seq_length(512);
+  const StepSizes s = Sizes(*model, config);
+  for (int layer = 0; layer < 12; ++layer) EXPECT_EQ(s.Masked(layer), (layer + 1) % 6 != 0) << layer;
+  const int64_t b = 2, seq = 512, w = 2, heads = 4, kv_heads = 1, d = 256;
+  // The additive bf16 mask [b, 1, s, s], and k and v repeated from one head to four.
+  EXPECT_EQ(s.masked_attn_saved_extra, b * seq * seq * w + 2 * b * (heads - kv_heads) * seq * d * w);
+  EXPECT_EQ(s.masked_bwd_attn_extra, 2 * b * (heads - kv_heads) * seq * d * w);
+  EXPECT_EQ(s.attention_mask, seq * seq) << "the bool mask, expanded to the batch";
+  // The full layers' RoPE tables go at the first full layer's backward.
+  EXPECT_EQ(s.rope_late_pair_layer, 5);
+  EXPECT_EQ(s.rope_late_pair, 2 * seq * d * w);
+  EXPECT_GT(StepPeakBytes(s), StepPeakBytes(below));
+}
+
 TEST(MemoryModelTest, CheckpointingKeepsOnlyBlockInputs) {
   auto model = LoadPreset("1b");
   RunConfig config = Config(3, 8);

@@ -14,6 +14,8 @@ constexpr DropoutSite kAttentionDropoutOnly = {"attention_dropout", 0.0};
 constexpr double kGpt2DefaultDropout = 0.1;
 // GPT2Config's n_inner: None means 4 * n_embd (GPT2Block).
 constexpr int64_t kGpt2FfnMultiple = 4;
+// MistralConfig's sliding_window (Mistral 7B v0.1's; v0.3 sets null).
+constexpr int64_t kMistralDefaultSlidingWindow = 4096;
 // Qwen3Config's head_dim default (its heads are wider than hidden / heads).
 constexpr int64_t kQwen3DefaultHeadDim = 128;
 // Olmo3Config: sliding_window 4096; layer_types "full_attention" where (i + 1) % 4 == 0.
@@ -53,8 +55,8 @@ std::vector<ModelFamily> BuildFamilies() {
   {
     ModelFamily& f = families.emplace_back();
     f.model_type = "mistral";
-    f.read_from = "models/mistral/configuration_mistral.py (MistralConfig), modeling_mistral.py (MistralMLP, "
-                  "MistralAttention: no bias anywhere)";
+    f.read_from = "models/mistral/configuration_mistral.py (MistralConfig: sliding_window 4096), modeling_mistral.py "
+                  "(MistralMLP, MistralAttention: no bias anywhere, sliding_window on every layer)";
     f.ffn_key = "intermediate_size";
     f.norm = NORM_RMSNORM;
     f.mlp = MlpKind::kGated;
@@ -62,6 +64,8 @@ std::vector<ModelFamily> BuildFamilies() {
     f.default_activation = "silu";
     f.position = POSITION_ROPE;
     f.attention_dropout = kAttentionDropoutOnly;
+    f.sliding_window_key = "sliding_window";
+    f.default_sliding_window = kMistralDefaultSlidingWindow;
   }
   {
     ModelFamily& f = families.emplace_back();
@@ -76,6 +80,8 @@ std::vector<ModelFamily> BuildFamilies() {
     f.qkv_bias = true;
     f.position = POSITION_ROPE;
     f.attention_dropout = kAttentionDropoutOnly;
+    // Qwen2Config's sliding layers from max_window_layers on.
+    f.unmodelled_keys = {"use_sliding_window"};
   }
   {
     ModelFamily& f = families.emplace_back();
@@ -93,6 +99,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.qk_norm = true;
     f.position = POSITION_ROPE;
     f.attention_dropout = kAttentionDropoutOnly;
+    f.unmodelled_keys = {"use_sliding_window"};  // as Qwen2's
   }
   {
     // Llama's blocks, with four multipliers its modeling file applies.
@@ -115,7 +122,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.residual_dropout = {"resid_pdrop", 0.0};
     f.fused_qkv = true;
     f.fused_gate_up = true;
-    f.sliding_window_key = "sliding_window";
+    f.default_sliding_window = 0;  // Phi3Config's sliding_window: None
     f.partial_rotary = true;
     families.push_back(f);
   }

@@ -259,6 +259,27 @@ TEST(ModelSpecTest, Gemma3TextReadsItsScalesNormsAndLayerPattern) {
   }
 }
 
+TEST(ModelSpecTest, MistralSlidesEveryLayerUnlessItsWindowIsNull) {
+  const std::string shape = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  auto v01 = ModelSpecFromHfConfig(absl::StrCat(R"({"model_type": "mistral", )", shape, "}"), "mistral.json");
+  ASSERT_TRUE(v01.ok()) << v01.status();
+  EXPECT_EQ(v01->sliding_window(), 4096) << "MistralConfig's default";
+  EXPECT_TRUE(v01->layer_types().empty()) << "every layer slides";
+  auto v03 = ModelSpecFromHfConfig(absl::StrCat(R"({"model_type": "mistral", "sliding_window": null, )", shape, "}"),
+                                   "mistral.json");
+  ASSERT_TRUE(v03.ok()) << v03.status();
+  EXPECT_EQ(v03->sliding_window(), 0);
+  for (const char* qwen : {"qwen2", "qwen3"}) {
+    auto refused = ModelSpecFromHfConfig(
+        absl::StrCat(R"({"model_type": ")", qwen, R"(", "use_sliding_window": true, )", shape, "}"), "qwen.json");
+    ASSERT_FALSE(refused.ok()) << qwen;
+    EXPECT_NE(refused.status().message().find("qwen.json: use_sliding_window: true is not modelled"),
+              std::string::npos)
+        << refused.status();
+  }
+}
+
 TEST(ModelSpecTest, SmolLm3LeavesRopeOutOfEveryFourthLayer) {
   const std::string shape = R"("model_type": "smollm3", "hidden_size": 64, "intermediate_size": 128,
       "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -278,8 +279,18 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
-  // Period of the blocks' pattern: checkpointed blocks 0, k, 2k, ...
-  const int period = s.checkpointing ? s.checkpoint_every : 1;
+  // Period of the blocks' pattern: checkpointed blocks 0, k, 2k, ..., and
+  // the masked (sliding) layers' own, e.g. five sliding to one full.
+  int masked_period = 1;
+  while (masked_period < num_layers) {
+    bool repeats = true;
+    for (int i = 0; i + masked_period < num_layers && repeats; ++i) {
+      repeats = s.Masked(i) == s.Masked(i + masked_period);
+    }
+    if (repeats) break;
+    ++masked_period;
+  }
+  const int period = std::lcm(s.checkpointing ? s.checkpoint_every : 1, masked_period);
 
   // Resident state at the start of the step.
   r.Alloc(COMPONENT_PARAMS, s.params_resident, PHASE_INIT, -1, "parameters (resident)");
@@ -312,7 +323,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
 
   // Forward.
   const int batch = r.Alloc(COMPONENT_ACTIVATIONS, s.step_batch, PHASE_FORWARD, -1, "the batch");
-  const int rope = r.Alloc(COMPONENT_ACTIVATIONS, s.rope_tables, PHASE_FORWARD, -1, "RoPE tables");
+  const int rope = r.Alloc(COMPONENT_ACTIVATIONS, s.rope_tables - s.rope_late_pair, PHASE_FORWARD, -1, "RoPE tables");
+  const int rope_late =
+      r.Alloc(COMPONENT_ACTIVATIONS, s.rope_late_pair, PHASE_FORWARD, -1, "RoPE tables of the later layer type");
   const int embed_saved = r.Alloc(COMPONENT_ACTIVATIONS, s.embed_saved, PHASE_FORWARD, -1, "embedding dropout mask");
   const int mask = r.Alloc(COMPONENT_ACTIVATIONS, s.attention_mask, PHASE_FORWARD, -1, "attention mask");
   // Stage 3: gathered parameters kept from their forward to their backward
@@ -330,7 +343,11 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     return i >= s.gather_kept_from ? s.gather_kept_block : i == s.gather_kept_from - 1 ? s.gather_kept_partial : 0;
   };
   // What block i saves, and of that its MLP half (block 0 may keep less).
-  auto saved_of = [&](int i) { return s.block_saved - (i == 0 ? s.block0_saved_less : 0); };
+  auto saved_of = [&](int i) {
+    return s.block_saved - (i == 0 ? s.block0_saved_less : 0) + (s.Masked(i) ? s.masked_attn_saved_extra : 0);
+  };
+  // A masked layer's forward transients (StepSizes::masked_layers).
+  auto fwd_transient_of = [&](int i) { return s.block_fwd_transient + (s.Masked(i) ? s.masked_fwd_transient_extra : 0); };
   auto saved_mlp_of = [&](int i) { return s.block_saved_mlp - (i == 0 ? s.block0_saved_mlp_less : 0); };
   // Per-block tensors: handle base + layer.
   auto per_block = [&] { return r.Handles(num_layers); };
@@ -359,9 +376,10 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
                               s.block0_mlp_tail_saved != s.block_mlp_tail_saved ||
                               s.block0_attn_tail_saved != s.block_attn_tail_saved || s.checkpoint_slots > 0;
   const int partly_kept = s.gather_kept_partial != 0 ? kept_from - 1 : -1;
+  const int rope_late_at = s.rope_late_pair > 0 ? s.rope_late_pair_layer : -1;
   r.Cuts(num_layers, period,
-         std::array<int, 9>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
-                            spares_go + 1});
+         std::array<int, 11>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
+                             spares_go + 1, rope_late_at, rope_late_at + 1});
   r.Blocks(/*forward=*/true, [&](int i) {
     r.Alloc(Ref{kept_gather, i}, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered (kept)");
@@ -384,7 +402,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
       r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
       r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
-      r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, s.block_nograd_peak, PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, s.block_nograd_peak + (s.Masked(i) ? s.masked_nograd_extra : 0),
+              PHASE_FORWARD, i, "forward, layer #");
       r.Free(Ref{nograd, i}, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
       if (s.checkpoint_copy_on_device) {
         r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input released (its copy is kept)");
@@ -394,7 +413,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     } else {
       r.Alloc(Ref{saved_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.AttnTailSaved(i),
               PHASE_FORWARD, i, "forward, layer #");
-      r.Alloc(Ref{scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{scores, i}, COMPONENT_TEMPORARIES, fwd_transient_of(i), PHASE_FORWARD, i, "forward, layer #");
       r.Free(Ref{scores, i}, PHASE_FORWARD, i, "forward, layer #, attention scores freed");
       r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, s.AttnTailSaved(i), PHASE_FORWARD, i,
               "forward, layer #");
@@ -412,7 +431,10 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       s.fused_loss ? r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, -1, "final norm output") : -1;
   if (!s.checkpointing) r.Free(mask, PHASE_FORWARD, -1, "attention mask freed");
   const bool rope_to_backward = !s.rope_tables_unsaved || s.checkpointing;
-  if (!rope_to_backward) r.Free(rope, PHASE_FORWARD, -1, "RoPE tables freed");
+  if (!rope_to_backward) {
+    r.Free(rope, PHASE_FORWARD, -1, "RoPE tables freed");
+    r.Free(rope_late, PHASE_FORWARD, -1, "RoPE tables freed");
+  }
 
   // Loss and the LM head's backward. Gradients kept on production are
   // released together after the step: those before the blocks, each
@@ -562,7 +584,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Alloc(Ref{recomputed_attn, i}, COMPONENT_ACTIVATIONS,
               saved_of(i) - saved_mlp_of(i) - s.AttnTailSaved(i) - s.RecomputeReusedInput(i), PHASE_BACKWARD, i,
               "backward, layer #, recompute");
-      r.Alloc(Ref{recompute_scores, i}, COMPONENT_TEMPORARIES, s.block_fwd_transient, PHASE_BACKWARD, i,
+      r.Alloc(Ref{recompute_scores, i}, COMPONENT_TEMPORARIES, fwd_transient_of(i), PHASE_BACKWARD, i,
               "backward, layer #, recompute");
       r.Free(Ref{recompute_scores, i}, PHASE_BACKWARD, i, "backward, layer #, recompute scores freed");
       r.Alloc(Ref{recomputed_attn_tail, i}, COMPONENT_ACTIVATIONS, s.AttnTailSaved(i), PHASE_BACKWARD, i,
@@ -623,7 +645,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(Ref{saved_attn_tail, i}, PHASE_BACKWARD, i, "backward, layer #, attention output's ops done");
     if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
     const char* attention = "backward, layer #, attention gradients";
-    r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES, s.block_bwd_attn_transient, PHASE_BACKWARD, i, attention);
+    r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES,
+            s.block_bwd_attn_transient + (s.Masked(i) ? s.masked_bwd_attn_extra : 0), PHASE_BACKWARD, i, attention);
     buckets_at(i, true, i, attention);
     if (kept) {
       r.Alloc(Ref{kept_attn, i}, COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention);
@@ -639,6 +662,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(attention_saved, PHASE_BACKWARD, i, "backward, layer #, attention activations freed");
     r.Free(Ref{backward_gather, i}, PHASE_BACKWARD, i, "backward, layer #, parameters released");
     r.Free(Ref{kept_gather, i}, PHASE_BACKWARD, i, "backward, layer #, kept parameters released");
+    if (rope_to_backward && i == s.rope_late_pair_layer) {
+      r.Free(rope_late, PHASE_BACKWARD, i, "backward, layer #, its layer type's RoPE tables freed");
+    }
   });
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
   if (s.rope_tables_unsaved && s.checkpointing) r.Free(rope, PHASE_BACKWARD, 0, "RoPE tables freed");

@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "planner/gpu_catalog.h"
 #include "planner/memory_model.h"
@@ -13,9 +14,9 @@
 namespace zplan {
 namespace {
 
-// Sizes of `preset` at a stage, with checkpointing every `every` blocks (0: none).
+// Sizes of `preset` (or a configs/hf/ file) at a stage, with checkpointing every `every` blocks (0: none).
 StepSizes Sizes(const std::string& preset, int stage, int every, int64_t rank = 0) {
-  auto model = LoadPreset(preset);
+  auto model = absl::EndsWith(preset, ".json") ? LoadHfConfig("configs/hf/" + preset) : LoadPreset(preset);
   EXPECT_TRUE(model.ok()) << model.status();
   RunConfig config;
   config.mutable_cluster()->set_gpus_per_node(8);
@@ -35,7 +36,9 @@ StepSizes Sizes(const std::string& preset, int stage, int every, int64_t rank = 
 // Grouping identical blocks changes nothing in the step: the grouped
 // program's events are the per-block program's, one for one.
 TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
-  for (const char* preset : {"debug-tiny", "gpt2", "1b", "llama3-8b"}) {
+  // Gemma 3 1B at seq 512: five sliding layers (past the 512-token window:
+  // masked) to one full, and the full layers' RoPE tables freed at layer 5.
+  for (const char* preset : {"debug-tiny", "gpt2", "1b", "llama3-8b", "gemma-3-1b-it.json"}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int every : {0, 1, 2, 3}) {
         for (int64_t rank : {0, 3, 7}) {
@@ -61,7 +64,7 @@ TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
 
 // The fast evaluator finds the expansion's peak: bytes, breakdown and event.
 TEST(StepProgramTest, PeakIsTheExpansionsPeak) {
-  for (const char* preset : {"debug-tiny", "gpt2", "1b", "qwen3-0.6b", "llama3-8b"}) {
+  for (const char* preset : {"debug-tiny", "gpt2", "1b", "qwen3-0.6b", "llama3-8b", "gemma-3-1b-it.json"}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int every : {0, 1, 2, 3}) {
         const StepSizes s = Sizes(preset, stage, every);

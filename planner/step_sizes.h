@@ -11,8 +11,10 @@
 #define ZPLAN_PLANNER_STEP_SIZES_H_
 
 #include <algorithm>
+#include <bitset>
 #include <cstdint>
 
+#include "planner/limits.h"
 #include "planner/sharding.h"
 
 namespace zplan {
@@ -142,6 +144,19 @@ struct StepSizes {
   // down_proj's hooks run.
   int64_t block_mlp_output_grad = 0;
   int64_t block_bwd_attn_transient = 0;  // attention half's
+  // Sliding layers past the window under SDPA (inventory.h,
+  // SdpaSlidingMaskAt): which (bit i: layer i), and what each keeps and makes
+  // beyond a block without the mask -- in its attention half the additive
+  // mask and k and v repeated to every head (saved); the unrepeated k and v,
+  // alive beside the copies until the attention module returns (forward);
+  // the copies and the mask under no_grad (a checkpointed forward); the
+  // repeated copies' gradients (backward).
+  std::bitset<kMaxLayers> masked_layers;
+  int64_t masked_attn_saved_extra = 0;
+  int64_t masked_fwd_transient_extra = 0;
+  int64_t masked_nograd_extra = 0;
+  int64_t masked_bwd_attn_extra = 0;
+  bool Masked(int layer) const { return masked_layers[layer]; }
   int64_t block_grads = 0;           // all block parameters, working dtype
   int64_t block_grads_mlp = 0;       // of which the MLP half's
   int64_t block_grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
@@ -181,6 +196,12 @@ struct StepSizes {
   // with the forward's locals, or with checkpointing (a checkpointed block's
   // inputs) at block 0's backward, as the eager mask.
   bool rope_tables_unsaved = false;
+  // Of rope_tables, with layer types, the pair of the type whose first layer
+  // is rope_late_pair_layer (> 0): what keeps it (its multiplies, or with
+  // checkpointing that layer's checkpoint) lets go once that layer's
+  // backward is done.
+  int64_t rope_late_pair = 0;
+  int rope_late_pair_layer = -1;
   int64_t step_batch = 0;            // ids + targets (a ViT: pixels + labels), through the step
   int64_t embed_saved = 0;           // the embedding dropout's mask: to the embedding's backward
   bool embed_backward = true;        // the embeddings run a backward (not when frozen)

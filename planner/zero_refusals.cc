@@ -1,6 +1,7 @@
 #include "planner/zero_refusals.h"
 
 #include "absl/strings/str_cat.h"
+#include "planner/inventory.h"
 
 namespace zplan {
 
@@ -63,15 +64,15 @@ bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config)
 }
 
 absl::Status RefuseStep(const ModelSpec& model, const RunConfig& config, const StepSizes& s) {
-  // masking_utils.py: SDPA gets no mask (is_causal) while the sequence is
-  // shorter than the window (_ignore_causal_mask_sdpa's local_attention_size),
-  // a materialized one from there on, which zplan does not model yet.
-  if (model.sliding_window() > 0 && model.attention_impl() == ATTENTION_SDPA &&
-      config.seq_length() >= model.sliding_window()) {
+  // masking_utils.py: from the window on SDPA gets a materialized mask
+  // (SdpaSlidingMaskAt); with attention dropout on CPU ranks the math path
+  // takes it, which zplan does not model.
+  if (SdpaSlidingMaskAt(model, config.seq_length()) && SdpaRunsMath(model, s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.sliding_window: ", model.sliding_window(), " tokens, and seq ", config.seq_length(),
-        " reaches it: transformers then gives SDPA a materialized sliding-window mask, which zplan does not "
-        "model yet; plan a sequence below ", model.sliding_window(), " tokens"));
+        " reaches it: transformers then gives SDPA a materialized sliding-window mask, and with attention_dropout ",
+        model.attention_dropout(), " on CPU ranks SDPA's math path takes it, which zplan does not model; use "
+        "--attention eager, or a sequence below ", model.sliding_window(), " tokens"));
   }
   const DeepSpeedCheckpointing& ds = config.deepspeed_checkpointing();
   const bool ds_function = s.checkpointing && ds.enabled();

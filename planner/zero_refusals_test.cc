@@ -34,17 +34,25 @@ TEST(ZeroRefusalsTest, DefaultsPassEveryCheck) {
   }
 }
 
-TEST(ZeroRefusalsTest, SlidingWindowOnlyBelowItsLength) {
+TEST(ZeroRefusalsTest, SlidingWindowMaskRefusedOnlyOnSdpasMathPath) {
   ModelSpec model;
   model.set_attention_impl(ATTENTION_SDPA);
   model.set_sliding_window(2047);
+  model.set_attention_dropout(0.1);
   RunConfig config = Config(2);
   StepSizes s;
+  s.cpu_ranks = true;
   config.set_seq_length(2046);
   EXPECT_TRUE(RefuseStep(model, config, s).ok()) << "below the window SDPA runs with is_causal";
   config.set_seq_length(2047);
-  ExpectRefused(RefuseStep(model, config, s), "plan a sequence below 2047 tokens");
+  ExpectRefused(RefuseStep(model, config, s), "SDPA's math path takes it");
+  s.cpu_ranks = false;  // CUDA's kernels take the mask
+  EXPECT_TRUE(RefuseStep(model, config, s).ok());
+  s.cpu_ranks = true;
+  model.set_attention_dropout(0);  // CPU's flash kernel takes it
+  EXPECT_TRUE(RefuseStep(model, config, s).ok());
   model.set_attention_impl(ATTENTION_EAGER);  // eager's mask is [s, s] whatever the window
+  model.set_attention_dropout(0.1);
   EXPECT_TRUE(RefuseStep(model, config, s).ok());
 }
 
