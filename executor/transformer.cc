@@ -520,6 +520,8 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           // dtype (kept), or (GPT-2) softmax in the working dtype.
           const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
           at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * scale;
+          // Gemma2's attn_logit_softcapping: cap x tanh(scores / cap), tanh keeping its output.
+          if (const double cap = spec_.attn_logit_softcapping(); cap > 0) scores = at::tanh(scores / cap) * cap;
           if (mask.defined()) scores = scores + mask;  // a ViT has none
           at::Tensor probs = spec_.eager_softmax_in_working_dtype()
                                  ? at::softmax(scores, -1)
@@ -730,6 +732,8 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
     // GraniteForCausalLM: logits / logits_scaling, outside the head module; the unscaled ones die.
     if (spec_.logits_scaling() != 0) logits = logits / spec_.logits_scaling();
+    // Gemma's final_logit_softcapping: cap x tanh(logits / cap), tanh keeping its output.
+    if (const double cap = spec_.final_logit_softcapping(); cap > 0) logits = at::tanh(logits / cap) * cap;
     logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
   }
   return at::cross_entropy_loss(logits32.view({b * s, spec_.vocab_size()}), targets.reshape({b * s}));

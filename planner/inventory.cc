@@ -437,6 +437,8 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           if (scores_grad) {
             act(m + (softmax_dtype == DTYPE_FP32 ? "probs_fp32" : "probs_softmax"), {b, a, s, s}, softmax_dtype);
           }
+          // Gemma 2's softcap, cap x tanh(scores / cap): tanh keeps its output.
+          if (scores_grad && spec.attn_logit_softcapping() > 0) act(m + "scores_tanh", {b, a, s, s}, dtype);
           if (attention_dropout && scores_grad) {
             act(m + "probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(dtype, device));
           }

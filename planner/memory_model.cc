@@ -100,6 +100,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   }
   s.fused_loss = config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR;
   s.logits_scaled = model.logits_scaling() != 0;
+  s.logits_softcapped = model.final_logit_softcapping() > 0;
   // Stage 1 reduces in its gradient hooks only with overlap_comm, and then
   // only at the accumulation boundary (stage_1_and_2.py, process_gradients);
   // without it the gradients stay until reduce_gradients after backward.

@@ -32,6 +32,10 @@ constexpr int64_t kGemma3DefaultHeadDim = 256;
 constexpr double kGemma3QueryPreAttnScalar = 256;
 constexpr int64_t kGemma3DefaultSlidingWindow = 4096;
 constexpr int64_t kGemma3SlidingWindowPattern = 6;
+// Gemma2Config: layer_types "full_attention" where (i + 1) % 2 == 0, and its softcaps.
+constexpr int64_t kGemma2SlidingPattern = 2;
+constexpr double kGemma2AttnLogitSoftcap = 50.0;
+constexpr double kGemma2FinalLogitSoftcap = 30.0;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
 constexpr int64_t kSmolLm3NoRopeLayerInterval = 4;
 
@@ -215,9 +219,27 @@ std::vector<ModelFamily> BuildFamilies() {
     f.embedding_scaled_by_sqrt_hidden = true;
     f.attention_scalar_key = "query_pre_attn_scalar";
     f.default_attention_scalar = kGemma3QueryPreAttnScalar;
-    // Gemma3ForCausalLM's tanh over the logits, and attention without the
-    // causal mask. (attn_logit_softcapping is read but never applied.)
-    f.unmodelled_keys = {"final_logit_softcapping", "use_bidirectional_attention"};
+    // Gemma3ForCausalLM applies final_logit_softcapping (null by default);
+    // Gemma3Attention never passes attn_logit_softcapping on. Attention
+    // without the causal mask is not modelled.
+    f.final_softcap_key = "final_logit_softcapping";
+    f.unmodelled_keys = {"use_bidirectional_attention"};
+    families.push_back(f);
+    // Gemma 3's blocks without q/k norms, one sliding layer to one full, eager
+    // attention with its scores softcapped, and the logits softcapped.
+    f.model_type = "gemma2";
+    f.read_from = "models/gemma2/configuration_gemma2.py (Gemma2Config: layer_types sliding where (i + 1) % 2, "
+                  "attn_logit_softcapping 50, final_logit_softcapping 30), modeling_gemma2.py (Gemma2RMSNorm, "
+                  "Gemma2DecoderLayer's four norms, eager_attention_forward: scores / softcap, tanh, x softcap; "
+                  "Gemma2PreTrainedModel: _supports_sdpa = False; Gemma2ForCausalLM: logits / softcap, tanh, "
+                  "x softcap)";
+    f.qk_norm = false;
+    f.full_attention_interval = kGemma2SlidingPattern;
+    f.full_attention_interval_key = "";
+    f.attn_softcap_key = "attn_logit_softcapping";
+    f.default_attn_softcap = kGemma2AttnLogitSoftcap;
+    f.default_final_softcap = kGemma2FinalLogitSoftcap;
+    f.supports_sdpa = false;
     families.push_back(f);
   }
   {

@@ -1,19 +1,19 @@
 // File: model_family.h
 // The transformers model types zplan plans, as data: one ModelFamily per
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3,
-// olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit -- holding what that
+// olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
 // embedding, the dropout sites, the dtype of eager attention's softmax,
 // Granite's multipliers, Phi3's fused projections and sliding window, OLMo's
 // layer types, SmolLM3's layers without RoPE, GLM-4's partial interleaved
-// RoPE, Gemma 3's zero-centred norms, GeGLU and scales, and the transformers
+// RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, and the transformers
 // source (5.23.0, planner/version.h) it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
 //
-// Any other model_type (bert, gemma2, lfm2, starcoder2, first-generation qwen, ...)
+// Any other model_type (bert, lfm2, starcoder2, first-generation qwen, ...)
 // is not supported: nothing here describes it. Planning it as one of these
 // families anyway is an unvalidated approximation; a plan that is one says so
 // in ModelSpec.unvalidated_approximation (ApproximationNote), which zplan and
@@ -22,9 +22,9 @@
 // Example:
 //   const ModelFamily* qwen2 = FindModelFamily("qwen2");
 //   qwen2->qkv_bias;                   // true: Qwen2Attention's q/k/v always have one
-//   FindModelFamily("gemma2");         // nullptr
-//   ApproximationNote("gemma2", "llama");
-//     // model_type "gemma2" planned as llama: an unvalidated approximation, nothing about "gemma2" was checked
+//   FindModelFamily("lfm2");           // nullptr
+//   ApproximationNote("lfm2", "llama");
+//     // model_type "lfm2" planned as llama: an unvalidated approximation, nothing about "lfm2" was checked
 #ifndef ZPLAN_PLANNER_MODEL_FAMILY_H_
 #define ZPLAN_PLANNER_MODEL_FAMILY_H_
 
@@ -134,6 +134,16 @@ struct ModelFamily {
   bool embedding_scaled_by_sqrt_hidden = false;
   absl::string_view attention_scalar_key;
   double default_attention_scalar = 0;
+  // Gemma 2's softcapping (ModelSpec's fields of those names): the config
+  // keys and their defaults (0: null, none); an empty key, none.
+  absl::string_view attn_softcap_key;
+  double default_attn_softcap = 0;
+  absl::string_view final_softcap_key;
+  double default_final_softcap = 0;
+  // transformers' attention implementations for the class: false where
+  // _supports_sdpa is False (Gemma2: eager unless asked otherwise, and an
+  // explicit "sdpa" raises).
+  bool supports_sdpa = true;
   // Config keys whose value, unless absent, null or false, builds what zplan
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
   // final_logit_softcapping).
@@ -146,7 +156,7 @@ const std::vector<ModelFamily>& ModelFamilies();
 // The entry for a model_type; nullptr when zplan has none.
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
-// "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit".
+// "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -28,7 +28,7 @@ TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
     EXPECT_FALSE(f.ffn_key.empty()) << f.model_type;
     EXPECT_TRUE(FfnTypeFor(f, f.default_activation).has_value()) << f.model_type << ": its own default";
   }
-  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma2", "phi", "starcoder2", "mixtral", ""}) {
+  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma", "phi", "starcoder2", "mixtral", ""}) {
     EXPECT_EQ(FindModelFamily(unsupported), nullptr) << unsupported;
   }
 }
@@ -103,7 +103,15 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_EQ(gemma3.default_head_dim, 256);
   EXPECT_TRUE(gemma3.embedding_scaled_by_sqrt_hidden);
   EXPECT_EQ(gemma3.attention_scalar_key, "query_pre_attn_scalar");
-  EXPECT_THAT(gemma3.unmodelled_keys, ElementsAre("final_logit_softcapping", "use_bidirectional_attention"));
+  EXPECT_THAT(gemma3.unmodelled_keys, ElementsAre("use_bidirectional_attention"));
+  EXPECT_EQ(gemma3.final_softcap_key, "final_logit_softcapping");
+  EXPECT_TRUE(gemma3.attn_softcap_key.empty()) << "Gemma3Attention never passes it to the attention";
+  const ModelFamily& gemma2 = *FindModelFamily("gemma2");
+  EXPECT_FALSE(gemma2.supports_sdpa);
+  EXPECT_FALSE(gemma2.qk_norm);
+  EXPECT_EQ(gemma2.full_attention_interval, 2);
+  EXPECT_DOUBLE_EQ(gemma2.default_attn_softcap, 50.0);
+  EXPECT_DOUBLE_EQ(gemma2.default_final_softcap, 30.0);
   for (const ModelFamily& f : ModelFamilies()) {
     if (f.model_type == "gpt2" || f.model_type == "vit") continue;
     EXPECT_EQ(f.attention_dropout.key, "attention_dropout") << f.model_type;
@@ -111,7 +119,7 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
     if (f.model_type != "phi3") {
       EXPECT_TRUE(f.residual_dropout.key.empty()) << f.model_type;
     }
-    if (f.model_type != "gemma3_text") {
+    if (!f.norm_unit_offset) {
       EXPECT_EQ(f.default_activation, "silu") << f.model_type;
     }
     EXPECT_EQ(f.norm, NORM_RMSNORM) << f.model_type;
@@ -130,8 +138,8 @@ TEST(ModelFamilyTest, ActivationsByMlpKind) {
 }
 
 TEST(ModelFamilyTest, ApproximationNoteNamesTypeAndFamily) {
-  EXPECT_EQ(ApproximationNote("gemma2", "llama"),
-            "model_type \"gemma2\" planned as llama: an unvalidated approximation, nothing about \"gemma2\" was "
+  EXPECT_EQ(ApproximationNote("starcoder2", "llama"),
+            "model_type \"starcoder2\" planned as llama: an unvalidated approximation, nothing about \"starcoder2\" was "
             "checked");
   EXPECT_EQ(ApproximationNote("", "gpt2"),
             "a config.json without model_type planned as gpt2: an unvalidated approximation, nothing about its model "

@@ -235,7 +235,10 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
                                (family.out_bias == OutProjectionBias::kAsQkv && qkv_bias));
   spec->set_mlp_bias(mlp_bias);
   spec->set_qk_norm(family.qk_norm);
-  spec->set_attention_impl(attn == "eager" ? ATTENTION_EAGER : ATTENTION_SDPA);
+  // None asked: SDPA where the class supports it, eager otherwise (modeling_utils.py,
+  // get_correct_attn_implementation); ValidateModelSpec refuses an SDPA it does not.
+  spec->set_attention_impl(attn == "eager" || (attn.empty() && !family.supports_sdpa) ? ATTENTION_EAGER
+                                                                                      : ATTENTION_SDPA);
   spec->set_eager_softmax_in_working_dtype(family.eager_softmax_in_working_dtype);
   struct Site {
     const DropoutSite& site;
@@ -292,6 +295,22 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
                                                                 "rotates an even number of them"));
     }
     spec->set_rotary_dim(rotary == head_dim ? 0 : rotary);
+  }
+  struct Softcap {
+    absl::string_view key;
+    double default_cap;
+    void (ModelSpec::*set)(double);
+  };
+  for (const Softcap& c : {Softcap{family.attn_softcap_key, family.default_attn_softcap,
+                                   &ModelSpec::set_attn_logit_softcapping},
+                           Softcap{family.final_softcap_key, family.default_final_softcap,
+                                   &ModelSpec::set_final_logit_softcapping}}) {
+    if (c.key.empty()) continue;
+    const google::protobuf::Value* given = config.Find(c.key);
+    double cap = given != nullptr && given->has_null_value() ? 0 : c.default_cap;  // null: none
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, c.key, &cap));
+    if (cap < 0) return config.Error(c.key, "must be positive or null (no softcapping)");
+    (spec->*c.set)(cap);
   }
   if (family.embedding_scaled_by_sqrt_hidden) {
     spec->set_embedding_multiplier(std::sqrt(static_cast<double>(spec->hidden_size())));
@@ -689,6 +708,16 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
         "model.model_type: ", QuoteInput(spec.model_type()), " is not supported (zplan plans ", SupportedModelTypes(),
         "), and model.unvalidated_approximation does not say it was planned as one of them; plan its config.json "
         "with zplan --approximate-as FAMILY, or leave model_type empty for a shape given directly"));
+  }
+  const ModelFamily* family = FindModelFamily(spec.model_type());
+  if (family != nullptr && !family->supports_sdpa && spec.attention_impl() == ATTENTION_SDPA) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.attention_impl: SDPA; transformers refuses it for ", spec.model_type(),
+        " (_supports_sdpa is False: SDPA has no softcapping) and runs it eager; use --attention eager"));
+  }
+  if (spec.attn_logit_softcapping() > 0 && spec.attention_impl() == ATTENTION_SDPA) {
+    return absl::InvalidArgumentError(
+        "model.attn_logit_softcapping: SDPA has none (sdpa_attention_forward raises); use eager attention");
   }
   if (spec.head_dim() == 0 && spec.hidden_size() % spec.num_attention_heads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

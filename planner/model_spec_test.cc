@@ -248,7 +248,7 @@ TEST(ModelSpecTest, Gemma3TextReadsItsScalesNormsAndLayerPattern) {
                                                 LAYER_SLIDING_ATTENTION));
   EXPECT_DOUBLE_EQ(given->attention_multiplier(), 0.125);
   EXPECT_EQ(given->sliding_window(), 512);
-  for (const char* bad : {R"("final_logit_softcapping": 30.0, )", R"("use_bidirectional_attention": true, )",
+  for (const char* bad : {R"("final_logit_softcapping": -1, )", R"("use_bidirectional_attention": true, )",
                           R"("hidden_activation": "gelu", )", R"("sliding_window_pattern": 0, )",
                           R"("query_pre_attn_scalar": 0, )"}) {
     auto refused = ModelSpecFromHfConfig(absl::StrCat("{", bad, shape, "}"), "gemma3.json");
@@ -257,6 +257,37 @@ TEST(ModelSpecTest, Gemma3TextReadsItsScalesNormsAndLayerPattern) {
     EXPECT_NE(refused.status().message().find(absl::StrCat("gemma3.json: ", key, ": ")), std::string::npos)
         << refused.status();
   }
+}
+
+TEST(ModelSpecTest, Gemma2SoftcapsAndRunsEagerAttention) {
+  const std::string shape = R"("model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, "}"), "gemma2.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->attention_impl(), ATTENTION_EAGER) << "_supports_sdpa is False: transformers picks eager";
+  EXPECT_DOUBLE_EQ(spec->attn_logit_softcapping(), 50.0);
+  EXPECT_DOUBLE_EQ(spec->final_logit_softcapping(), 30.0);
+  EXPECT_FALSE(spec->qk_norm());
+  EXPECT_TRUE(spec->norm_unit_offset() && spec->tie_word_embeddings());
+  EXPECT_THAT(spec->layer_types(), ElementsAre(LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION,
+                                               LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION));
+  auto uncapped = ModelSpecFromHfConfig(
+      absl::StrCat(R"({"attn_logit_softcapping": null, "final_logit_softcapping": null, )", shape, "}"),
+      "gemma2.json");
+  ASSERT_TRUE(uncapped.ok()) << uncapped.status();
+  EXPECT_EQ(uncapped->attn_logit_softcapping(), 0);
+  EXPECT_EQ(uncapped->final_logit_softcapping(), 0);
+  auto sdpa = ModelSpecFromHfConfig(absl::StrCat(R"({"attn_implementation": "sdpa", )", shape, "}"), "gemma2.json");
+  ASSERT_FALSE(sdpa.ok());
+  EXPECT_NE(sdpa.status().message().find("transformers refuses it for gemma2"), std::string::npos) << sdpa.status();
+  // Gemma 3 reads final_logit_softcapping (null by default) and never applies attn_logit_softcapping.
+  auto gemma3 = ModelSpecFromHfConfig(R"({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100,
+      "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0})", "gemma3.json");
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  EXPECT_DOUBLE_EQ(gemma3->final_logit_softcapping(), 30.0);
+  EXPECT_EQ(gemma3->attn_logit_softcapping(), 0);
+  EXPECT_EQ(gemma3->attention_impl(), ATTENTION_SDPA);
 }
 
 TEST(ModelSpecTest, MistralSlidesEveryLayerUnlessItsWindowIsNull) {
@@ -380,13 +411,13 @@ TEST(ModelSpecTest, RejectsMixtureOfExperts) {
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
 TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
-  for (const char* type : {"lfm2", "bert", "gemma2", "phi", "qwen", "glm", "starcoder2"}) {
+  for (const char* type : {"lfm2", "bert", "gemma", "phi", "qwen", "glm", "starcoder2"}) {
     const absl::Status status = FromJson(absl::StrCat(R"({"model_type": ")", type, R"(", "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})"));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -395,30 +426,30 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
             std::string::npos) << missing;
 }
 
-constexpr char kGemma2[] = R"({"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
+constexpr char kStarcoder2[] = R"({"model_type": "starcoder2", "hidden_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128,
     "vocab_size": 100, "hidden_act": "gelu", "attention_bias": false})";
 
 TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
-  auto spec = ModelSpecFromHfConfig(kGemma2, "gemma2.json", "llama");
+  auto spec = ModelSpecFromHfConfig(kStarcoder2, "starcoder2.json", "llama");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->model_type(), "gemma2");
+  EXPECT_EQ(spec->model_type(), "starcoder2");
   EXPECT_EQ(spec->unvalidated_approximation(),
-            "model_type \"gemma2\" planned as llama: an unvalidated approximation, nothing about \"gemma2\" was "
+            "model_type \"starcoder2\" planned as llama: an unvalidated approximation, nothing about \"starcoder2\" was "
             "checked");
   EXPECT_EQ(ModelOriginLine(*spec), spec->unvalidated_approximation());
   // Llama's family: untied by default, gated MLP (the activation it does not model planned as SiLU).
   EXPECT_FALSE(spec->tie_word_embeddings());
   EXPECT_EQ(spec->ffn_type(), FFN_SWIGLU);
-  EXPECT_EQ(spec->source(), "Hugging Face config gemma2.json (model_type \"gemma2\", planned as llama; hidden_act "
+  EXPECT_EQ(spec->source(), "Hugging Face config starcoder2.json (model_type \"starcoder2\", planned as llama; hidden_act "
                             "\"gelu\" planned as silu)");
   EXPECT_TRUE(ValidateModelSpec(*spec).ok());
   // The plan's spec without its note is refused (zrun reads plans through ValidateModelSpec).
   ModelSpec unmarked = *spec;
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
-  EXPECT_NE(status.message().find("model.model_type: \"gemma2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit)"),
+  EXPECT_NE(status.message().find("model.model_type: \"starcoder2\" is not supported (zplan plans llama, mistral, qwen2, "
+                                  "qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.
@@ -426,12 +457,12 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   EXPECT_NE(own.message().find("--approximate-as: qwen2.json is model_type \"qwen2\", which zplan plans as itself"),
             std::string::npos)
       << own;
-  const absl::Status unknown = ModelSpecFromHfConfig(kGemma2, "gemma2.json", "gemma").status();
+  const absl::Status unknown = ModelSpecFromHfConfig(kStarcoder2, "starcoder2.json", "gemma").status();
   EXPECT_NE(unknown.message().find("--approximate-as: \"gemma\" is not a model family; use one of llama, "),
             std::string::npos)
       << unknown;
   // Without the flag, the same config is refused; MoE stays refused with it.
-  EXPECT_NE(FromJson(kGemma2).message().find("model_type: \"gemma2\" is not supported"), std::string::npos);
+  EXPECT_NE(FromJson(kStarcoder2).message().find("model_type: \"starcoder2\" is not supported"), std::string::npos);
   const absl::Status moe = ModelSpecFromHfConfig(R"({"model_type": "mixtral", "num_local_experts": 8})", "m.json",
                                                  "mistral").status();
   EXPECT_NE(moe.message().find("mixture-of-experts"), std::string::npos) << moe;

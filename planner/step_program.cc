@@ -478,6 +478,15 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(logits, PHASE_LOSS, -1, "unscaled logits freed");
       logits = scaled;
     }
+    int softcap_tanh = -1;
+    if (s.logits_softcapped) {
+      const int divided =
+          r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, logits / softcap");
+      r.Free(logits, PHASE_LOSS, -1, "logits freed");
+      softcap_tanh = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, tanh of logits");
+      r.Free(divided, PHASE_LOSS, -1, "divided logits freed");
+      logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, logits softcapped");
+    }
     int logits32 = logits;
     if (s.mixed) {
       logits32 = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, fp32 upcast of logits");
@@ -496,6 +505,18 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       grad_logits =
           r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_BACKWARD, -1, "loss backward, logits gradient cast");
       r.Free(grad32, PHASE_BACKWARD, -1, "fp32 logits gradient freed");
+    }
+    if (s.logits_softcapped) {
+      // Through x cap, tanh (whose backward frees its output) and / cap, each a new gradient.
+      auto hand_on = [&](const char* step) {
+        const int next = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_BACKWARD, -1, step);
+        r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient handed on");
+        grad_logits = next;
+      };
+      hand_on("loss backward, softcap product's gradient");
+      hand_on("loss backward, tanh's gradient");
+      r.Free(softcap_tanh, PHASE_BACKWARD, -1, "tanh of logits freed");
+      hand_on("loss backward, softcap division's gradient");
     }
     if (s.logits_scaled) {
       const int scaled =

@@ -240,6 +240,11 @@ struct StepSizes {
   // the forward (the first dies), and in the backward a second logits
   // gradient (the first dies); nothing saved.
   bool logits_scaled = false;
+  // Gemma's final_logit_softcapping, cap x tanh(logits / cap): in the forward
+  // the division and the product are new logits (each predecessor dies) and
+  // tanh's output is kept until its backward; in the backward the gradient
+  // goes through three new tensors the same way.
+  bool logits_softcapped = false;
   int64_t loss_labels = 0;           // padded + shifted int64 labels, the non-ignored mask
   int64_t loss_rows = 0;             // loss_1d: fp32 [b·s]
   int64_t loss_chunk = 0;            // [chunk, V] logits, working dtype

@@ -118,6 +118,11 @@ absl::Status RefuseStep(const ModelSpec& model, const RunConfig& config, const S
       return absl::InvalidArgumentError(
           "loss (--loss liger-fused): the fused loss with LoRA is not modelled yet; drop --loss or the LoRA config");
     }
+    if (model.final_logit_softcapping() > 0) {
+      return absl::InvalidArgumentError(
+          "loss (--loss liger-fused): Liger's fused loss with final_logit_softcapping (Gemma's tanh over the "
+          "logits, computed inside its chunks) is not modelled yet; drop --loss");
+    }
     if (model.logits_scaling() != 0) {
       // liger_kernel/transformers/monkey_patch.py, apply_liger_kernel_to_granite.
       return absl::InvalidArgumentError(

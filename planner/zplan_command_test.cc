@@ -612,21 +612,21 @@ TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximat
   ZplanOptions o;
   o.seq = "256";
   o.zero_stage = "2";
-  for (const std::string type : {"lfm2", "bert", "gemma2"}) {
+  for (const std::string type : {"lfm2", "bert", "starcoder2"}) {
     o.hf_config = TempPath(type + ".json");
     ASSERT_TRUE(WriteFileAtomically(o.hf_config, SmallConfig(type)).ok());
     o.out = TempPath(type + ".pb");
     const absl::Status status = RunCapture(o);
     EXPECT_EQ(ExitCodeFor(status), kExitBadInput) << status;
     EXPECT_NE(status.message().find("model_type: \"" + type + "\" is not supported; zplan plans llama, mistral, "
-                                    "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit. Planning it as one of those is an unvalidated "
+                                    "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit. Planning it as one of those is an unvalidated "
                                     "approximation: to accept that, add --approximate-as FAMILY"),
               std::string::npos)
         << status;
     EXPECT_FALSE(Exists(o.out));
   }
   const std::string line =
-      "\nmodel_type \"gemma2\" planned as llama: an unvalidated approximation, nothing about \"gemma2\" was "
+      "\nmodel_type \"starcoder2\" planned as llama: an unvalidated approximation, nothing about \"starcoder2\" was "
       "checked\n";
   o.approximate_as = "llama";
   std::string text;
@@ -635,7 +635,7 @@ TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximat
   EXPECT_LT(text.find(line), text.find("component")) << "near the top\n" << text;
   auto plan = ReadProtoFile<Plan>(o.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->model().model_type(), "gemma2");
+  EXPECT_EQ(plan->model().model_type(), "starcoder2");
   EXPECT_EQ(plan->model().unvalidated_approximation(), line.substr(1, line.size() - 2));
   ZplanOptions show;
   show.command = "show";

@@ -76,16 +76,16 @@ grep -q "3 a budget given with --budget-gib" <("$ZPLAN" --help) || fail "zplan -
 # A model_type without a family (issue 32): refused, naming the supported ones and the flag;
 # --approximate-as plans it, and zrun prints the plan's mark and trains it; the same plan
 # without the mark is refused.
-cat > gemma2.json <<'JSON'
-{"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+cat > starcoder2.json <<'JSON'
+{"model_type": "starcoder2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
  "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
  "hidden_act": "gelu_pytorch_tanh"}
 JSON
-expect 2 "gemma2.json: model_type: \"gemma2\" is not supported; zplan plans llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gpt2, vit.*--approximate-as FAMILY" \
-  "$ZPLAN" --gpu cpu --hf-config gemma2.json --gpus 1 --zero-stage 0 --seq 32 --out g.pb
+expect 2 "starcoder2.json: model_type: \"starcoder2\" is not supported; zplan plans llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit.*--approximate-as FAMILY" \
+  "$ZPLAN" --gpu cpu --hf-config starcoder2.json --gpus 1 --zero-stage 0 --seq 32 --out g.pb
 [[ -e g.pb ]] && fail "a refused config.json wrote a plan"
-mark='model_type "gemma2" planned as llama: an unvalidated approximation, nothing about "gemma2" was checked'
-"$ZPLAN" --gpu cpu --hf-config gemma2.json --approximate-as llama --gpus 1 --zero-stage 0 --seq 32 --out g.pb \
+mark='model_type "starcoder2" planned as llama: an unvalidated approximation, nothing about "starcoder2" was checked'
+"$ZPLAN" --gpu cpu --hf-config starcoder2.json --approximate-as llama --gpus 1 --zero-stage 0 --seq 32 --out g.pb \
   > zplan.txt 2>&1 && grep -qxF "$mark" zplan.txt && pass "zplan --approximate-as marks the plan" \
   || { cat zplan.txt; fail "zplan --approximate-as"; }
 "$ZRUN" g.pb --steps 2 --report g.json > zrun.txt 2>&1; rc=$?
@@ -93,7 +93,7 @@ mark='model_type "gemma2" planned as llama: an unvalidated approximation, nothin
   && pass "zrun prints the approximation and trains it" || { cat zrun.txt; fail "zrun on an approximation: exit $rc"; }
 "$ZPLAN" show g.pb --format textproto | grep -v '^  unvalidated_approximation: ' > unmarked.textproto
 rm -f report.pb
-expect 2 "unmarked.textproto: model.model_type: \"gemma2\" is not supported" "$ZRUN" unmarked.textproto --steps 1
+expect 2 "unmarked.textproto: model.model_type: \"starcoder2\" is not supported" "$ZRUN" unmarked.textproto --steps 1
 [[ -e report.pb ]] && fail "zrun trained a plan of an unsupported model_type"
 
 # kill -9 of the launcher (what a CI timeout does): its ranks end too.

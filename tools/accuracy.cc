@@ -55,6 +55,9 @@ const std::vector<std::string> kGlm4 = {"--hf-config", "configs/hf/tiny/glm4.jso
 // transformers' Gemma3ForCausalLM (tied): four zero-centred fp32 norms per block, q/k norms, a GELU-gated
 // MLP, a scaled embedding, two sliding layers to one full.
 const std::vector<std::string> kGemma3 = {"--hf-config", "configs/hf/tiny/gemma3.json"};
+// transformers' Gemma2ForCausalLM (tied, eager only): Gemma 3's blocks without q/k norms, the attention
+// scores and the logits softcapped, one sliding layer to one full past a 64-token window.
+const std::vector<std::string> kGemma2 = {"--hf-config", "configs/hf/tiny/gemma2.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -332,6 +335,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("glm4-z3-bf16-w2", kGlm4, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("gemma3-z2-bf16-w2-ckpt", kGemma3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("gemma3-z3-bf16-w2", kGemma3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("gemma2-z2-bf16-w2-ckpt-eager", kGemma2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("gemma2-z3-bf16-w2-eager", kGemma2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("olmo3-wide-z1-fp32-w2-eager", kOlmo3Wide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
   };
 }
@@ -441,7 +446,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     olmo3_wide = "configs/hf/tiny/olmo3-wide.json", smollm3 = "configs/hf/tiny/smollm3.json",
                     smollm3_wide = "configs/hf/tiny/smollm3-wide.json", glm4 = "configs/hf/tiny/glm4.json",
                     glm4_wide = "configs/hf/tiny/glm4-wide.json", phi3_partial = "configs/hf/tiny/phi3-partial.json",
-                    gemma3 = "configs/hf/tiny/gemma3.json", gemma3_wide = "configs/hf/tiny/gemma3-wide.json";
+                    gemma3 = "configs/hf/tiny/gemma3.json", gemma3_wide = "configs/hf/tiny/gemma3-wide.json",
+                    gemma2 = "configs/hf/tiny/gemma2.json", gemma2_wide = "configs/hf/tiny/gemma2-wide.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
   // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
   // hidden and attention dropout.
@@ -638,6 +644,11 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("gemma3-z2-bf16-ckpt", gemma3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
       DeepSpeedCase("gemma3-z3-bf16", gemma3, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
       DeepSpeedCase("gemma3-wide-z1-fp32", gemma3_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      // Gemma 2 (eager only): the scores' and the logits' softcaps (tanh keeps its output), two causal
+      // masks; then a wider untied one with attention biases at another stage, in fp32.
+      DeepSpeedCase("gemma2-z2-bf16-ckpt-eager", gemma2, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 128, "eager", true),
+      DeepSpeedCase("gemma2-z3-bf16-eager", gemma2, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128, "eager"),
+      DeepSpeedCase("gemma2-wide-z1-fp32-eager", gemma2_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256, "eager"),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
       // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
       // its real rank's measurement, byte for byte.

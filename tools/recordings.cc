@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "planner/inventory.h"
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
@@ -114,7 +115,8 @@ std::vector<std::string> LiveCases(Suite s) {
         "qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2",   // DeepSpeed's checkpointing, partitioned
         "tiny-z3-bf16-w2-ds-ckpt-contiguous-s512",       // contiguous buffers
         "granite-z3-bf16-w2",                            // Granite's multipliers
-        "olmo3-z3-bf16-w2-ckpt",                         // norms after the halves, layer types
+        "gemma3-z3-bf16-w2",                             // Gemma 3's norms and MLP, SDPA's sliding mask
+        "gemma2-z2-bf16-w2-ckpt-eager",                  // softcapping
         "smollm3-z3-bf16-w2",                            // layers without RoPE
         "glm4-z3-bf16-w2",                               // fused projections, partial RoPE
     };
@@ -131,7 +133,8 @@ std::vector<std::string> LiveCases(Suite s) {
       "z3-bf16-offload-both-emulated-1of2",            // parameter offload, an emulated rank
       "ds-ckpt-contiguous-z3-bf16-mistral-s512",       // DeepSpeed's checkpointing, partitioned, contiguous
       "granite-z3-bf16",                               // Granite's multipliers
-      "olmo3-z3-bf16-ckpt",                            // norms after the halves, layer types
+      "gemma3-z3-bf16",                                // Gemma 3's norms and MLP, SDPA's sliding mask
+      "gemma2-z3-bf16-eager",                          // softcapping
       "smollm3-z3-bf16",                               // layers without RoPE
       "glm4-z3-bf16",                                  // fused projections, partial RoPE
   };
@@ -170,6 +173,10 @@ std::set<std::string> Mechanisms(const AccuracyCase& c, const Plan& plan) {
   if (model.rotary_dim() > 0) m.insert("partial RoPE");
   if (model.residual_multiplier() != 0) m.insert("Granite's multipliers");
   if (model.qk_norm()) m.insert("qk-norm");
+  if (model.norm_unit_offset()) m.insert("zero-centred norms");
+  if (model.ffn_type() == FFN_GEGLU) m.insert("GeGLU");
+  if (model.attn_logit_softcapping() > 0 || model.final_logit_softcapping() > 0) m.insert("softcapping");
+  if (SdpaSlidingMaskAt(model, config.seq_length())) m.insert("SDPA's sliding-window mask");
   if (model.norm_type() == NORM_LAYERNORM) m.insert("LayerNorm");
   if (model.attention_impl() == ATTENTION_EAGER) m.insert("eager attention");
   if (model.attention_dropout() > 0 || model.residual_dropout() > 0) m.insert("dropout");
