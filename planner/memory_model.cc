@@ -180,11 +180,19 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   };
   sizer.saved_ = fit(1, saves);
   sizer.saved_block0_ = fit(0, saves);
+  const int layers = static_cast<int>(model.num_layers());
   int sliding = -1;  // the first sliding layer past block 0 (block 0 if it alone slides)
-  for (int layer = model.num_layers() - 1; layer >= 0; --layer) {
+  for (int layer = 0; layer < layers; ++layer) {
     sizer.sliding_layers_[layer] = LayerSlides(model, layer);
-    if (sizer.sliding_layers_[layer] && (sliding < 1 || layer >= 1)) sliding = layer;
+    if (sizer.sliding_layers_[layer] && sliding <= 0) sliding = layer;
   }
+  auto repeats_every = [&](int p) {
+    for (int i = 0; i + p < layers; ++i) {
+      if (sizer.sliding_layers_[i] != sizer.sliding_layers_[i + p]) return false;
+    }
+    return true;
+  };
+  while (sizer.sliding_period_ < layers && !repeats_every(sizer.sliding_period_)) ++sizer.sliding_period_;
   if (sliding >= 0 && model.attention_impl() == ATTENTION_SDPA) {
     SavePolicy masked = saves;
     masked.sdpa_sliding_mask = true;
@@ -336,10 +344,12 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     attn_live += scores * std::max(w + softmax, w + dropped);
   }
   s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
-  if (SdpaSlidingMaskAt(model, seq) && sliding_layers_.any()) {
+  const bool masked = SdpaSlidingMaskAt(model, seq) && sliding_layers_.any();
+  if (masked) {
     const int64_t a = model.num_attention_heads(), kv = model.num_kv_heads(), d = model.head_dim();
     const int64_t unrepeated = a != kv ? 2 * tokens * kv * d * w : 0, repeated = a != kv ? 2 * tokens * a * d * w : 0;
     s.masked_layers = sliding_layers_;
+    s.masked_period = sliding_period_;
     s.masked_attn_saved_extra = saved_sliding_masked_.Bytes(b, seq) - saved_sliding_.Bytes(b, seq);
     s.masked_fwd_transient_extra = unrepeated;
     s.masked_nograd_extra = std::max(ffn_live, attn_live + repeated + b * seq * seq * w) - std::max(ffn_live, attn_live);
@@ -389,7 +399,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const int64_t masks = model.layer_types().empty() ? 1 : 2;
     if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = masks * tokens * seq * w;
     // SDPA past the window: the sliding one, bool [s, s] expanded to the batch (masking_utils.py, sdpa_mask).
-    if (SdpaSlidingMaskAt(model, seq) && sliding_layers_.any()) s.attention_mask = seq * seq;
+    if (masked) s.attention_mask = seq * seq;
   }
   s.act_grad = tokens * h * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;

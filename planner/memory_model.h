@@ -120,6 +120,7 @@ class StepSizer {
   // A sliding layer's (SdpaSlidingMaskAt) with and without the mask, and which layers slide.
   SavedFit saved_sliding_, saved_sliding_masked_;
   std::bitset<kMaxLayers> sliding_layers_;
+  int sliding_period_ = 1;  // StepSizes::masked_period
   bool down_input_saved_ = false;    // BlockBackwardTransientBytes
   SavePolicy saves_;
   int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations but its output: linear in b*s

@@ -281,16 +281,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   const int num_layers = s.num_layers, last = num_layers - 1;
   // Period of the blocks' pattern: checkpointed blocks 0, k, 2k, ..., and
   // the masked (sliding) layers' own, e.g. five sliding to one full.
-  int masked_period = 1;
-  while (masked_period < num_layers) {
-    bool repeats = true;
-    for (int i = 0; i + masked_period < num_layers && repeats; ++i) {
-      repeats = s.Masked(i) == s.Masked(i + masked_period);
-    }
-    if (repeats) break;
-    ++masked_period;
-  }
-  const int period = std::lcm(s.checkpointing ? s.checkpoint_every : 1, masked_period);
+  const int period = std::lcm(s.checkpointing ? s.checkpoint_every : 1, s.masked_period);
 
   // Resident state at the start of the step.
   r.Alloc(COMPONENT_PARAMS, s.params_resident, PHASE_INIT, -1, "parameters (resident)");

@@ -157,6 +157,7 @@ struct StepSizes {
   int64_t masked_nograd_extra = 0;
   int64_t masked_bwd_attn_extra = 0;
   bool Masked(int layer) const { return masked_layers[layer]; }
+  int masked_period = 1;  // the smallest p with Masked(i) == Masked(i + p) for every i
   int64_t block_grads = 0;           // all block parameters, working dtype
   int64_t block_grads_mlp = 0;       // of which the MLP half's
   int64_t block_grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
