@@ -443,7 +443,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   at::Tensor current = x;  // what the next op reads
   at::Tensor q, k, v, attn;
   std::vector<at::Tensor> norm_outputs;  // a pre-norm's output lives until the block returns
-  const std::vector<BlockOp> layout = BlockLayout(spec_);
+  const std::vector<BlockOp> layout = BlockLayout(spec_, layer);
   for (size_t i = 0; i < layout.size(); ++i) {
     const BlockOp& op = layout[i];
     const std::string m = p + op.module + ".";
@@ -563,6 +563,21 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
       case BlockOpKind::kMlp:
         current = mlp(current, m);
         break;
+      case BlockOpKind::kShortConv: {
+        // Lfm2ShortConv.forward with causal_conv1d_fn's fallback: B, C and
+        // x are views of in_proj's output, the conv's output a view of the
+        // padded one; the product C y is laid out [b, s, h] already, so
+        // .contiguous() after the transpose makes no copy.
+        const bool bias = spec_.conv_bias();
+        const std::vector<at::Tensor> bcx = Linear(current, m + "in_proj", bias).transpose(-1, -2).chunk(3, -2);
+        const at::Tensor conv_bias = bias ? Param(m + kConv + ".bias") : at::Tensor();
+        const at::Tensor conv = at::conv1d(bcx[0] * bcx[2], Param(m + kConv + ".weight"), conv_bias, /*stride=*/1,
+                                           /*padding=*/spec_.conv_kernel_size() - 1, /*dilation=*/1,
+                                           /*groups=*/spec_.hidden_size())
+                                    .narrow(-1, 0, s);
+        current = Linear((bcx[1] * conv).transpose(-1, -2).contiguous(), m + "out_proj", bias);
+        break;
+      }
     }
   }
   return stream;
@@ -577,8 +592,12 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // A layer's type indexes the tables and masks it reads (LayerType; 0:
   // the model has no layer types, every layer reads the same ones).
   auto type_of = [&](int layer) { return spec_.layer_types().empty() ? 0 : spec_.layer_types(layer); };
-  std::set<int> types;
-  for (int layer = 0; layer < spec_.num_layers(); ++layer) types.insert(type_of(layer));
+  std::set<int> types;  // of the attention layers: LFM2's conv layers read no tables
+  bool conv_layers = false;
+  for (int layer = 0; layer < spec_.num_layers(); ++layer) {
+    conv_layers = conv_layers || LayerMixesByConv(spec_, layer);
+    if (!LayerMixesByConv(spec_, layer)) types.insert(type_of(layer));
+  }
   // Rotary tables [s, rotary dims] in the working dtype (Olmo2: fp32), shared by
   // every layer of a type (Olmo3Model.forward makes a pair per layer type).
   std::vector<at::Tensor> cos_by_type(LayerType_ARRAYSIZE), sin_by_type(LayerType_ARRAYSIZE);
@@ -643,6 +662,8 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     const at::Tensor causal = at::full({b, 1, s, s}, kMasked, options.dtype(dtype_)).triu_(1);
     if (spec_.layer_types().empty()) {
       masks[0] = causal;
+    } else if (conv_layers) {
+      masks[LAYER_FULL_ATTENTION] = causal;  // Lfm2Model.forward: the conv layers get none
     } else {
       masks[LAYER_FULL_ATTENTION] = causal;
       // masking_utils' sliding_window_overlay: a query sees the window's last keys only.

@@ -245,6 +245,7 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     double dropout = 0;                  // at every site
     const char* lora = nullptr;          // a PEFT adapter_config.json
     bool zero3_init = false;             // SavePolicyFor a ZeRO-3 zero.Init run
+    bool short_conv = false;             // layer 0 an LFM2 short conv, layer 1 attention with q/k norms
   };
   constexpr char kQv[] = R"({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]})";
   constexpr char kAll[] = R"({"r": 4, "lora_dropout": 0.1, "target_modules": "all-linear"})";
@@ -275,7 +276,12 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
                                          {"debug-tiny", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0.1, kEmbed},
                                          {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kQv, true},
                                          {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, kAll,
-                                          true}}) {
+                                          true},
+                                         // LFM2's conv layers, trained and with adapters on in_proj, out_proj.
+                                         {"debug-tiny", ATTENTION_SDPA, at::kBFloat16, FFN_TYPE_UNSPECIFIED, 0, nullptr,
+                                          false, true},
+                                         {"debug-tiny", ATTENTION_EAGER, at::kFloat, FFN_TYPE_UNSPECIFIED, 0, kAll,
+                                          false, true}}) {
     auto spec = LoadPreset(c.preset);
     if (c.ffn != FFN_TYPE_UNSPECIFIED) spec->set_ffn_type(c.ffn);
     spec->set_attention_impl(c.attention);
@@ -283,6 +289,12 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     spec->set_attention_dropout(c.dropout);
     spec->set_residual_dropout(c.dropout);
     spec->set_embedding_dropout(c.dropout);
+    if (c.short_conv) {
+      spec->add_layer_types(LAYER_CONV);
+      spec->add_layer_types(LAYER_FULL_ATTENTION);
+      spec->set_conv_kernel_size(3);
+      spec->set_qk_norm(true);
+    }
     if (c.lora != nullptr) {
       ASSERT_TRUE(ApplyLoraConfig(c.lora, "adapter_config.json", &*spec).ok());
     }
@@ -308,9 +320,10 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
     }
     planned += b * s * spec->vocab_size() * 4;                               // log-softmax output
     if (spec->position_embedding() == POSITION_ROPE) planned += 2 * s * spec->head_dim() * w;  // cos, sin
-    std::printf("%s attention %d dtype %s dropout %.1f lora %s%s: kept %lld bytes, planner %lld (%.2f%%)\n",
+    std::printf("%s attention %d dtype %s dropout %.1f lora %s%s%s: kept %lld bytes, planner %lld (%.2f%%)\n",
                 c.preset.c_str(), c.attention, c10::toString(c.dtype), c.dropout, c.lora ? c.lora : "-",
-                c.zero3_init ? " zero3-init" : "", static_cast<long long>(kept), static_cast<long long>(planned),
+                c.zero3_init ? " zero3-init" : "", c.short_conv ? " short-conv" : "", static_cast<long long>(kept),
+                static_cast<long long>(planned),
                 100.0 * (kept - planned) / planned);
     // The rest is the loss scalar and nll's total weight.
     EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);

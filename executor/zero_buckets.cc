@@ -124,6 +124,13 @@ absl::Status ZeroEngine::FlushBucket() {
     slot.param.mutable_grad() = at::Tensor();
     ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(flat));
     AccumulateOwned(slot, flat);
+    // ZeRO-1 clears no reduced gradient (reduce_ipg_grads; with offload only
+    // the rank's own, once copied): one larger than a bucket, outside the
+    // partition, stays to the epilogue's end.
+    if (stage_ == 1 && (config_.zero().overlap_comm() || offload_) && slot.own_hi <= slot.own_lo) {
+      TagAllocation(flat.storage().data(), COMPONENT_GRADS);
+      retained_grads_.push_back(flat);
+    }
     return absl::OkStatus();
   }
   if (bucket_fill_ == 0) return absl::OkStatus();
@@ -208,6 +215,7 @@ absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
     absl::Status status = FlushBucket();
     buckets_.clear();  // _release_ipg_buffers
     current_bucket_ = 0;
+    retained_grads_.clear();  // _clear_param_grad_only
     return status;
   }
   if (!last_micro_step) return absl::OkStatus();

@@ -249,6 +249,10 @@ class ZeroEngine {
   at::Tensor grad_shard_;
   int64_t partition_numel_ = 0;
   at::Tensor host_grads_;       // offload: fp32 [owned] on host
+  // Stages 1/2 with offload: the squared norms of the owned pieces, each
+  // from its fp64 copy on the device as its bucket is reduced
+  // (stage_1_and_2.py, set_norm_for_param_grad_in_gpu), fp64 [1].
+  at::Tensor offload_norm_sq_;
   // Stages 1/2 with offload, as DeepSpeed: the updated partition goes back
   // through a working-dtype host copy; accumulated gradients come back to
   // the device through a staging buffer the size of the largest parameter.
@@ -259,6 +263,10 @@ class ZeroEngine {
   size_t current_bucket_ = 0;
   int64_t bucket_fill_ = 0;
   int64_t oversized_ = -1;      // stages 1/2: a slot larger than a bucket, reduced next
+  // ZeRO-1 with overlap_comm: reduced gradients larger than a bucket, of
+  // parameters outside this rank's partition, kept to the epilogue
+  // (stage_1_and_2.py, reduce_ipg_grads clears them only at ZeRO-2).
+  std::vector<at::Tensor> retained_grads_;
   std::vector<Segment> segments_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   absl::Status hook_status_;

@@ -218,7 +218,7 @@ TEST(ZeroEngineTest, BucketReductionStepsAsStageZero) {
 // Stage 3: after Create only the persistent parameters are whole; a part's
 // gather brings it and prefetches the next within the prefetch bucket (the
 // parameter that crosses the limit included), and its release after backward
-// frees it. The gathered bytes are the planner's block_gather.
+// frees it. The gathered bytes are the planner's Block(0).gather.
 TEST(ZeroEngineTest, GatherPrefetchAndRelease) {
   const std::vector<TensorSpec> inventory = ParameterInventory(TinyModel());
   for (int64_t prefetch : {int64_t{0}, int64_t{1}, int64_t{1000000000}}) {
@@ -253,7 +253,7 @@ TEST(ZeroEngineTest, GatherPrefetchAndRelease) {
     const auto block1 = whole("layers.1.", true);
     EXPECT_EQ(block0.first, partitioned) << prefetch;
     EXPECT_EQ(block1.first, prefetch == 0 ? 0 : prefetch == 1 ? 1 : partitioned) << prefetch;
-    EXPECT_EQ((block0.second + block1.second) * 4, PlannedSizes(config).block_gather) << prefetch;
+    EXPECT_EQ((block0.second + block1.second) * 4, PlannedSizes(config).Block(0).gather) << prefetch;
     r.engine->hooks().after_backward(0);
     EXPECT_EQ(whole("layers.0.", true).first, 0) << prefetch;
   }

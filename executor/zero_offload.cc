@@ -66,7 +66,12 @@ void ZeroEngine::OffloadGrad(Slot& slot, const at::Tensor& full_grad) {
     }
     slot.host_accumulated.copy_(full_grad, /*non_blocking=*/true);
   }
-  if (boundary) host_grads_.narrow(0, slot.own_dst, len).copy_(owned.to(at::kFloat), /*non_blocking=*/true);
+  if (boundary) {
+    // copy_grads_in_partition: the piece's norm from its fp64 copy, then its fp32 upcast to the host.
+    const at::Tensor norm = at::linalg_vector_norm(owned.to(at::kDouble), 2).pow(2).reshape({1});
+    offload_norm_sq_ = offload_norm_sq_.defined() ? offload_norm_sq_ + norm : norm;
+    host_grads_.narrow(0, slot.own_dst, len).copy_(owned.to(at::kFloat), /*non_blocking=*/true);
+  }
 }
 
 }  // namespace zplan

@@ -119,6 +119,12 @@ at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
     }
     return total;
   }
+  if (offload_ && stage_ < 3) {
+    // complete_grad_norm_calculation_for_cpu_offload: the pieces' norms from the hooks.
+    if (offload_norm_sq_.defined()) total += offload_norm_sq_.to(at::kFloat).to(device_);
+    offload_norm_sq_ = at::Tensor();
+    return total;
+  }
   if (ReducedInBackward()) {
     add_squares(offload_ ? host_grads_ : grad_shard_);
     return total;

@@ -13,8 +13,9 @@ namespace zplan {
 // before the add; GraniteDecoderLayer scales it (residual + x * residual_multiplier);
 // Phi3DecoderLayer runs Llama's halves with one qkv_proj and one gate_up_proj;
 // Olmo2DecoderLayer normalizes each half's output instead of its input;
-// Glm4DecoderLayer both.
-std::vector<BlockOp> BlockLayout(const ModelSpec& spec) {
+// Glm4DecoderLayer both. Lfm2DecoderLayer's conv layers run
+// Lfm2ShortConv where the others attend.
+std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer) {
   const bool pre = spec.norm_placement() != NORM_PLACEMENT_POST;
   const bool post = spec.norm_placement() != NORM_PLACEMENT_PRE;
   std::vector<BlockOp> ops;
@@ -26,11 +27,16 @@ std::vector<BlockOp> BlockLayout(const ModelSpec& spec) {
     ops.push_back({BlockOpKind::kResidualAdd, ""});
   };
   if (pre) ops.push_back({BlockOpKind::kNorm, "attn_norm"});
-  ops.push_back({BlockOpKind::kQkvProjection, "attn"});
-  if (spec.qk_norm()) ops.push_back({BlockOpKind::kQkNorm, "attn"});
-  ops.push_back({BlockOpKind::kAttention, "attn"});
-  ops.push_back({BlockOpKind::kOutProjection, "attn"});
-  half_end("attn", "attn_post_norm");
+  if (LayerMixesByConv(spec, layer)) {
+    ops.push_back({BlockOpKind::kShortConv, "conv"});
+    half_end("conv", "attn_post_norm");
+  } else {
+    ops.push_back({BlockOpKind::kQkvProjection, "attn"});
+    if (spec.qk_norm()) ops.push_back({BlockOpKind::kQkNorm, "attn"});
+    ops.push_back({BlockOpKind::kAttention, "attn"});
+    ops.push_back({BlockOpKind::kOutProjection, "attn"});
+    half_end("attn", "attn_post_norm");
+  }
   if (pre) ops.push_back({BlockOpKind::kNorm, "mlp_norm"});
   ops.push_back({BlockOpKind::kMlp, "mlp"});
   half_end("mlp", "mlp_post_norm");
@@ -48,6 +54,7 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
       return {{"q_proj", h, q_width, bias}, {"k_proj", h, kv_width, bias}, {"v_proj", h, kv_width, bias}};
     }
     case BlockOpKind::kOutProjection: return {{"o_proj", q_width, h, spec.attention_out_bias()}};
+    case BlockOpKind::kShortConv: return {{"in_proj", h, 3 * h, spec.conv_bias()}, {"out_proj", h, h, spec.conv_bias()}};
     case BlockOpKind::kMlp: {
       std::vector<BlockLinear> linears;
       if (GatedMlp(spec) && spec.fused_gate_up_projection()) {
@@ -127,8 +134,25 @@ bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved) {
       // The dropout shares its half's module: its tensor is the mask.
       if (op.kind == BlockOpKind::kResidualDropout && rest == "resid_dropout_mask") return true;
     }
-    if (op.kind == BlockOpKind::kOutProjection || op.kind == BlockOpKind::kMlp) tail = true;
+    if (op.kind == BlockOpKind::kOutProjection || op.kind == BlockOpKind::kShortConv || op.kind == BlockOpKind::kMlp) {
+      tail = true;
+    }
     if (op.kind == BlockOpKind::kResidualAdd) tail = false;
+  }
+  return false;
+}
+
+bool IsPreNormTensor(const std::vector<BlockOp>& layout, const TensorSpec& saved) {
+  absl::string_view rest;
+  const absl::string_view module = ModuleOf(saved.name(), &rest);
+  bool before_main = true;  // before the half's attention, conv or MLP
+  for (const BlockOp& op : layout) {
+    // Its ".output" is what the projections after it keep.
+    if (op.kind == BlockOpKind::kNorm && before_main && op.module == module) return rest != "output";
+    if (op.kind == BlockOpKind::kQkvProjection || op.kind == BlockOpKind::kShortConv || op.kind == BlockOpKind::kMlp) {
+      before_main = false;
+    }
+    if (op.kind == BlockOpKind::kResidualAdd) before_main = true;
   }
   return false;
 }

@@ -39,6 +39,10 @@ enum class BlockOpKind {
   kResidualScale,    // current x residual_multiplier (Granite): a new tensor, nothing saved
   kResidualAdd,      // stream + current; ends a half
   kMlp,              // "<module>.gate_proj" (SwiGLU), up_proj, the activation, down_proj (ffn_type, mlp_bias)
+  // LFM2's gated short convolution (LAYER_CONV): "<module>.in_proj" to B, C
+  // and x, B x, "<module>.conv" (depthwise over conv_kernel_size tokens,
+  // causal), C x, "<module>.out_proj" (all with conv_bias).
+  kShortConv,
 };
 
 struct BlockOp {
@@ -46,8 +50,15 @@ struct BlockOp {
   std::string module;  // the parameter and activation names' prefix within the block, e.g. "attn_norm", "mlp"
 };
 
-// The block's ops in forward order (every block of a spec is alike).
-std::vector<BlockOp> BlockLayout(const ModelSpec& spec);
+// Layer `layer`'s ops in forward order. Blocks differ only in the op that
+// mixes tokens (LayerMixesByConv: a short convolution in place of the
+// attention ops); everything else is alike.
+std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer);
+
+// Whether layer `layer` is a LAYER_CONV one.
+inline bool LayerMixesByConv(const ModelSpec& spec, int layer) {
+  return layer < spec.layer_types_size() && spec.layer_types(layer) == LAYER_CONV;
+}
 
 // The dims of each head RoPE rotates: rotary_dim, or the whole head when 0.
 inline int64_t RotaryDims(const ModelSpec& spec) {
@@ -81,6 +92,8 @@ inline constexpr char kGateUpProj[] = "gate_up_proj";
 // kQkNorm's two norms, "<module>.q_norm" and "<module>.k_norm".
 inline constexpr char kQNorm[] = "q_norm";
 inline constexpr char kKNorm[] = "k_norm";
+// kShortConv's depthwise conv, "<module>.conv.weight" [h, 1, conv_kernel_size].
+inline constexpr char kConv[] = "conv";
 
 // The index in `layout` of the op that owns a block parameter named
 // "layers.<i>.<module>.<rest>", and `rest`: the op of that module, or where
@@ -100,6 +113,10 @@ bool IsDownProjTensor(const std::vector<BlockOp>& layout, const TensorSpec& tens
 // MLP's) -- the residual dropout's mask, a post-norm's: their backward runs
 // first in the half, before the attention's or the MLP's.
 bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved);
+// Whether a saved tensor is a pre-norm's (a norm before its half's
+// attention, conv or MLP): its backward runs last in the half, once the
+// half's other saved tensors are freed.
+bool IsPreNormTensor(const std::vector<BlockOp>& layout, const TensorSpec& saved);
 // Whether a saved tensor is the block's input itself, not a copy: the first
 // op's saved input in the working dtype (LayerNorm keeps its input;
 // RMSNorm's fp32 upcast is a no-op on fp32 input; a post-norm block's q/k/v

@@ -25,11 +25,11 @@ ModelSpec Decoder() {
   return ResolveModelSpec(spec);
 }
 
-std::vector<std::string> Ops(const ModelSpec& spec) {
+std::vector<std::string> Ops(const ModelSpec& spec, int layer = 1) {
   std::vector<std::string> ops;
-  for (const BlockOp& op : BlockLayout(spec)) {
+  for (const BlockOp& op : BlockLayout(spec, layer)) {
     static const char* const kNames[] = {"norm",       "qkv",          "qk_norm",      "attention", "o_proj",
-                                         "resid_drop", "resid_scale", "residual_add", "mlp"};
+                                         "resid_drop", "resid_scale", "residual_add", "mlp",       "short_conv"};
     ops.push_back(std::string(kNames[static_cast<int>(op.kind)]) + (op.module.empty() ? "" : ":" + op.module));
   }
   return ops;
@@ -58,9 +58,39 @@ TEST(BlockLayoutTest, GraniteScalesEachHalfBeforeItsAdd) {
                                      "resid_scale:mlp", "residual_add"));
 }
 
+// LFM2: a conv layer runs its short conv where an attention layer attends; the MLP half is alike.
+TEST(BlockLayoutTest, ConvLayersRunAShortConvWhereOthersAttend) {
+  ModelSpec spec = Decoder();
+  spec.add_layer_types(LAYER_FULL_ATTENTION);
+  spec.add_layer_types(LAYER_CONV);
+  spec.set_conv_kernel_size(3);
+  EXPECT_THAT(Ops(spec, 0), ElementsAre("norm:attn_norm", "qkv:attn", "attention:attn", "o_proj:attn",
+                                        "residual_add", "norm:mlp_norm", "mlp:mlp", "residual_add"));
+  EXPECT_THAT(Ops(spec, 1), ElementsAre("norm:attn_norm", "short_conv:conv", "residual_add", "norm:mlp_norm",
+                                        "mlp:mlp", "residual_add"));
+  const std::vector<BlockOp> conv = BlockLayout(spec, 1);
+  const std::vector<BlockLinear> linears = OpLinears(spec, conv[1]);
+  ASSERT_EQ(linears.size(), 2u);
+  EXPECT_EQ(linears[0].name, "in_proj");
+  EXPECT_EQ(linears[0].out_features, 3 * 64);  // B, C and x
+  EXPECT_EQ(linears[1].name, "out_proj");
+  std::vector<std::string> names;
+  for (const TensorSpec& t : BlockParameters(spec, 1)) names.push_back(t.name());
+  EXPECT_THAT(names, ElementsAre("layers.1.attn_norm.weight", "layers.1.conv.in_proj.weight",
+                                 "layers.1.conv.conv.weight", "layers.1.conv.out_proj.weight",
+                                 "layers.1.mlp_norm.weight", "layers.1.mlp.gate_proj.weight",
+                                 "layers.1.mlp.up_proj.weight", "layers.1.mlp.down_proj.weight"));
+  TensorSpec out_proj;
+  out_proj.set_name("layers.1.conv.out_proj.weight");
+  EXPECT_FALSE(InMlpHalf(conv, out_proj));
+  TensorSpec bcx;
+  bcx.set_name("layers.1.conv.bcx");
+  EXPECT_FALSE(InHalfTail(conv, bcx));
+}
+
 TEST(BlockLayoutTest, LinearWidthsFollowTheHeads) {
   const ModelSpec spec = Decoder();
-  const std::vector<BlockOp> ops = BlockLayout(spec);
+  const std::vector<BlockOp> ops = BlockLayout(spec, 1);
   const std::vector<BlockLinear> qkv = OpLinears(spec, ops[1]);
   ASSERT_EQ(qkv.size(), 3u);
   EXPECT_EQ(qkv[0].out_features, 64);  // 4 heads x 16
@@ -76,7 +106,7 @@ TEST(BlockLayoutTest, FusedProjectionsAreOneLinearEach) {
   ModelSpec spec = Decoder();
   spec.set_fused_qkv_projection(true);
   spec.set_fused_gate_up_projection(true);
-  const std::vector<BlockOp> ops = BlockLayout(spec);
+  const std::vector<BlockOp> ops = BlockLayout(spec, 1);
   const std::vector<BlockLinear> qkv = OpLinears(spec, ops[1]);
   ASSERT_EQ(qkv.size(), 1u);
   EXPECT_EQ(qkv[0].name, kQkvProj);
@@ -122,7 +152,7 @@ TensorSpec Named(const std::string& name, DType dtype = DTYPE_FP32) {
 
 // The halves and down_proj are found through the layout, by module.
 TEST(BlockLayoutTest, TensorsFindTheirOp) {
-  const std::vector<BlockOp> layout = BlockLayout(Decoder());
+  const std::vector<BlockOp> layout = BlockLayout(Decoder(), 1);
   EXPECT_FALSE(InMlpHalf(layout, Named("layers.3.attn_norm.weight")));
   EXPECT_FALSE(InMlpHalf(layout, Named("layers.3.attn.o_proj.lora_A.weight")));
   EXPECT_TRUE(InMlpHalf(layout, Named("layers.3.mlp_norm.rstd")));
@@ -152,7 +182,7 @@ TEST(BlockLayoutTest, PostNormBlocksNormalizeEachHalfsOutput) {
   }
   EXPECT_THAT(shapes, ElementsAre("layers.0.attn.q_norm.weight 64", "layers.0.attn.k_norm.weight 32",
                                   "layers.0.attn_post_norm.weight 64", "layers.0.mlp_post_norm.weight 64"));
-  const std::vector<BlockOp> layout = BlockLayout(spec);
+  const std::vector<BlockOp> layout = BlockLayout(spec, 1);
   EXPECT_TRUE(IsBlockInputItself(layout, Named("layers.1.attn.input", DTYPE_BF16), DTYPE_BF16));
   EXPECT_FALSE(IsBlockInputItself(layout, Named("layers.1.mlp.input", DTYPE_BF16), DTYPE_BF16));
   // What a half's post-norm (or residual dropout) keeps is freed first in its backward.
@@ -160,9 +190,9 @@ TEST(BlockLayoutTest, PostNormBlocksNormalizeEachHalfsOutput) {
   EXPECT_TRUE(InHalfTail(layout, Named("layers.1.mlp_post_norm.input_fp32")));
   EXPECT_FALSE(InHalfTail(layout, Named("layers.1.mlp.gate")));
   EXPECT_FALSE(InHalfTail(layout, Named("layers.1.attn.q_norm.input_fp32")));
-  EXPECT_FALSE(InHalfTail(BlockLayout(Decoder()), Named("layers.1.mlp_norm.input_fp32")));
+  EXPECT_FALSE(InHalfTail(BlockLayout(Decoder(), 1), Named("layers.1.mlp_norm.input_fp32")));
   spec.set_residual_dropout(0.1);
-  EXPECT_TRUE(InHalfTail(BlockLayout(spec), Named("layers.1.mlp.resid_dropout_mask")));
+  EXPECT_TRUE(InHalfTail(BlockLayout(spec, 1), Named("layers.1.mlp.resid_dropout_mask")));
 }
 
 // Glm4DecoderLayer: a norm before each half and one after it.
@@ -172,7 +202,7 @@ TEST(BlockLayoutTest, SandwichBlocksNormalizeBothEnds) {
   EXPECT_THAT(Ops(spec), ElementsAre("norm:attn_norm", "qkv:attn", "attention:attn", "o_proj:attn",
                                      "norm:attn_post_norm", "residual_add", "norm:mlp_norm", "mlp:mlp",
                                      "norm:mlp_post_norm", "residual_add"));
-  const std::vector<BlockOp> layout = BlockLayout(spec);
+  const std::vector<BlockOp> layout = BlockLayout(spec, 1);
   EXPECT_TRUE(IsBlockInputItself(layout, Named("layers.1.attn_norm.input_fp32"), DTYPE_FP32));
   EXPECT_TRUE(InHalfTail(layout, Named("layers.1.attn_post_norm.rstd")));
   EXPECT_FALSE(InHalfTail(layout, Named("layers.1.mlp_norm.rstd")));

@@ -95,7 +95,7 @@ int64_t DTypeBytes(DType dtype) {
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
   std::vector<TensorSpec> out;
   const std::string p = absl::StrCat("layers.", layer);
-  for (const BlockOp& op : BlockLayout(spec)) {
+  for (const BlockOp& op : BlockLayout(spec, layer)) {
     const std::string module = absl::StrCat(op.module, ".");
     if (op.kind == BlockOpKind::kNorm) AddNorm(spec, p + "." + op.module, spec.hidden_size(), layer, &out);
     if (op.kind == BlockOpKind::kQkNorm) {
@@ -108,6 +108,12 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
     }
     for (const BlockLinear& l : OpLinears(spec, op)) {
       AddBlockLinear(spec, p, module + std::string(l.name), l.in_features, l.out_features, l.bias, layer, &out);
+      // A short conv's depthwise conv runs between its projections: [h, 1, kernel] (nn.Conv1d, groups=h).
+      if (op.kind == BlockOpKind::kShortConv && l.name == "in_proj") {
+        const std::string conv = absl::StrCat(p, ".", module, kConv);
+        out.push_back(Param(conv + ".weight", {spec.hidden_size(), 1, spec.conv_kernel_size()}, layer));
+        if (spec.conv_bias()) out.push_back(Param(conv + ".bias", {spec.hidden_size()}, layer));
+      }
     }
   }
   MarkFrozen(spec, &out);
@@ -193,6 +199,12 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
         at.v = current || IsLoraTarget(spec, "v_proj");
         break;
       case BlockOpKind::kAttention: at.attention = at.q || at.k || at.v; break;
+      case BlockOpKind::kShortConv:
+        // The conv's products (at.attention) and its output: an adapter
+        // makes them require grad where the input does not (LoRA, block 0).
+        at.attention = current || IsLoraTarget(spec, "in_proj");
+        current = at.attention || IsLoraTarget(spec, "out_proj");
+        break;
       case BlockOpKind::kOutProjection:
         at.input = at.attention;
         current = at.attention || IsLoraTarget(spec, "o_proj");
@@ -222,7 +234,7 @@ bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePoli
   if (param.layer() != 0 || EmbeddingOutputRequiresGrad(spec, saves)) return true;
   // A frozen module of block 0 runs backward when its input requires grad
   // (its output then does too): find its op through the layout.
-  const std::vector<BlockOp> layout = BlockLayout(spec);
+  const std::vector<BlockOp> layout = BlockLayout(spec, 0);
   const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, 0, saves);
   absl::string_view rest;
   const int i = OpOfParameter(spec, layout, param.name(), &rest);
@@ -385,7 +397,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   };
   // The block's ops in order (block_layout.h), with which of their tensors
   // require grad.
-  const std::vector<BlockOp> layout = BlockLayout(spec);
+  const std::vector<BlockOp> layout = BlockLayout(spec, layer);
   const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, layer, saves);
   std::string current;  // the norm whose output the next op reads ("": none)
   bool output_kept = false;
@@ -500,6 +512,27 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         adapters(m + "o_proj", a * d, attention_grad);
         current.clear();
         break;
+      case BlockOpKind::kShortConv: {
+        // Lfm2ShortConv.forward (transformers' causal_conv1d_fn fallback,
+        // the path without the causal-conv1d kernel): in_proj keeps its
+        // input; B x keeps B and x, views of in_proj's [b, s, 3h] output,
+        // which keeps it whole (C's product keeps C, a view too); the conv
+        // keeps its input B x; the product C y keeps the conv's output, a
+        // view of the padded [b, h, s + kernel - 1] F.conv1d made; out_proj
+        // keeps the product's contiguous [b, s, h] copy.
+        const int64_t kernel = spec.conv_kernel_size();
+        if (saves_input("in_proj", current_grad)) act(read_name(), {b, s, h}, dtype);
+        adapters(m + "in_proj", h, current_grad);
+        if (attention_grad) {
+          act(m + "bcx", {b, s, 3 * h}, dtype);
+          act(m + "conv_input", {b, h, s}, dtype);
+          act(m + "conv_output", {b, h, s + kernel - 1}, dtype);
+        }
+        if (saves_input("out_proj", attention_grad)) act(m + "output", {b, s, h}, dtype);
+        adapters(m + "out_proj", h, attention_grad);
+        current.clear();
+        break;
+      }
       case BlockOpKind::kResidualDropout:
         if (current_grad) act(m + "resid_dropout_mask", {b, s, h}, DropoutSavedDType(dtype, device));
         break;
@@ -624,6 +657,20 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   } else {
     t.attention_bytes = qkv_end;
   }
+  return t;
+}
+
+ShortConvTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  const int64_t w = DTypeBytes(dtype);
+  const int64_t bsh = b * s * spec.hidden_size() * w;
+  const int64_t padding = b * spec.hidden_size() * (spec.conv_kernel_size() - 1) * w;  // per side of the conv
+  ShortConvTransients t;
+  // The conv's own temporaries (2 bsh + padding) less out_proj's saved input, which comes after.
+  t.forward_bytes = bsh + padding;
+  // The norm's output, in_proj's [b, s, 3h], B x, the conv's output and its temporaries.
+  t.nograd_bytes = 8 * bsh + 2 * padding;
+  // C's gradient, the padded output's, the conv's input gradient and its temporaries.
+  t.backward_bytes = 3 * bsh + padding;
   return t;
 }
 

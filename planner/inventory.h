@@ -205,6 +205,21 @@ struct BlockBackwardTransients {
 BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                     DType dtype, KernelDevice device, bool down_input_saved);
 
+// A short-conv half's (kShortConv; transformers' causal_conv1d_fn fallback,
+// F.conv1d on the CPU) temporaries, in the terms of the attention half's
+// above, measured op by op on CPU ranks with the counting allocator: F.conv1d
+// works on its input made contiguous and padded (about 2 b·s·h, beside its
+// [b, h, s + kernel - 1] output), forward with and without grad; backward
+// peaks in the conv's backward, beside the gradients of C and of the padded
+// output.
+struct ShortConvTransients {
+  int64_t forward_bytes = 0;   // beyond what the half saves
+  int64_t nograd_bytes = 0;    // under no_grad, beyond the block's input
+  int64_t backward_bytes = 0;  // beyond what the half saves and the gradient of its output
+};
+ShortConvTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
+                                            DType dtype);
+
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights
 // (block linears and the LM head) + 12 x layers x heads x head_dim x seq.

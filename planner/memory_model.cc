@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -39,6 +41,35 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
 }
 
 KernelDevice KernelDeviceOf(const StepSizes& s) { return s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda; }
+
+// A BlockKind's fields, to find equal kinds.
+auto BlockKindTie(const StepSizes::BlockKind& k) {
+  return std::tie(k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved, k.mlp_pre_norm_bwd,
+                  k.attn_pre_norm_bwd, k.fwd_transient, k.nograd_peak, k.bwd_attn_transient, k.grads_attn,
+                  k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp, k.retained_attn);
+}
+
+// Each layer's kind, `layers[i]`, as StepSizes holds them: the distinct ones
+// and each layer's index, and their period from block 1 on.
+void AssignBlockKinds(const std::vector<StepSizes::BlockKind>& layers, StepSizes* s) {
+  s->block_kinds.clear();
+  s->block_kind_of.assign(layers.size(), 0);
+  for (size_t layer = 0; layer < layers.size(); ++layer) {
+    auto same = [&](const StepSizes::BlockKind& o) { return BlockKindTie(o) == BlockKindTie(layers[layer]); };
+    auto it = std::find_if(s->block_kinds.begin(), s->block_kinds.end(), same);
+    s->block_kind_of[layer] = static_cast<int>(it - s->block_kinds.begin());
+    if (it == s->block_kinds.end()) s->block_kinds.push_back(layers[layer]);
+  }
+  const int n = static_cast<int>(layers.size());
+  auto repeats_every = [&](int p) {
+    for (int i = 1; i + p < n; ++i) {
+      if (s->block_kind_of[i] != s->block_kind_of[i + p]) return false;
+    }
+    return true;
+  };
+  s->block_period = 1;
+  while (s->block_period < n && !repeats_every(s->block_period)) ++s->block_period;
+}
 
 }  // namespace
 
@@ -133,87 +164,96 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   SizeReduceBuckets(zero_in, &s);
   SizeGradPartitions(zero_in, s, &sizer.variants_, &sizer.rank_variant_);
 
-  // Blocks: gradients of the trainable parameters, gathers of all.
-  const std::vector<TensorSpec> block_params = BlockParameters(model, 0);
-  const std::vector<BlockOp> layout = BlockLayout(model);
-  int64_t block_param_elements = 0, mlp_elements = 0, down_elements = 0, largest_mlp = 0, largest_attn = 0;
-  int64_t down_weight_elements = 0;
-  for (const TensorSpec& t : block_params) {
-    if (t.frozen()) continue;
-    block_param_elements += NumElements(t);
-    if (InMlpHalf(layout, t)) {
+  // Blocks: gradients of the trainable parameters, gathers of all. The MLP
+  // half is alike in every layer; the attention half is a layer's own.
+  const int layers = static_cast<int>(model.num_layers());
+  sizer.layers_.resize(layers);
+  int64_t mlp_elements = 0, down_elements = 0, largest_mlp = 0, down_weight_elements = 0;
+  for (const TensorSpec& t : trainable) {
+    if (t.layer() < 0) continue;
+    const std::vector<BlockOp> layout = BlockLayout(model, t.layer());
+    LayerStatics& layer = sizer.layers_[t.layer()];
+    if (!InMlpHalf(layout, t)) {
+      layer.grads_attn += NumElements(t) * w;
+      layer.max_attn_grad = std::max(layer.max_attn_grad, NumElements(t) * w);
+    } else if (t.layer() == 0) {
       mlp_elements += NumElements(t);
       if (IsDownProjTensor(layout, t)) down_elements += NumElements(t);
       if (IsDownProjTensor(layout, t) && t.shape_size() == 2) down_weight_elements = NumElements(t);
       largest_mlp = std::max(largest_mlp, NumElements(t));
-    } else {
-      largest_attn = std::max(largest_attn, NumElements(t));
     }
   }
   const KernelDevice device = KernelDeviceOf(s);
   sizer.saves_ = SavePolicyFor(config);
   const SavePolicy& saves = sizer.saves_;
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
-  // causal mask) + W*s (tables without a batch): fit the four terms from
-  // the inventory, check a fifth point.
+  // causal mask) + W*s (tables without a batch) + V*b (a conv's padding):
+  // fit the five terms from the inventory, check a seventh point.
   auto fit = [&](int layer, const SavePolicy& saves) {
+    const std::vector<BlockOp> layout = BlockLayout(model, layer);
     auto saved = [&](int64_t b, int64_t seq) {
       return SumBytes(BlockSavedActivations(model, b, seq, dtype, layer, device, saves));
     };
     SavedFit f;
-    const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f21 = saved(2, 1), f22 = saved(2, 2);
-    const int64_t batch_terms_1 = f21 - f11;  // X + Y
-    const int64_t batch_terms_2 = f22 - f12;  // 2X + 4Y
-    f.per_token_sq = (batch_terms_2 - 2 * batch_terms_1) / 2;
-    f.per_token = batch_terms_1 - f.per_token_sq;
-    const int64_t seq_terms_1 = f11 - f.per_token - f.per_token_sq;          // Z + W
-    const int64_t seq_terms_2 = f12 - 2 * f.per_token - 4 * f.per_token_sq;  // 4Z + 2W
-    f.per_seq_sq = (seq_terms_2 - 2 * seq_terms_1) / 2;
-    f.per_seq = seq_terms_1 - f.per_seq_sq;
+    // g(s) = f(2, s) - f(1, s) = X s + Y s^2 + V.
+    const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f13 = saved(1, 3);
+    const int64_t g1 = saved(2, 1) - f11, g2 = saved(2, 2) - f12, g3 = saved(2, 3) - f13;
+    f.per_token_sq = (g3 - 2 * g2 + g1) / 2;
+    f.per_token = g2 - g1 - 3 * f.per_token_sq;
+    f.per_batch = g1 - f.per_token - f.per_token_sq;
+    // f(1, s) - X s - Y s^2 - V = Z s^2 + W s.
+    const int64_t r1 = f11 - f.per_token - f.per_token_sq - f.per_batch;
+    const int64_t r2 = f12 - 2 * f.per_token - 4 * f.per_token_sq - f.per_batch;
+    f.per_seq_sq = (r2 - 2 * r1) / 2;
+    f.per_seq = r1 - f.per_seq_sq;
     ZPLAN_CHECK(saved(3, 5) == f.Bytes(3, 5));
     for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
       if (InMlpHalf(layout, t)) f.mlp_per_token += TensorBytes(t);
       if (IsBlockInputItself(layout, t, dtype)) f.input_per_token += TensorBytes(t);
       if (InHalfTail(layout, t)) (InMlpHalf(layout, t) ? f.mlp_tail_per_token : f.attn_tail_per_token) += TensorBytes(t);
+      if (IsPreNormTensor(layout, t)) {
+        (InMlpHalf(layout, t) ? f.mlp_pre_norm_per_token : f.attn_pre_norm_per_token) += TensorBytes(t);
+      }
     }
     return f;
   };
-  sizer.saved_ = fit(1, saves);
-  sizer.saved_block0_ = fit(0, saves);
-  const int layers = static_cast<int>(model.num_layers());
-  int sliding = -1;  // the first sliding layer past block 0 (block 0 if it alone slides)
-  for (int layer = 0; layer < layers; ++layer) {
-    sizer.sliding_layers_[layer] = LayerSlides(model, layer);
-    if (sizer.sliding_layers_[layer] && sliding <= 0) sliding = layer;
-  }
-  auto repeats_every = [&](int p) {
-    for (int i = 0; i + p < layers; ++i) {
-      if (sizer.sliding_layers_[i] != sizer.sliding_layers_[i + p]) return false;
+  // A layer's saved tensors depend on it only through being block 0, its
+  // mixer and whether it slides (under the mask): one fit per such signature.
+  std::map<std::tuple<bool, bool, bool, bool>, int> fit_of;
+  auto fit_index = [&](int layer, bool masked) {
+    const auto key = std::make_tuple(layer == 0, LayerMixesByConv(model, layer), LayerSlides(model, layer), masked);
+    auto [it, inserted] = fit_of.try_emplace(key, static_cast<int>(sizer.fits_.size()));
+    if (inserted) {
+      SavePolicy policy = saves;
+      policy.sdpa_sliding_mask = masked;
+      sizer.fits_.push_back(fit(layer, policy));
     }
-    return true;
+    return it->second;
   };
-  while (sizer.sliding_period_ < layers && !repeats_every(sizer.sliding_period_)) ++sizer.sliding_period_;
-  if (sliding >= 0 && model.attention_impl() == ATTENTION_SDPA) {
-    SavePolicy masked = saves;
-    masked.sdpa_sliding_mask = true;
-    sizer.saved_sliding_ = fit(sliding, saves);
-    sizer.saved_sliding_masked_ = fit(sliding, masked);
+  for (int layer = 0; layer < layers; ++layer) {
+    LayerStatics& l = sizer.layers_[layer];
+    l.conv = LayerMixesByConv(model, layer);
+    l.fit = fit_index(layer, false);
+    if (LayerSlides(model, layer) && model.attention_impl() == ATTENTION_SDPA) l.masked_fit = fit_index(layer, true);
   }
   // Whether down_proj keeps its input (the FFN product or activation).
   const std::string down_input = GatedMlp(model) ? ".mlp.product" : ".mlp.act";
-  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, 1, device, saves)) {
+  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, std::min(1, layers - 1), device, saves)) {
     sizer.down_input_saved_ = sizer.down_input_saved_ || absl::EndsWith(t.name(), down_input);
   }
   for (const TensorSpec& t : FinalNormSavedActivations(model, 1, 1, dtype, device, saves)) {
     (t.name() == kFinalNormOutput ? sizer.head_input_per_token_ : sizer.final_norm_per_token_) += TensorBytes(t);
   }
-  s.block_grads = block_param_elements * w;
   s.block_grads_mlp = mlp_elements * w;
   s.block_grads_down = down_elements * w;
   s.block_max_mlp_grad = largest_mlp * w;
   SizeDownWeightGradWaiting(zero_in, down_weight_elements, &s);
-  s.block_max_attn_grad = largest_attn * w;
-  SizeStage3Gathers(zero_in, block_params, saves, &s);
+  Stage3BlockGathers gathers;
+  SizeStage3Gathers(zero_in, saves, &gathers, &s);
+  for (int layer = 0; layer < static_cast<int>(gathers.gather.size()); ++layer) {
+    sizer.layers_[layer].gather = gathers.gather[layer];
+    sizer.layers_[layer].gather_kept = gathers.kept[layer];
+  }
 
   // Model ends: gradients of what trains (LoRA: nothing here).
   auto trains = [&](absl::string_view prefix) {
@@ -272,6 +312,17 @@ void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
   s->step_norm_copy = v.step_norm_copy;
   s->host_grad_accumulation = v.host_grad_accumulation;
   s->host_grad_accumulation_pinned = v.host_grad_accumulation_pinned;
+  s->retained_head = v.retained_head;
+  s->offload_norm_copy = v.offload_norm_copy;
+  if (!v.retained_mlp.empty()) {
+    std::vector<StepSizes::BlockKind> kinds;
+    for (int layer = 0; layer < s->num_layers; ++layer) {
+      kinds.push_back(s->Block(layer));
+      kinds.back().retained_mlp = v.retained_mlp[layer];
+      kinds.back().retained_attn = v.retained_attn[layer];
+    }
+    AssignBlockKinds(kinds, s);
+  }
 }
 
 StepSizes StepSizer::For(int64_t b, int64_t seq) const {
@@ -306,23 +357,12 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   const int64_t w = dtype_bytes_;
   const int64_t h = model.hidden_size();
   const int64_t tokens = b * seq;
-  s.block_saved = saved_.Bytes(b, seq);
-  s.block_saved_mlp = saved_.mlp_per_token * tokens;
-  s.block0_saved_less = s.block_saved - saved_block0_.Bytes(b, seq);
-  s.block0_saved_mlp_less = s.block_saved_mlp - saved_block0_.mlp_per_token * tokens;
-  s.block_saved_input = saved_.input_per_token * tokens;
-  s.block0_saved_input = saved_block0_.input_per_token * tokens;
-  s.block_mlp_tail_saved = saved_.mlp_tail_per_token * tokens;
-  s.block0_mlp_tail_saved = saved_block0_.mlp_tail_per_token * tokens;
-  s.block_attn_tail_saved = saved_.attn_tail_per_token * tokens;
-  s.block0_attn_tail_saved = saved_block0_.attn_tail_per_token * tokens;
   s.block_input = tokens * h * w;
   s.host_checkpoints = s.host_checkpoint_blocks * s.block_input;
   if (s.host_checkpoint_pinned) {
     s.host_checkpoints_pinned = s.host_checkpoint_blocks * RoundUpToPowerOfTwo(s.block_input);
   }
   const KernelDevice device = KernelDeviceOf(s);
-  s.block_fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   // Under no_grad a block frees each intermediate after its last use; the FFN
   // branch (gate, up and their product, or up and GELU) is the widest point.
   // (NewGELUActivation: x, 0.5x, tanh and 1 + tanh, then the product.)
@@ -343,24 +383,55 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const int64_t dropped = model.attention_dropout() > 0 ? w + DTypeBytes(DropoutSavedDType(dtype, device)) : 0;
     attn_live += scores * std::max(w + softmax, w + dropped);
   }
-  s.block_nograd_peak = s.block_input + std::max(ffn_live, attn_live);
-  const bool masked = SdpaSlidingMaskAt(model, seq) && sliding_layers_.any();
-  if (masked) {
-    const int64_t a = model.num_attention_heads(), kv = model.num_kv_heads(), d = model.head_dim();
-    const int64_t unrepeated = a != kv ? 2 * tokens * kv * d * w : 0, repeated = a != kv ? 2 * tokens * a * d * w : 0;
-    s.masked_layers = sliding_layers_;
-    s.masked_period = sliding_period_;
-    s.masked_attn_saved_extra = saved_sliding_masked_.Bytes(b, seq) - saved_sliding_.Bytes(b, seq);
-    s.masked_fwd_transient_extra = unrepeated;
-    s.masked_nograd_extra = std::max(ffn_live, attn_live + repeated + b * seq * seq * w) - std::max(ffn_live, attn_live);
-    s.masked_bwd_attn_extra = repeated - unrepeated;
-  }
+  // A sliding layer under SDPA's mask (SdpaSlidingMaskAt) repeats k and v to
+  // every head: the copies beside the unrepeated ones while the attention
+  // module runs, and their gradients in backward; under no_grad also the mask.
+  const bool masked = SdpaSlidingMaskAt(model, seq);
+  const int64_t a = model.num_attention_heads(), kv = model.num_kv_heads(), d = model.head_dim();
+  const int64_t unrepeated = a != kv ? 2 * tokens * kv * d * w : 0, repeated = a != kv ? 2 * tokens * a * d * w : 0;
   const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_);
+  const int64_t fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
+  const ShortConvTransients conv = ShortConvTransientBytes(model, b, seq, dtype);
+  const int64_t pre_norm_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, !model.has_lora());
+  std::vector<StepSizes::BlockKind> kinds(model.num_layers());
+  bool any_masked = false;
+  for (int layer = 0; layer < model.num_layers(); ++layer) {
+    const LayerStatics& l = layers_[layer];
+    const bool masked_here = masked && l.masked_fit >= 0;
+    any_masked = any_masked || masked_here;
+    const SavedFit& f = fits_[masked_here ? l.masked_fit : l.fit];
+    StepSizes::BlockKind& k = kinds[layer];
+    k.saved = f.Bytes(b, seq);
+    k.saved_mlp = f.mlp_per_token * tokens;
+    k.saved_input = f.input_per_token * tokens;
+    k.mlp_tail_saved = f.mlp_tail_per_token * tokens;
+    k.attn_tail_saved = f.attn_tail_per_token * tokens;
+    // A pre-norm's backward runs beside what it saved, once the rest of its half's saved tensors are freed.
+    auto pre_norm_backward = [&](int64_t saved_per_token) {
+      return saved_per_token > 0 ? saved_per_token * tokens + pre_norm_transient : 0;
+    };
+    k.mlp_pre_norm_bwd = pre_norm_backward(f.mlp_pre_norm_per_token);
+    k.attn_pre_norm_bwd = pre_norm_backward(f.attn_pre_norm_per_token);
+    if (l.conv) {
+      k.fwd_transient = conv.forward_bytes;
+      k.nograd_peak = s.block_input + std::max(ffn_live, conv.nograd_bytes);
+      k.bwd_attn_transient = conv.backward_bytes;
+    } else {
+      k.fwd_transient = fwd_transient + (masked_here ? unrepeated : 0);
+      k.nograd_peak = s.block_input + std::max(ffn_live, attn_live + (masked_here ? repeated + b * seq * seq * w : 0));
+      k.bwd_attn_transient = bwd.attention_bytes + (masked_here ? repeated - unrepeated : 0);
+    }
+    k.grads_attn = l.grads_attn;
+    k.max_attn_grad = l.max_attn_grad;
+    k.gather = l.gather;
+    k.gather_kept = l.gather_kept;
+  }
+  AssignBlockKinds(kinds, &s);
   // The gradient of the MLP's output, which ops after it make (a residual
   // dropout's, a post-norm's), lives until down_proj's backward has run: a
   // plain MLP's widest moment is inside that backward (docs/deepspeed_model.md
   // row 41), a gated one's after it.
-  const int64_t output_grad = s.block_mlp_tail_saved > 0 ? tokens * h * w : 0;
+  const int64_t output_grad = s.Block(model.num_layers() - 1).mlp_tail_saved > 0 ? tokens * h * w : 0;
   s.block_mlp_output_grad = GatedMlp(model) ? 0 : output_grad;
   s.block_bwd_mlp_transient = bwd.mlp_bytes + s.block_mlp_output_grad;
   // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
@@ -370,7 +441,6 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   // only what exceeds that.
   s.block_max_mlp_grad = std::max<int64_t>(
       0, tokens * model.ffn_hidden_size() * w + output_grad + base_.block_max_mlp_grad - s.block_bwd_mlp_transient);
-  s.block_bwd_attn_transient = bwd.attention_bytes;
   if (model.has_vision()) {
     // fp32 pixels and int64 labels (ViT has no mask: it attends everywhere).
     const VisionSpec& v = model.vision();
@@ -378,8 +448,10 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   } else {
     s.step_batch = 2 * tokens * kTokenIdBytes;
     // cos and sin [s, head_dim] in the working dtype (Olmo2: fp32), shared
-    // by every layer, or with layer types by every layer of one type.
-    const std::set<int> layer_types(model.layer_types().begin(), model.layer_types().end());
+    // by every layer, or with attention layer types by every layer of one
+    // type (LFM2's conv layers take none: one pair).
+    std::set<int> layer_types(model.layer_types().begin(), model.layer_types().end());
+    layer_types.erase(LAYER_CONV);
     const int64_t rope_pairs = std::max<int64_t>(1, layer_types.size());
     if (model.position_embedding() == POSITION_ROPE) {
       const int64_t rotary_dim = RotaryDims(model);
@@ -387,19 +459,22 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
       s.rope_tables = rope_pairs * pair;
       s.rope_tables_unsaved = model.rope_interleaved();
       for (int layer = 1; layer < model.num_layers() && rope_pairs > 1; ++layer) {
-        if (model.layer_types(layer) != model.layer_types(0)) {
+        if (model.layer_types(layer) != model.layer_types(0)) {  // no conv layers here: rope_pairs > 1
           s.rope_late_pair = pair;
           s.rope_late_pair_layer = layer;
           break;
         }
       }
     }
-    // Eager's additive causal mask [b, 1, s, s]; with layer types both the
-    // full and the sliding one (Olmo3Model.forward's causal_mask_mapping).
-    const int64_t masks = model.layer_types().empty() ? 1 : 2;
+    // Eager's additive causal mask [b, 1, s, s]; with attention layer types
+    // both the full and the sliding one (Olmo3Model.forward's
+    // causal_mask_mapping), with conv layers the full one (Lfm2Model's conv
+    // layers get none without padding).
+    const bool conv_layers = std::count(model.layer_types().begin(), model.layer_types().end(), LAYER_CONV) > 0;
+    const int64_t masks = model.layer_types().empty() || conv_layers ? 1 : 2;
     if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = masks * tokens * seq * w;
     // SDPA past the window: the sliding one, bool [s, s] expanded to the batch (masking_utils.py, sdpa_mask).
-    if (masked) s.attention_mask = seq * seq;
+    if (any_masked) s.attention_mask = seq * seq;
   }
   s.act_grad = tokens * h * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;

@@ -101,26 +101,36 @@ class StepSizer {
   int64_t dtype_bytes_ = 2;
   int working_dtype_ = 0;            // DType of activations
   // Saved block activations = per_token * b*s + per_token_sq * b*s*s (eager
-  // probabilities) + per_seq_sq * s*s (causal mask), fitted from the
-  // inventory; the MLP half is linear in b*s. Blocks 1.. and block 0.
+  // probabilities) + per_seq_sq * s*s (a causal mask) + per_seq * s (tables
+  // without a batch) + per_batch * b (a conv's padding), fitted from the
+  // inventory; the MLP half is linear in b*s.
   struct SavedFit {
     int64_t per_token = 0;
     int64_t per_token_sq = 0;
     int64_t per_seq_sq = 0;
     int64_t per_seq = 0;             // Glm4's per-layer RoPE tables [s, rotary_dim]
+    int64_t per_batch = 0;           // a short conv's padded output: kernel - 1 more tokens per sequence
     int64_t mlp_per_token = 0;
     int64_t input_per_token = 0;     // IsBlockInputItself
     int64_t mlp_tail_per_token = 0;   // of that, what the ops after the MLP save (InHalfTail)
     int64_t attn_tail_per_token = 0;  // what the ops after o_proj save
+    int64_t mlp_pre_norm_per_token = 0;   // what each half's pre-norm saves (IsPreNormTensor)
+    int64_t attn_pre_norm_per_token = 0;
     int64_t Bytes(int64_t b, int64_t seq) const {
-      return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq + per_seq * seq;
+      return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq + per_seq * seq +
+             per_batch * b;
     }
   };
-  SavedFit saved_, saved_block0_;
-  // A sliding layer's (SdpaSlidingMaskAt) with and without the mask, and which layers slide.
-  SavedFit saved_sliding_, saved_sliding_masked_;
-  std::bitset<kMaxLayers> sliding_layers_;
-  int sliding_period_ = 1;  // StepSizes::masked_period
+  // Per layer, what does not depend on the shape: its fits (fits_), under
+  // SDPA's sliding mask too when it slides, its mixer, its parameters.
+  struct LayerStatics {
+    int fit = 0;
+    int masked_fit = -1;  // -1: never masked
+    bool conv = false;    // LayerMixesByConv
+    int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
+  };
+  std::vector<SavedFit> fits_;
+  std::vector<LayerStatics> layers_;
   bool down_input_saved_ = false;    // BlockBackwardTransientBytes
   SavePolicy saves_;
   int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations but its output: linear in b*s

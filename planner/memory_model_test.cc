@@ -224,15 +224,15 @@ TEST(MemoryModelTest, EagerAttentionKeepsQuadraticScores) {
   auto model = LoadPreset("gpt2");
   RunConfig config = Config(0, 1);
   config.set_seq_length(1024);
-  const int64_t sdpa = Sizes(*model, config).block_saved;
+  const int64_t sdpa = Sizes(*model, config).Block(1).saved;
   ModelSpec eager = *model;
   eager.set_attention_impl(ATTENTION_EAGER);
   // 12 heads x 1024 x 1024 probabilities: GPT-2's softmax output in bf16, or
   // (Llama's eager_attention_forward) the fp32 output and its bf16 cast,
   // instead of SDPA's fp32 logsumexp.
-  EXPECT_EQ(Sizes(eager, config).block_saved - sdpa, 12 * 1024 * 1024 * 2 - 12 * 1024 * 4);
+  EXPECT_EQ(Sizes(eager, config).Block(1).saved - sdpa, 12 * 1024 * 1024 * 2 - 12 * 1024 * 4);
   eager.set_eager_softmax_in_working_dtype(false);
-  EXPECT_EQ(Sizes(eager, config).block_saved - sdpa, 12 * 1024 * 1024 * (4 + 2) - 12 * 1024 * 4);
+  EXPECT_EQ(Sizes(eager, config).Block(1).saved - sdpa, 12 * 1024 * 1024 * (4 + 2) - 12 * 1024 * 4);
 }
 
 TEST(MemoryModelTest, SlidingLayersPastTheWindowKeepSdpasMaskAndRepeatedKeysAndValues) {
@@ -246,20 +246,100 @@ TEST(MemoryModelTest, SlidingLayersPastTheWindowKeepSdpasMaskAndRepeatedKeysAndV
   config.set_micro_batch_size(2);
   config.set_seq_length(511);
   StepSizes below = Sizes(*model, config);
-  EXPECT_TRUE(below.masked_layers.none()) << "below the window SDPA runs with is_causal";
+  EXPECT_EQ(below.block_kinds.size(), 1) << "below the window SDPA runs with is_causal";
   EXPECT_EQ(below.attention_mask, 0);
   config.set_seq_length(512);
   const StepSizes s = Sizes(*model, config);
-  for (int layer = 0; layer < 12; ++layer) EXPECT_EQ(s.Masked(layer), (layer + 1) % 6 != 0) << layer;
+  const StepSizes::BlockKind &sliding = s.Block(1), &full = s.Block(5);
+  for (int layer = 0; layer < 12; ++layer) {
+    EXPECT_EQ(s.block_kind_of[layer], s.block_kind_of[(layer + 1) % 6 != 0 ? 1 : 5]) << layer;
+  }
+  EXPECT_EQ(s.block_period, 6);
   const int64_t b = 2, seq = 512, w = 2, heads = 4, kv_heads = 1, d = 256;
   // The additive bf16 mask [b, 1, s, s], and k and v repeated from one head to four.
-  EXPECT_EQ(s.masked_attn_saved_extra, b * seq * seq * w + 2 * b * (heads - kv_heads) * seq * d * w);
-  EXPECT_EQ(s.masked_bwd_attn_extra, 2 * b * (heads - kv_heads) * seq * d * w);
+  EXPECT_EQ(sliding.saved - full.saved, b * seq * seq * w + 2 * b * (heads - kv_heads) * seq * d * w);
+  EXPECT_EQ(sliding.bwd_attn_transient - full.bwd_attn_transient, 2 * b * (heads - kv_heads) * seq * d * w);
   EXPECT_EQ(s.attention_mask, seq * seq) << "the bool mask, expanded to the batch";
   // The full layers' RoPE tables go at the first full layer's backward.
   EXPECT_EQ(s.rope_late_pair_layer, 5);
   EXPECT_EQ(s.rope_late_pair, 2 * seq * d * w);
   EXPECT_GT(StepPeakBytes(s), StepPeakBytes(below));
+}
+
+TEST(MemoryModelTest, ShortConvLayersKeepWhatLfm2ShortConvKeeps) {
+  // LFM2: conv layers beside one attention layer, the MLP alike in all.
+  auto model = ModelSpecFromHfConfig(R"({"model_type": "lfm2", "hidden_size": 128, "intermediate_size": 384,
+      "block_auto_adjust_ff_dim": false, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 1000, "layer_types": ["conv", "conv", "full_attention", "conv"]})", "lfm2.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  RunConfig config = Config(2, 2);
+  config.set_micro_batch_size(2);
+  config.set_seq_length(256);
+  const StepSizes s = Sizes(*model, config);
+  const int64_t b = 2, seq = 256, h = 128, w = 2, kernel = 3, bsh = b * seq * h * w;
+  EXPECT_EQ(s.block_kind_of[1], s.block_kind_of[3]);
+  EXPECT_NE(s.block_kind_of[1], s.block_kind_of[2]);
+  const StepSizes::BlockKind &conv = s.Block(1), &attention = s.Block(2);
+  EXPECT_EQ(conv.saved_mlp, attention.saved_mlp);
+  // Beside the norm and in_proj's input: in_proj's [b, s, 3h] output (B, C and x are views of it), B x, the
+  // conv's padded output, out_proj's input; attention keeps q, k, v, its output and the logsumexp, and runs
+  // q and k through their norms (fp32 input, rstd, normalized).
+  const int64_t conv_own = 3 * bsh + bsh + b * h * (seq + kernel - 1) * w + bsh;
+  const int64_t q = bsh, kv = bsh / 2, rows = b * seq * 4;
+  const int64_t qk_norms = (q + kv) / w * (4 + w) + (4 + 2) * rows;
+  const int64_t attention_own = q + kv + kv + q + 4 * rows + qk_norms;
+  EXPECT_EQ(conv.saved - attention.saved, conv_own - attention_own);
+  // Parameters: the half's norm, then in_proj [3h, h], the conv [h, 1, kernel], out_proj [h, h]; or q, k, v,
+  // o and the q/k norms.
+  EXPECT_EQ(conv.grads_attn, (h + 3 * h * h + h * kernel + h * h) * w);
+  EXPECT_EQ(attention.grads_attn, (h + h * h + 2 * h * h / 2 + h * h + 2 * h / 4) * w);
+  EXPECT_EQ(conv.max_attn_grad, 3 * h * h * w);
+}
+
+// ZeRO-1 with overlap_comm clears no reduced gradient: one larger than a
+// bucket, of a parameter outside the rank's partition, stays to the epilogue.
+TEST(MemoryModelTest, ZeroOneWithOverlapKeepsOtherRanksOversizedGradients) {
+  auto model = LoadPreset("debug-tiny");
+  RunConfig config = Config(1, 2);
+  config.mutable_zero()->set_overlap_comm(true);
+  config.mutable_zero()->set_reduce_bucket_elements(50'000);
+  auto gpu = FindGpu(config.cluster().gpu());
+  auto sizer = StepSizer::Create(*model, config, *gpu);
+  ASSERT_TRUE(sizer.ok());
+  const StepSizes rank0 = sizer->ForRank(2, 128, 0), rank1 = sizer->ForRank(2, 128, 1);
+  const int last = model->num_layers() - 1;
+  // Rank 0 owns the first blocks and keeps the last block's MLP gradients; rank 1 the reverse.
+  const int64_t mlp_weight = model->hidden_size() * model->ffn_hidden_size() * 2;
+  EXPECT_EQ(rank0.Block(last).retained_mlp, 3 * mlp_weight);
+  EXPECT_EQ(rank0.Block(0).retained_mlp, 0);
+  EXPECT_EQ(rank1.Block(0).retained_mlp, 3 * mlp_weight);
+  EXPECT_EQ(rank1.Block(last).retained_mlp, 0);
+  config.mutable_zero()->set_overlap_comm(false);
+  auto epilogue = StepSizer::Create(*model, config, *gpu);
+  ASSERT_TRUE(epilogue.ok());
+  EXPECT_EQ(epilogue->ForRank(2, 128, 0).Block(last).retained_mlp, 0) << "kept to the epilogue anyway";
+}
+
+// With optimizer offload each piece of the rank's partition is copied to
+// fp64 for its norm as its bucket is reduced: at ZeRO-1 without overlap_comm
+// in the epilogue, in parameter order, the rank's own gradients cleared as
+// it goes.
+TEST(MemoryModelTest, OffloadCopiesEachPieceToFp64ForItsNorm) {
+  auto model = ModelSpecFromHfConfig(R"({"model_type": "llama", "hidden_size": 512, "intermediate_size": 2048,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1024})", "heavy.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  RunConfig config = Config(1, 2);
+  config.mutable_zero()->set_reduce_bucket_elements(200'000);
+  config.mutable_zero()->set_offload_optimizer(OFFLOAD_CPU);
+  auto gpu = FindGpu(config.cluster().gpu());
+  auto sizer = StepSizer::Create(*model, config, *gpu);
+  ASSERT_TRUE(sizer.ok());
+  const StepSizes rank0 = sizer->ForRank(1, 32, 0);
+  // Its first 1M-element weight (gate_proj of block 0), after the embedding and the attention's four
+  // [512, 512] weights and its norm are gone (bf16).
+  EXPECT_EQ(rank0.offload_norm_copy.bytes, 2048 * 512 * 8);
+  EXPECT_EQ(rank0.offload_norm_copy.at, StepSizes::kAtEpilogue);
+  EXPECT_EQ(rank0.offload_norm_copy.gone_bytes, (1024 * 512 + 4 * 512 * 512 + 512 + 512) * 2);
 }
 
 TEST(MemoryModelTest, CheckpointingKeepsOnlyBlockInputs) {
@@ -288,12 +368,12 @@ TEST(MemoryModelTest, CheckpointedRecomputeSavesItsKeptInputNoSecondTime) {
   };
   const StepSizes gpt2 = sizes("gpt2", PRECISION_BF16, false), llama_bf16 = sizes("1b", PRECISION_BF16, false),
                   llama_fp32 = sizes("1b", PRECISION_FP32, false), offloaded = sizes("gpt2", PRECISION_BF16, true);
-  EXPECT_EQ(gpt2.block_saved_input, gpt2.block_input);
-  EXPECT_EQ(gpt2.RecomputeReusedInput(0), gpt2.block_input);
-  EXPECT_EQ(llama_bf16.block_saved_input, 0);
-  EXPECT_EQ(llama_fp32.block_saved_input, llama_fp32.block_input);
+  EXPECT_EQ(gpt2.Block(1).saved_input, gpt2.block_input);
+  EXPECT_EQ(gpt2.Block(0).saved_input, gpt2.block_input);
+  EXPECT_EQ(llama_bf16.Block(1).saved_input, 0);
+  EXPECT_EQ(llama_fp32.Block(1).saved_input, llama_fp32.block_input);
   EXPECT_TRUE(offloaded.checkpoint_copy_on_host);
-  EXPECT_EQ(offloaded.RecomputeReusedInput(1), offloaded.block_input);
+  EXPECT_EQ(offloaded.Block(1).saved_input, offloaded.block_input);
   // The expansion and the fast evaluator count the recompute alike.
   for (const StepSizes& s : {gpt2, llama_fp32, offloaded}) {
     EXPECT_EQ(SimulateStep(s).peak.peak_bytes(), StepPeakBytes(s));
@@ -388,7 +468,7 @@ TEST(MemoryModelTest, LoraModelStatesCoverOnlyTheAdapters) {
   EXPECT_EQ(z2.params_resident, total * 2);  // the engine casts the frozen model too
   EXPECT_EQ(z2.master_resident, trainable / 2 * kMasterBytesPerParam);
   EXPECT_EQ(z2.optimizer_resident, trainable / 2 * kAdamStateBytesPerParam);
-  EXPECT_EQ(z2.block_grads, trainable / 4 * 2);
+  EXPECT_EQ(z2.Block(1).grads_attn, trainable / 4 * 2);
   EXPECT_EQ(z2.block_grads_mlp, 0);
   EXPECT_EQ(z2.head_grad + z2.embed_grad + z2.final_norm_grads, 0);
   // The first gradient hook is the last block's v_proj adapter's.
@@ -415,20 +495,22 @@ TEST(MemoryModelTest, LoraActivationsFollowWhatAutogradKeeps) {
   const StepSizes zero_init = Sizes(model, config);
   config.mutable_zero()->set_zero_init(false);
   const StepSizes plain = Sizes(model, config);
-  EXPECT_EQ(zero_init.block_saved - plain.block_saved, tokens * ((256 + 768) * w + 2 * (256 * 4 + 8 * (4 - w))));
+  EXPECT_EQ(zero_init.Block(1).saved - plain.Block(1).saved,
+            tokens * ((256 + 768) * w + 2 * (256 * 4 + 8 * (4 - w))));
   // Block 0 skips its attention norm (fp32 input and rstd).
-  EXPECT_EQ(plain.block0_saved_less, tokens * 256 * 4 + tokens * 4);
-  EXPECT_EQ(plain.block0_saved_mlp_less, 0);
+  EXPECT_EQ(plain.Block(1).saved - plain.Block(0).saved, tokens * 256 * 4 + tokens * 4);
+  EXPECT_EQ(plain.Block(1).saved_mlp - plain.Block(0).saved_mlp, 0);
   // With activation checkpointing transformers makes the embedding's output
   // require grad (enable_input_require_grads): block 0 keeps what the others keep.
   config.set_activation_checkpointing(true);
-  EXPECT_EQ(Sizes(model, config).block0_saved_less, 0);
+  const StepSizes checkpointed = Sizes(model, config);
+  EXPECT_EQ(checkpointed.Block(0).saved, checkpointed.Block(1).saved);
   config.set_activation_checkpointing(false);
   // Full fine-tuning keeps all of it, in every block alike.
   auto full = LoadPreset("debug-tiny");
   const StepSizes full_sizes = Sizes(*full, config);
-  EXPECT_GT(full_sizes.block_saved, plain.block_saved);
-  EXPECT_EQ(full_sizes.block0_saved_less, 0);
+  EXPECT_GT(full_sizes.Block(1).saved, plain.Block(1).saved);
+  EXPECT_EQ(full_sizes.block_kinds.size(), 1);
 }
 
 }  // namespace

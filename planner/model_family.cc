@@ -116,6 +116,22 @@ std::vector<ModelFamily> BuildFamilies() {
     families.push_back(f);
   }
   {
+    // Granite 4.0's dense language models: Granite's blocks and multipliers
+    // with the MLP's two input projections fused into one.
+    ModelFamily f = families.back();
+    f.model_type = "granitemoehybrid";
+    f.read_from = "models/granitemoehybrid/configuration_granitemoehybrid.py (GraniteMoeHybridConfig: layer_types, "
+                  "position_embedding_type, num_local_experts 8, shared_intermediate_size), "
+                  "modeling_granitemoehybrid.py (GraniteMoeHybridDecoderLayer without experts: shared_mlp only; "
+                  "GraniteMoeHybridMLP: input_linear [h -> 2f] chunked, act(first) x second, output_linear, no "
+                  "biases; GraniteMoeHybridAttention as Granite's)";
+    f.ffn_key = "shared_intermediate_size";
+    f.mlp_bias_key = "";
+    f.fused_gate_up = true;
+    f.granite_hybrid_layers = true;
+    families.push_back(f);
+  }
+  {
     // Mistral's blocks (no bias anywhere), with the projections fused, RoPE
     // joined by torch.cat, dropout before each residual add and a window.
     ModelFamily f = families[1];
@@ -241,6 +257,24 @@ std::vector<ModelFamily> BuildFamilies() {
     f.default_final_softcap = kGemma2FinalLogitSoftcap;
     f.supports_sdpa = false;
     families.push_back(f);
+  }
+  {
+    // Qwen3's attention layers (q_layernorm and k_layernorm per head, no
+    // biases) beside gated short-conv layers, SwiGLU, tied embeddings.
+    ModelFamily& f = families.emplace_back();
+    f.model_type = "lfm2";
+    f.read_from = "models/lfm2/configuration_lfm2.py (Lfm2Config: layer_types from full_attn_idxs, conv_L_cache, "
+                  "conv_bias, block_ff_dim, tie_embedding), modeling_lfm2.py (Lfm2MLP: block_auto_adjust_ff_dim; "
+                  "Lfm2ShortConv with causal_conv1d_fn's fallback; Lfm2Attention: q_layernorm, k_layernorm, no "
+                  "biases, no dropout; Lfm2DecoderLayer)";
+    f.ffn_key = "intermediate_size";
+    f.tie_word_embeddings = true;
+    f.norm = NORM_RMSNORM;
+    f.mlp = MlpKind::kGated;
+    f.default_activation = "silu";  // Lfm2MLP calls F.silu: no activation key
+    f.qk_norm = true;
+    f.position = POSITION_ROPE;
+    f.short_conv_layers = true;
   }
   {
     ModelFamily& f = families.emplace_back();

@@ -1,19 +1,21 @@
 // File: model_family.h
 // The transformers model types zplan plans, as data: one ModelFamily per
-// config.json model_type -- llama, mistral, qwen2, qwen3, granite, phi3,
-// olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit -- holding what that
+// config.json model_type -- llama, mistral, qwen2, qwen3, granite,
+// granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
+// smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
 // embedding, the dropout sites, the dtype of eager attention's softmax,
 // Granite's multipliers, Phi3's fused projections and sliding window, OLMo's
 // layer types, SmolLM3's layers without RoPE, GLM-4's partial interleaved
-// RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, and the transformers
-// source (5.23.0, planner/version.h) it was read from.
+// RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, LFM2's
+// short-conv layers, and the transformers source (5.23.0, planner/version.h)
+// it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
 //
-// Any other model_type (bert, lfm2, starcoder2, first-generation qwen, ...)
+// Any other model_type (bert, qwen3_5, starcoder2, first-generation qwen, ...)
 // is not supported: nothing here describes it. Planning it as one of these
 // families anyway is an unvalidated approximation; a plan that is one says so
 // in ModelSpec.unvalidated_approximation (ApproximationNote), which zplan and
@@ -22,9 +24,9 @@
 // Example:
 //   const ModelFamily* qwen2 = FindModelFamily("qwen2");
 //   qwen2->qkv_bias;                   // true: Qwen2Attention's q/k/v always have one
-//   FindModelFamily("lfm2");           // nullptr
-//   ApproximationNote("lfm2", "llama");
-//     // model_type "lfm2" planned as llama: an unvalidated approximation, nothing about "lfm2" was checked
+//   FindModelFamily("starcoder2");     // nullptr
+//   ApproximationNote("starcoder2", "llama");
+//     // model_type "starcoder2" planned as llama: an unvalidated approximation, nothing about "starcoder2" was checked
 #ifndef ZPLAN_PLANNER_MODEL_FAMILY_H_
 #define ZPLAN_PLANNER_MODEL_FAMILY_H_
 
@@ -144,6 +146,18 @@ struct ModelFamily {
   // _supports_sdpa is False (Gemma2: eager unless asked otherwise, and an
   // explicit "sdpa" raises).
   bool supports_sdpa = true;
+  // Lfm2Config's layers: layer_types of "full_attention" and "conv"
+  // (LAYER_CONV), by default full_attn_idxs' layers attend and the others
+  // convolve (every layer attends when neither is given), with conv_L_cache
+  // and conv_bias; and Lfm2MLP's width, adjusted from intermediate_size (or
+  // block_ff_dim) by block_auto_adjust_ff_dim, block_ffn_dim_multiplier and
+  // block_multiple_of.
+  bool short_conv_layers = false;
+  // GraniteMoeHybridConfig's layers, of which zplan plans the attention-only,
+  // dense ones: layer_types all "attention" (absent: every layer a Mamba-2
+  // layer), position_embedding_type "rope" (null: no positions at all) and
+  // num_local_experts 0 (absent: 8); anything else is refused by its key.
+  bool granite_hybrid_layers = false;
   // Config keys whose value, unless absent, null or false, builds what zplan
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
   // final_logit_softcapping).
@@ -156,7 +170,8 @@ const std::vector<ModelFamily>& ModelFamilies();
 // The entry for a model_type; nullptr when zplan has none.
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
-// "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit".
+// "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
+// lfm2, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

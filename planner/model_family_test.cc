@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -28,7 +28,7 @@ TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
     EXPECT_FALSE(f.ffn_key.empty()) << f.model_type;
     EXPECT_TRUE(FfnTypeFor(f, f.default_activation).has_value()) << f.model_type << ": its own default";
   }
-  for (const char* unsupported : {"qwen", "lfm2", "bert", "gemma", "phi", "starcoder2", "mixtral", ""}) {
+  for (const char* unsupported : {"qwen", "qwen3_5", "bert", "gemma", "phi", "starcoder2", "mixtral", ""}) {
     EXPECT_EQ(FindModelFamily(unsupported), nullptr) << unsupported;
   }
 }
@@ -106,6 +106,11 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_THAT(gemma3.unmodelled_keys, ElementsAre("use_bidirectional_attention"));
   EXPECT_EQ(gemma3.final_softcap_key, "final_logit_softcapping");
   EXPECT_TRUE(gemma3.attn_softcap_key.empty()) << "Gemma3Attention never passes it to the attention";
+  const ModelFamily& lfm2 = *FindModelFamily("lfm2");
+  EXPECT_TRUE(lfm2.short_conv_layers);
+  EXPECT_TRUE(lfm2.qk_norm) << "Lfm2Attention's q_layernorm and k_layernorm";
+  EXPECT_TRUE(lfm2.tie_word_embeddings);
+  EXPECT_TRUE(lfm2.activation_key.empty()) << "Lfm2MLP calls F.silu";
   const ModelFamily& gemma2 = *FindModelFamily("gemma2");
   EXPECT_FALSE(gemma2.supports_sdpa);
   EXPECT_FALSE(gemma2.qk_norm);
@@ -114,7 +119,8 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_DOUBLE_EQ(gemma2.default_final_softcap, 30.0);
   for (const ModelFamily& f : ModelFamilies()) {
     if (f.model_type == "gpt2" || f.model_type == "vit") continue;
-    EXPECT_EQ(f.attention_dropout.key, "attention_dropout") << f.model_type;
+    // Lfm2Attention passes dropout=0.0 whatever the config says.
+    EXPECT_EQ(f.attention_dropout.key, f.model_type == "lfm2" ? "" : "attention_dropout") << f.model_type;
     EXPECT_TRUE(f.embedding_dropout.key.empty()) << f.model_type;
     if (f.model_type != "phi3") {
       EXPECT_TRUE(f.residual_dropout.key.empty()) << f.model_type;

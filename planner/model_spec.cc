@@ -183,6 +183,105 @@ absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family,
       });
 }
 
+// Lfm2Config's layers and widths (ModelFamily::short_conv_layers): its
+// layer_types, or full_attn_idxs' layers attending and the rest convolving
+// (every layer attends when neither is given: Lfm2Config.__post_init__);
+// the conv's kernel and bias; block_ff_dim and tie_embedding, which the
+// config class takes for intermediate_size and tie_word_embeddings; and
+// Lfm2MLP's width: int(2/3 of it) x block_ffn_dim_multiplier, rounded up to
+// block_multiple_of, under block_auto_adjust_ff_dim.
+absl::Status ReadShortConvConfig(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+  constexpr int64_t kLfm2DefaultConvKernel = 3, kLfm2DefaultMultipleOf = 256;  // Lfm2Config's defaults
+  const int64_t layers = spec->num_layers();
+  std::vector<bool> attends(layers, true);
+  const google::protobuf::Value* indices = config.Find("full_attn_idxs");
+  if (indices != nullptr && !indices->has_null_value()) {
+    if (!indices->has_list_value()) return config.Error("full_attn_idxs", "expected a list of layer indices");
+    attends.assign(layers, false);
+    for (const google::protobuf::Value& v : indices->list_value().values()) {
+      const double i = v.has_number_value() ? v.number_value() : -1;
+      if (i < 0 || i >= layers || i != static_cast<int64_t>(i)) {
+        return config.Error("full_attn_idxs", absl::StrCat("expected layer indices below num_hidden_layers ", layers));
+      }
+      attends[static_cast<int64_t>(i)] = true;
+    }
+  }
+  spec->clear_layer_types();
+  ZPLAN_RETURN_IF_ERROR(ReadPerLayer(
+      config, "layer_types", "a list of \"full_attention\" or \"conv\", one per layer", family, layers,
+      [&](int64_t i) { spec->add_layer_types(attends[i] ? LAYER_FULL_ATTENTION : LAYER_CONV); },
+      [&](const google::protobuf::Value& v) {
+        const bool full = v.has_string_value() && v.string_value() == "full_attention";
+        const bool conv = v.has_string_value() && v.string_value() == "conv";
+        if (full || conv) spec->add_layer_types(full ? LAYER_FULL_ATTENTION : LAYER_CONV);
+        return full || conv;
+      }));
+  int64_t kernel = kLfm2DefaultConvKernel;
+  bool conv_bias = false, tied = spec->tie_word_embeddings();
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "conv_L_cache", &kernel));
+  if (kernel < 1) return config.Error("conv_L_cache", "must be a positive number of tokens");
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "conv_bias", &conv_bias));
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "tie_embedding", &tied));
+  spec->set_conv_kernel_size(kernel);
+  spec->set_conv_bias(conv_bias);
+  spec->set_tie_word_embeddings(tied);
+  int64_t ffn = spec->ffn_hidden_size(), multiple_of = kLfm2DefaultMultipleOf;
+  bool adjust = true;
+  std::optional<double> multiplier = 1.0;
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "block_ff_dim", &ffn));
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "block_auto_adjust_ff_dim", &adjust));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "block_multiple_of", &multiple_of));
+  if (const google::protobuf::Value* given = config.Find("block_ffn_dim_multiplier");
+      given != nullptr && given->has_null_value()) {
+    multiplier.reset();
+  } else {
+    double m = *multiplier;
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "block_ffn_dim_multiplier", &m));
+    multiplier = m;
+  }
+  if (adjust) {
+    if (multiple_of < 1) return config.Error("block_multiple_of", "must be a positive width");
+    ffn = 2 * ffn / 3;
+    if (multiplier) {
+      ffn = static_cast<int64_t>(*multiplier * ffn);
+      ffn = multiple_of * ((ffn + multiple_of - 1) / multiple_of);
+    }
+  }
+  spec->set_ffn_hidden_size(ffn);
+  return absl::OkStatus();
+}
+
+// GraniteMoeHybridConfig's keys (ModelFamily::granite_hybrid_layers): the
+// dense attention-only models are planned, the rest refused by the key.
+absl::Status ReadGraniteHybridLayers(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+  constexpr int64_t kDefaultLocalExperts = 8;  // GraniteMoeHybridConfig.num_local_experts
+  int64_t experts = kDefaultLocalExperts;
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_local_experts", &experts));
+  if (experts > 0) {
+    return config.Error("num_local_experts", absl::StrCat(experts, config.Find("num_local_experts") ? "" : " (absent)",
+                                                          ": mixture-of-experts models are not supported; plan a "
+                                                          "dense model (num_local_experts 0)"));
+  }
+  std::string positions;
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "position_embedding_type", &positions));
+  if (positions != "rope") {
+    return config.Error("position_embedding_type",
+                        absl::StrCat(positions.empty() ? "null (absent)" : QuoteInput(positions),
+                                     ": layers without positions are not modelled in granitemoehybrid; zplan plans "
+                                     "\"rope\""));
+  }
+  if (config.Find("layer_types") == nullptr || config.Find("layer_types")->has_null_value()) {
+    return config.Error("layer_types", "absent: every layer is a Mamba-2 layer (GraniteMoeHybridConfig), which is "
+                                       "not modelled; zplan plans layer_types of \"attention\"");
+  }
+  // Every layer alike: no layer types in the spec.
+  ZPLAN_RETURN_IF_ERROR(ReadPerLayer(
+      config, "layer_types", "a list of \"attention\", one per layer (Mamba-2 layers are not modelled)", family,
+      spec->num_layers(), [](int64_t) {},
+      [](const google::protobuf::Value& v) { return v.has_string_value() && v.string_value() == "attention"; }));
+  return absl::OkStatus();
+}
+
 // config.no_rope_layers (1: the layer applies RoPE), or the family's
 // pattern: none every no_rope_layer_interval layers.
 absl::Status ReadRopeLayers(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
@@ -262,6 +361,8 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   }
   if (family.full_attention_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadLayerTypes(config, family, spec));
   if (family.no_rope_layer_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadRopeLayers(config, family, spec));
+  if (family.short_conv_layers) ZPLAN_RETURN_IF_ERROR(ReadShortConvConfig(config, family, spec));
+  if (family.granite_hybrid_layers) ZPLAN_RETURN_IF_ERROR(ReadGraniteHybridLayers(config, family, spec));
   for (absl::string_view key : family.unmodelled_keys) {
     const google::protobuf::Value* given = config.Find(key);
     if (given == nullptr || given->has_null_value() || (given->has_bool_value() && !given->bool_value())) continue;
@@ -568,8 +669,12 @@ absl::StatusOr<ModelSpec> ModelSpecForParams(int64_t params) {
 
 std::vector<std::string> LoraTargetNames(const ModelSpec& spec) {
   std::vector<std::string> names;
-  for (const BlockOp& op : BlockLayout(spec)) {
-    for (const BlockLinear& linear : OpLinears(spec, op)) names.emplace_back(linear.name);
+  for (int layer = 0; layer < spec.num_layers(); ++layer) {
+    for (const BlockOp& op : BlockLayout(spec, layer)) {
+      for (const BlockLinear& linear : OpLinears(spec, op)) {
+        if (std::find(names.begin(), names.end(), linear.name) == names.end()) names.emplace_back(linear.name);
+      }
+    }
   }
   return names;
 }
@@ -752,8 +857,12 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
                                                    "; give one per layer, or none"));
   }
   for (int type : spec.layer_types()) {
-    if (type != LAYER_FULL_ATTENTION && type != LAYER_SLIDING_ATTENTION) {
+    if (type != LAYER_FULL_ATTENTION && type != LAYER_SLIDING_ATTENTION && type != LAYER_CONV) {
       return absl::InvalidArgumentError("model.layer_types: LAYER_TYPE_UNSPECIFIED; give each layer its type");
+    }
+    if (type == LAYER_CONV && spec.conv_kernel_size() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("model.conv_kernel_size: ", spec.conv_kernel_size(),
+                                                     " with LAYER_CONV layers; give the conv's kernel in tokens (>= 1)"));
     }
   }
   if (spec.norm_unit_offset() && !spec.norm_weight_in_fp32()) {

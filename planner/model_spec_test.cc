@@ -12,6 +12,7 @@
 namespace zplan {
 namespace {
 
+using ::testing::Each;
 using ::testing::ElementsAre;
 
 struct ExactCount {
@@ -311,6 +312,74 @@ TEST(ModelSpecTest, MistralSlidesEveryLayerUnlessItsWindowIsNull) {
   }
 }
 
+TEST(ModelSpecTest, Lfm2ReadsItsConvLayersAndAdjustsItsMlpWidth) {
+  const std::string shape = R"("model_type": "lfm2", "hidden_size": 64, "intermediate_size": 300,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  auto v = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "layer_types": ["conv", "full_attention", "conv",
+      "conv"]})"), "lfm2.json");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_THAT(v->layer_types(), ElementsAre(LAYER_CONV, LAYER_FULL_ATTENTION, LAYER_CONV, LAYER_CONV));
+  EXPECT_EQ(v->conv_kernel_size(), 3) << "Lfm2Config's conv_L_cache";
+  EXPECT_FALSE(v->conv_bias());
+  EXPECT_TRUE(v->tie_word_embeddings());
+  EXPECT_TRUE(v->qk_norm());
+  // Lfm2MLP: int(2 x 300 / 3) = 200, x 1.0, rounded up to a multiple of 256.
+  EXPECT_EQ(v->ffn_hidden_size(), 256);
+  // full_attn_idxs without layer_types; block_ff_dim and tie_embedding as the config class takes them;
+  // no auto-adjust: the width as given.
+  auto idxs = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "full_attn_idxs": [2], "block_ff_dim": 96,
+      "block_auto_adjust_ff_dim": false, "tie_embedding": false, "conv_L_cache": 4, "conv_bias": true})"),
+                                    "lfm2.json");
+  ASSERT_TRUE(idxs.ok()) << idxs.status();
+  EXPECT_THAT(idxs->layer_types(), ElementsAre(LAYER_CONV, LAYER_CONV, LAYER_FULL_ATTENTION, LAYER_CONV));
+  EXPECT_EQ(idxs->ffn_hidden_size(), 96);
+  EXPECT_FALSE(idxs->tie_word_embeddings());
+  EXPECT_EQ(idxs->conv_kernel_size(), 4);
+  EXPECT_TRUE(idxs->conv_bias());
+  // Neither: every layer attends (Lfm2Config.__post_init__). A multiplier of null skips the rounding.
+  auto plain = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "block_ffn_dim_multiplier": null})"), "lfm2.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT(plain->layer_types(), Each(LAYER_FULL_ATTENTION));
+  EXPECT_EQ(plain->ffn_hidden_size(), 200);
+  auto bad = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "layer_types": ["conv", "linear_attention", "conv",
+      "conv"]})"), "lfm2.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("lfm2.json: layer_types: \"linear_attention\" is not modelled in lfm2; give "
+                                        "a list of \"full_attention\" or \"conv\""),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(ModelSpecTest, GraniteMoeHybridPlansItsDenseAttentionModelsOnly) {
+  const std::string shape = R"("model_type": "granitemoehybrid", "hidden_size": 64, "shared_intermediate_size": 96,
+      "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 100, "residual_multiplier": 0.22, "logits_scaling": 8)";
+  const std::string dense = R"(, "layer_types": ["attention", "attention"], "position_embedding_type": "rope",
+      "num_local_experts": 0)";
+  auto v = ModelSpecFromHfConfig(absl::StrCat("{", shape, dense, "}"), "granite4.json");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->ffn_hidden_size(), 96) << "shared_mlp's width";
+  EXPECT_TRUE(v->fused_gate_up_projection()) << "input_linear [h -> 2f]";
+  EXPECT_FALSE(v->mlp_bias());
+  EXPECT_TRUE(v->layer_types().empty()) << "every layer attends";
+  EXPECT_DOUBLE_EQ(v->residual_multiplier(), 0.22);
+  EXPECT_DOUBLE_EQ(v->logits_scaling(), 8);
+  // What GraniteMoeHybridConfig builds beyond that is refused by its key.
+  for (const auto& [config, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"(, "layer_types": ["attention", "mamba"], "position_embedding_type": "rope", "num_local_experts": 0)",
+            "layer_types: \"mamba\" is not modelled in granitemoehybrid"},
+           {R"(, "position_embedding_type": "rope", "num_local_experts": 0)",
+            "layer_types: absent: every layer is a Mamba-2 layer"},
+           {R"(, "layer_types": ["attention", "attention"], "num_local_experts": 0)",
+            "position_embedding_type: null (absent): layers without positions are not modelled"},
+           {R"(, "layer_types": ["attention", "attention"], "position_embedding_type": "rope")",
+            "num_local_experts: 8 (absent): mixture-of-experts models are not supported"}}) {
+    auto refused = ModelSpecFromHfConfig(absl::StrCat("{", shape, config, "}"), "granite4.json");
+    ASSERT_FALSE(refused.ok()) << config;
+    EXPECT_NE(refused.status().message().find("granite4.json: " + message), std::string::npos) << refused.status();
+  }
+}
+
 TEST(ModelSpecTest, SmolLm3LeavesRopeOutOfEveryFourthLayer) {
   const std::string shape = R"("model_type": "smollm3", "hidden_size": 64, "intermediate_size": 128,
       "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
@@ -411,13 +480,13 @@ TEST(ModelSpecTest, RejectsMixtureOfExperts) {
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
 TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
-  for (const char* type : {"lfm2", "bert", "gemma", "phi", "qwen", "glm", "starcoder2"}) {
+  for (const char* type : {"qwen3_5", "bert", "gemma", "phi", "qwen", "glm", "starcoder2"}) {
     const absl::Status status = FromJson(absl::StrCat(R"({"model_type": ")", type, R"(", "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})"));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -449,7 +518,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"starcoder2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit)"),
+                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.

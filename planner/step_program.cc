@@ -274,14 +274,14 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 28 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 28 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 32 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 32 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
   // Period of the blocks' pattern: checkpointed blocks 0, k, 2k, ..., and
-  // the masked (sliding) layers' own, e.g. five sliding to one full.
-  const int period = std::lcm(s.checkpointing ? s.checkpoint_every : 1, s.masked_period);
+  // the block kinds' own, e.g. five sliding to one full.
+  const int period = std::lcm(s.checkpointing ? s.checkpoint_every : 1, s.block_period);
 
   // Resident state at the start of the step.
   r.Alloc(COMPONENT_PARAMS, s.params_resident, PHASE_INIT, -1, "parameters (resident)");
@@ -305,6 +305,18 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     }
   };
   partition_from(s.kBeforeForward(), PHASE_FORWARD);
+  // With optimizer offload, the largest fp64 copy of a gradient piece for
+  // its norm, at the reduction that makes it (StepSizes::offload_norm_copy).
+  const StepSizes::OffloadNormCopy& offload_norm = s.offload_norm_copy;
+  auto norm_copy = [&](int part, bool attention, bool widest, int layer) {
+    if (offload_norm.bytes == 0 || offload_norm.at != part || offload_norm.at_attention != attention ||
+        offload_norm.at_widest != widest) {
+      return;
+    }
+    const int copy = r.Alloc(COMPONENT_TEMPORARIES, offload_norm.bytes, PHASE_BACKWARD, layer,
+                             "fp64 copy of a gradient piece for its norm (optimizer offload)");
+    r.Free(copy, PHASE_BACKWARD, layer, "fp64 copy freed");
+  };
   // The IPG buckets at the backward's first gradient (StepSizes::ipg_from).
   auto buckets_at = [&](int part, bool attention, int layer, const char* what) {
     if (ipg < 0 && s.ipg_from == part && attention == (part >= 0 && s.ipg_at_attention)) {
@@ -331,15 +343,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     }
   }
   auto kept_of_block = [&](int i) {
-    return i >= s.gather_kept_from ? s.gather_kept_block : i == s.gather_kept_from - 1 ? s.gather_kept_partial : 0;
+    return i >= s.gather_kept_from ? s.Block(i).gather_kept : i == s.gather_kept_from - 1 ? s.gather_kept_partial : 0;
   };
-  // What block i saves, and of that its MLP half (block 0 may keep less).
-  auto saved_of = [&](int i) {
-    return s.block_saved - (i == 0 ? s.block0_saved_less : 0) + (s.Masked(i) ? s.masked_attn_saved_extra : 0);
-  };
-  // A masked layer's forward transients (StepSizes::masked_layers).
-  auto fwd_transient_of = [&](int i) { return s.block_fwd_transient + (s.Masked(i) ? s.masked_fwd_transient_extra : 0); };
-  auto saved_mlp_of = [&](int i) { return s.block_saved_mlp - (i == 0 ? s.block0_saved_mlp_less : 0); };
   // Per-block tensors: handle base + layer.
   auto per_block = [&] { return r.Handles(num_layers); };
   const int kept_gather = per_block(), forward_gather = per_block(), input = per_block(), copy = per_block(),
@@ -361,20 +366,19 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   const int last_checkpointed = last - last % period;
   const int spares_go = s.checkpoint_slots > 0 ? last_checkpointed : -1;
   const int p = s.grad_partition_from, q = s.ipg_from, kept_from = s.gather_kept_from;
-  // Block 0's own sizes (LoRA, dropout masks, the reused input) and the buffers made there.
-  const bool block0_differs = s.block0_saved_less != 0 || s.block0_saved_mlp_less != 0 ||
-                              s.block0_saved_input != s.block_saved_input ||
-                              s.block0_mlp_tail_saved != s.block_mlp_tail_saved ||
-                              s.block0_attn_tail_saved != s.block_attn_tail_saved || s.checkpoint_slots > 0;
+  // Block 0's own kind (LoRA, dropout masks, the reused input) and the buffers made there.
+  const bool block0_differs =
+      (num_layers > 1 && s.block_kind_of[0] != s.block_kind_of[std::min(period, last)]) || s.checkpoint_slots > 0;
   const int partly_kept = s.gather_kept_partial != 0 ? kept_from - 1 : -1;
   const int rope_late_at = s.rope_late_pair > 0 ? s.rope_late_pair_layer : -1;
+  const int norm_copy_at = s.offload_norm_copy.bytes > 0 ? s.offload_norm_copy.at : -1;
   r.Cuts(num_layers, period,
-         std::array<int, 11>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
-                             spares_go + 1, rope_late_at, rope_late_at + 1});
+         std::array<int, 13>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
+                             spares_go + 1, rope_late_at, rope_late_at + 1, norm_copy_at, norm_copy_at + 1});
   r.Blocks(/*forward=*/true, [&](int i) {
     r.Alloc(Ref{kept_gather, i}, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered (kept)");
-    r.Alloc(Ref{forward_gather, i}, COMPONENT_PARAMS, s.block_gather - kept_of_block(i), PHASE_FORWARD, i,
+    r.Alloc(Ref{forward_gather, i}, COMPONENT_PARAMS, s.Block(i).gather - kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered");
     if (s.Checkpointed(i)) {
       r.Alloc(Ref{input, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
@@ -393,8 +397,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
       r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
       r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
-      r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, s.block_nograd_peak + (s.Masked(i) ? s.masked_nograd_extra : 0),
-              PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, s.Block(i).nograd_peak, PHASE_FORWARD, i, "forward, layer #");
       r.Free(Ref{nograd, i}, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
       if (s.checkpoint_copy_on_device) {
         r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input released (its copy is kept)");
@@ -402,15 +405,15 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
         r.Free(Ref{input, i}, PHASE_FORWARD, i, "forward, layer #, checkpointed input to the host");
       }
     } else {
-      r.Alloc(Ref{saved_attn, i}, COMPONENT_ACTIVATIONS, saved_of(i) - saved_mlp_of(i) - s.AttnTailSaved(i),
-              PHASE_FORWARD, i, "forward, layer #");
-      r.Alloc(Ref{scores, i}, COMPONENT_TEMPORARIES, fwd_transient_of(i), PHASE_FORWARD, i, "forward, layer #");
+      const StepSizes::BlockKind& k = s.Block(i);
+      r.Alloc(Ref{saved_attn, i}, COMPONENT_ACTIVATIONS, k.saved - k.saved_mlp - k.attn_tail_saved, PHASE_FORWARD, i,
+              "forward, layer #");
+      r.Alloc(Ref{scores, i}, COMPONENT_TEMPORARIES, k.fwd_transient, PHASE_FORWARD, i, "forward, layer #");
       r.Free(Ref{scores, i}, PHASE_FORWARD, i, "forward, layer #, attention scores freed");
-      r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, s.AttnTailSaved(i), PHASE_FORWARD, i,
+      r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, k.attn_tail_saved, PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, k.saved_mlp - k.mlp_tail_saved, PHASE_FORWARD, i,
               "forward, layer #");
-      r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i) - s.MlpTailSaved(i), PHASE_FORWARD, i,
-              "forward, layer #");
-      r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, s.MlpTailSaved(i), PHASE_FORWARD, i, "forward, layer #");
+      r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, k.mlp_tail_saved, PHASE_FORWARD, i, "forward, layer #");
     }
     r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
   });
@@ -431,6 +434,20 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // released together after the step: those before the blocks, each
   // block's, those after.
   std::vector<int> kept_before_blocks, kept_after_blocks;
+  // ZeRO-1 with overlap_comm: gradients kept from their reduction to the
+  // epilogue (BlockKind::retained_mlp and the LM head's), freed there.
+  bool retains = s.retained_head > 0;
+  for (const StepSizes::BlockKind& k : s.block_kinds) retains = retains || k.retained_mlp > 0 || k.retained_attn > 0;
+  int head_retained = -1;
+  auto retain_head = [&] {
+    if (s.retained_head > 0) {
+      head_retained = r.Alloc(COMPONENT_GRADS, s.retained_head, PHASE_BACKWARD, -1,
+                              "backward, LM head weight gradient kept to the epilogue");
+    }
+  };
+  auto retain = [&](Ref block_handle, int64_t bytes, const char* what) {
+    if (retains) r.Alloc(block_handle, COMPONENT_GRADS, bytes, PHASE_BACKWARD, block_handle.layer, what);
+  };
   int act_grad = -1, head_grad = -1;
   if (s.has_head && s.fused_loss) {
     // Liger's fused linear cross-entropy: both gradients in the forward,
@@ -453,6 +470,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
     if (kept) kept_before_blocks.push_back(head_grad);
     if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
+    retain_head();
   } else if (s.has_head) {
     // The LM head (a tied one is the embedding, maybe still gathered) for
     // its forward; released after it unless kept for its backward.
@@ -525,6 +543,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     buckets_at(s.kHeadPart(), false, -1, "backward, LM head weight gradient");
     if (kept) kept_before_blocks.push_back(head_grad);
     if (!kept && !s.tied) r.Free(head_grad, PHASE_BACKWARD, -1, "LM head gradient into reduce bucket");
+    retain_head();
     r.Free(grad_logits, PHASE_BACKWARD, -1, "logits gradient freed");
     if (gather >= 0) r.Free(gather, PHASE_BACKWARD, -1, "LM head released");
   } else {
@@ -538,6 +557,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // gradient, not Liger's, measured to stay to the norm's end), then the
   // input's, through its fp32 temporaries.
   partition_from(s.num_layers, PHASE_BACKWARD);
+  norm_copy(s.num_layers, false, true, -1);
   const char* input_grad = "gradient of final norm input";
   const bool op_by_op = s.final_norm_bwd_transient > 0;
   int act_grad_in = op_by_op ? -1 : r.Alloc(COMPONENT_TEMPORARIES, s.act_grad, PHASE_BACKWARD, -1, input_grad);
@@ -563,20 +583,27 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
             mlp_transient = per_block(),
             mlp_transient_past_hooks = per_block(), mlp_weight_grad = per_block(), waiting = per_block(),
             kept_down = per_block(), kept_mlp_rest = per_block(), attn_transient = per_block(),
-            attn_weight_grad = per_block(), kept_attn = per_block();
+            attn_weight_grad = per_block(), kept_attn = per_block(), mlp_pre_norm = per_block(),
+            attn_pre_norm = per_block(), retained_mlp = per_block(), retained_attn = per_block();
   // A post-norm's backward, first in its half: its fp32 temporaries beside
   // everything the half saved.
   auto post_norm_backward = [&](Ref transient, const char* what) {
     r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_post_norm_bwd_transient, PHASE_BACKWARD, transient.layer, what);
     r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, post-norm temporaries freed");
   };
+  // A pre-norm's backward, last in its half: what it saved and its temporaries.
+  auto pre_norm_backward = [&](Ref transient, int64_t bytes, const char* what) {
+    r.Alloc(transient, COMPONENT_TEMPORARIES, bytes, PHASE_BACKWARD, transient.layer, what);
+    r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, norm done");
+  };
   r.Blocks(/*forward=*/false, [&](int i) {
     if (!s.grad_partition_at_attention && !s.grad_partition_at_down_proj_hook) partition_from(i, PHASE_BACKWARD);
     // A kept block is still gathered (DeepSpeed prefetches past it while
     // anything below is partitioned); another is gathered again.
     const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
-    const int64_t gather_bytes = i >= s.gather_kept_from ? (below ? s.block_gather - s.gather_kept_block : 0)
-                                                         : s.block_gather - kept_of_block(i);
+    const StepSizes::BlockKind& k = s.Block(i);
+    const int64_t gather_bytes = i >= s.gather_kept_from ? (below ? k.gather - k.gather_kept : 0)
+                                                         : k.gather - kept_of_block(i);
     r.Alloc(Ref{backward_gather, i}, COMPONENT_PARAMS, gather_bytes, PHASE_BACKWARD, i,
             "backward, layer #, parameters gathered");
     Ref attention_saved = attention_kept(i);
@@ -594,16 +621,16 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
         attention_saved = Ref{back, i};
       }
       r.Alloc(Ref{recomputed_attn, i}, COMPONENT_ACTIVATIONS,
-              saved_of(i) - saved_mlp_of(i) - s.AttnTailSaved(i) - s.RecomputeReusedInput(i), PHASE_BACKWARD, i,
+              k.saved - k.saved_mlp - k.attn_tail_saved - k.saved_input, PHASE_BACKWARD, i,
               "backward, layer #, recompute");
-      r.Alloc(Ref{recompute_scores, i}, COMPONENT_TEMPORARIES, fwd_transient_of(i), PHASE_BACKWARD, i,
+      r.Alloc(Ref{recompute_scores, i}, COMPONENT_TEMPORARIES, k.fwd_transient, PHASE_BACKWARD, i,
               "backward, layer #, recompute");
       r.Free(Ref{recompute_scores, i}, PHASE_BACKWARD, i, "backward, layer #, recompute scores freed");
-      r.Alloc(Ref{recomputed_attn_tail, i}, COMPONENT_ACTIVATIONS, s.AttnTailSaved(i), PHASE_BACKWARD, i,
+      r.Alloc(Ref{recomputed_attn_tail, i}, COMPONENT_ACTIVATIONS, k.attn_tail_saved, PHASE_BACKWARD, i,
               "backward, layer #, recompute");
-      r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, saved_mlp_of(i) - s.MlpTailSaved(i), PHASE_BACKWARD, i,
+      r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, k.saved_mlp - k.mlp_tail_saved, PHASE_BACKWARD, i,
               "backward, layer #, recomputed");
-      r.Alloc(Ref{recomputed_mlp_tail, i}, COMPONENT_ACTIVATIONS, s.MlpTailSaved(i), PHASE_BACKWARD, i,
+      r.Alloc(Ref{recomputed_mlp_tail, i}, COMPONENT_ACTIVATIONS, k.mlp_tail_saved, PHASE_BACKWARD, i,
               "backward, layer #, recomputed");
     }
     // MLP half: the ops after the MLP run their backward first (what they
@@ -614,6 +641,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     const char* mlp = "backward, layer #, MLP gradients";
     Ref transient{mlp_transient, i};
     r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    norm_copy(i, false, true, i);
     bool waits = false;
     buckets_at(i, false, i, mlp);
     if (kept) {
@@ -640,7 +668,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       }
     }
     r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, MLP activation gradients freed");
+    norm_copy(i, false, false, i);
     if (waits) r.Free(Ref{waiting, i}, PHASE_BACKWARD, i, "backward, layer #, down_proj weight gradient reduced");
+    retain(Ref{retained_mlp, i}, k.retained_mlp, "backward, layer #, MLP weight gradients kept to the epilogue");
     if (kept) {
       // The rest of the half's gradients, once down_proj's input gradient is freed.
       r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp);
@@ -649,6 +679,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    pre_norm_backward(Ref{mlp_pre_norm, i}, k.mlp_pre_norm_bwd, "backward, layer #, MLP norm");
     // Attention half: the ops after o_proj first, as in the MLP half.
     post_norm_backward(Ref{attn_post_norm, i}, "backward, layer #, attention post-norm");
     if (recompute) {
@@ -657,21 +688,24 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(Ref{saved_attn_tail, i}, PHASE_BACKWARD, i, "backward, layer #, attention output's ops done");
     if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
     const char* attention = "backward, layer #, attention gradients";
-    r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES,
-            s.block_bwd_attn_transient + (s.Masked(i) ? s.masked_bwd_attn_extra : 0), PHASE_BACKWARD, i, attention);
+    r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES, k.bwd_attn_transient, PHASE_BACKWARD, i, attention);
     buckets_at(i, true, i, attention);
+    norm_copy(i, true, true, i);
     if (kept) {
-      r.Alloc(Ref{kept_attn, i}, COMPONENT_GRADS, s.block_grads - s.block_grads_mlp, PHASE_BACKWARD, i, attention);
+      r.Alloc(Ref{kept_attn, i}, COMPONENT_GRADS, k.grads_attn, PHASE_BACKWARD, i, attention);
     } else {
-      r.Alloc(Ref{attn_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_attn_grad, PHASE_BACKWARD, i, attention);
+      r.Alloc(Ref{attn_weight_grad, i}, COMPONENT_TEMPORARIES, k.max_attn_grad, PHASE_BACKWARD, i, attention);
       r.Free(Ref{attn_weight_grad, i}, PHASE_BACKWARD, i,
              "backward, layer #, attention weight gradients into reduce bucket");
     }
     r.Free(Ref{attn_transient, i}, PHASE_BACKWARD, i, "backward, layer #, attention activation gradients freed");
+    norm_copy(i, true, false, i);
+    retain(Ref{retained_attn, i}, k.retained_attn, "backward, layer #, attention weight gradients kept to the epilogue");
     if (recompute) {
       r.Free(Ref{recomputed_attn, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed activations freed");
     }
     r.Free(attention_saved, PHASE_BACKWARD, i, "backward, layer #, attention activations freed");
+    pre_norm_backward(Ref{attn_pre_norm, i}, k.attn_pre_norm_bwd, "backward, layer #, attention norm");
     r.Free(Ref{backward_gather, i}, PHASE_BACKWARD, i, "backward, layer #, parameters released");
     r.Free(Ref{kept_gather, i}, PHASE_BACKWARD, i, "backward, layer #, kept parameters released");
     if (rope_to_backward && i == s.rope_late_pair_layer) {
@@ -685,6 +719,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // Embedding backward: the token embedding's and the learned positions'
   // gradients (a model without a vocabulary may still have positions).
   partition_from(-1, PHASE_BACKWARD);
+  norm_copy(-1, false, true, -1);
   buckets_at(-1, false, -1, "backward, embedding gradient");
   if (s.embed_backward) {
     const int gather = embed_kept >= 0 ? embed_kept
@@ -725,7 +760,10 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     // The epilogue, then the step on the partition (memory_model.h). Stage 1
     // without overlap_comm has moved its first gradients into the bucket by
     // the time the partition appears.
-    const bool moved_first = s.epilogue_moved_grads > 0;
+    // With optimizer offload the highest fp64 norm copy may come in the
+    // epilogue, once offload_norm_copy.gone_bytes of the gradients are gone.
+    const bool copy_in_epilogue = s.offload_norm_copy.bytes > 0 && s.offload_norm_copy.at == StepSizes::kAtEpilogue;
+    const bool moved_first = s.epilogue_moved_grads > 0 || copy_in_epilogue;
     const int64_t held = kept ? s.shards.trainable_elements * (s.mixed ? 2 : 4) : s.grads_resident;
     auto release = [&](bool into_bucket) {
       free_kept(PHASE_BACKWARD,
@@ -735,12 +773,28 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
                          : "accumulated gradients moved into the partition");
     };
     if (moved_first) release(true);
-    const int unmoved = r.Alloc(COMPONENT_GRADS, moved_first ? held - s.epilogue_moved_grads : 0, PHASE_BACKWARD, -1,
-                                "gradients not yet in the IPG bucket");
+    int unmoved = r.Alloc(COMPONENT_GRADS, moved_first ? held - s.epilogue_moved_grads : 0, PHASE_BACKWARD, -1,
+                          "gradients not yet in the IPG bucket");
     partition_from(StepSizes::kAtEpilogue, PHASE_BACKWARD);
+    if (copy_in_epilogue) {
+      r.Free(unmoved, PHASE_BACKWARD, -1, "gradients moved into the IPG bucket");
+      unmoved = r.Alloc(COMPONENT_GRADS, held - s.offload_norm_copy.gone_bytes, PHASE_BACKWARD, -1,
+                        "gradients not yet in the IPG bucket");
+    }
+    norm_copy(StepSizes::kAtEpilogue, false, false, -1);
     if (!moved_first) release(false);
     r.Free(unmoved, PHASE_BACKWARD, -1, "gradients moved into the partition");
     if (ipg >= 0) r.Free(ipg, PHASE_BACKWARD, -1, "IPG reduce buckets released");
+    if (retains) {
+      // _clear_param_grad_only, after the last bucket's reduction.
+      const char* cleared = "gradients kept past their reduction cleared";
+      if (head_retained >= 0) r.Free(head_retained, PHASE_BACKWARD, -1, cleared);
+      if (grouped) r.BeginGroup(num_layers, 0, -1);
+      for (int t = 0; t < (grouped ? 1 : num_layers); ++t) {
+        for (int base : {retained_mlp, retained_attn}) r.Free(Ref{base, last - t}, PHASE_BACKWARD, -1, cleared);
+      }
+      if (grouped) r.EndGroup();
+    }
     const int norm = r.Alloc(COMPONENT_TEMPORARIES, s.step_norm_copy, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp64 gradient copies for the norm");
     r.Free(norm, PHASE_OPTIMIZER_STEP, -1, "fp64 copy freed");

@@ -11,10 +11,9 @@
 #define ZPLAN_PLANNER_STEP_SIZES_H_
 
 #include <algorithm>
-#include <bitset>
 #include <cstdint>
+#include <vector>
 
-#include "planner/limits.h"
 #include "planner/sharding.h"
 
 namespace zplan {
@@ -121,72 +120,72 @@ struct StepSizes {
   bool ipg_at_attention = false;
   int kHeadPart() const { return num_layers + 1; }
 
-  // Per block.
-  int64_t block_saved = 0;           // tensors saved for backward, no checkpointing
-  int64_t block_saved_mlp = 0;       // of which the MLP half's (freed first in backward)
-  // With LoRA block 0's input does not require grad (the embedding is
-  // frozen), so it keeps this much less than the others (inventory.h), of
-  // which block0_saved_mlp_less in its MLP half.
-  int64_t block0_saved_less = 0;
-  int64_t block0_saved_mlp_less = 0;
-  // Of block_saved (block 0's), the block's input itself (IsBlockInputItself):
-  // a checkpointed block's recompute saves the input on the device (kept, or
-  // brought back from the host) and allocates this no second time.
-  int64_t block_saved_input = 0;
-  int64_t block0_saved_input = 0;
-  int64_t RecomputeReusedInput(int layer) const { return layer == 0 ? block0_saved_input : block_saved_input; }
+  // Per block. What may differ from layer to layer -- block 0, whose input
+  // needs no gradient with a frozen embedding (LoRA: it keeps less, inventory.h);
+  // a short conv where others attend (block_layout.h, LayerMixesByConv); a
+  // sliding layer past the window under SDPA (inventory.h, SdpaSlidingMaskAt:
+  // it keeps the additive mask and k and v repeated to every head); stage 3's
+  // gathers of blocks of other sizes -- is a BlockKind, one per distinct
+  // layer: Block(i).
+  struct BlockKind {
+    int64_t saved = 0;          // tensors saved for backward, no checkpointing
+    int64_t saved_mlp = 0;      // of which the MLP half's (freed first in backward)
+    // Of saved, the block's input itself (IsBlockInputItself): a
+    // checkpointed block's recompute saves the input on the device (kept, or
+    // brought back from the host) and allocates this no second time.
+    int64_t saved_input = 0;
+    // Of each half's saved tensors, what the ops after its output save: the
+    // residual dropout's mask, a post-norm's input and statistics
+    // (block_layout.h, InHalfTail). Their backward runs first in the half,
+    // so it is freed before the MLP's or attention's gradients.
+    int64_t mlp_tail_saved = 0;
+    int64_t attn_tail_saved = 0;
+    // Each half's pre-norm's backward (IsPreNormTensor), the half's last:
+    // what the norm saved beside transformers' RMSNorm backward temporaries
+    // (RmsNormBackwardTransientBytes), once the rest of the half's saved
+    // tensors are freed; 0 for LayerNorm (one kernel) or a norm without a backward.
+    int64_t mlp_pre_norm_bwd = 0;
+    int64_t attn_pre_norm_bwd = 0;
+    int64_t fwd_transient = 0;       // extra inside forward with grad
+    int64_t nograd_peak = 0;         // checkpointed forward: live intermediates
+    int64_t bwd_attn_transient = 0;  // the attention (or conv) half's backward temporaries
+    int64_t grads_attn = 0;          // that half's trainable parameters, working dtype
+    int64_t max_attn_grad = 0;       // its largest single parameter
+    int64_t gather = 0;              // stage 3: the gathered block + prefetch
+    int64_t gather_kept = 0;         // stage 3: its partitioned parameters, when kept whole
+    // ZeRO-1 with overlap_comm (zero_buckets.h, RankVariant): each half's
+    // gradients larger than a bucket and outside the rank's partition,
+    // kept from the half's backward to the epilogue.
+    int64_t retained_mlp = 0;
+    int64_t retained_attn = 0;
+  };
+  std::vector<BlockKind> block_kinds;  // the distinct ones
+  std::vector<int> block_kind_of;      // per layer, its index in block_kinds
+  const BlockKind& Block(int layer) const { return block_kinds[block_kind_of[layer]]; }
+  // The smallest p with Block(i) == Block(i + p) for every i >= 1 (block 0
+  // is cut apart when it differs).
+  int block_period = 1;
   int64_t block_input = 0;           // b·s·h in the working dtype
-  int64_t block_fwd_transient = 0;   // extra inside forward with grad
-  int64_t block_nograd_peak = 0;     // checkpointed forward: live intermediates
   int64_t block_bwd_mlp_transient = 0;   // MLP half's backward temporaries
   // Of those, the gradient of the MLP's output that ops after it made, alive
   // at a plain MLP's widest moment (inside down_proj's backward), gone once
   // down_proj's hooks run.
   int64_t block_mlp_output_grad = 0;
-  int64_t block_bwd_attn_transient = 0;  // attention half's
-  // Sliding layers past the window under SDPA (inventory.h,
-  // SdpaSlidingMaskAt): which (bit i: layer i), and what each keeps and makes
-  // beyond a block without the mask -- in its attention half the additive
-  // mask and k and v repeated to every head (saved); the unrepeated k and v,
-  // alive beside the copies until the attention module returns (forward);
-  // the copies and the mask under no_grad (a checkpointed forward); the
-  // repeated copies' gradients (backward).
-  std::bitset<kMaxLayers> masked_layers;
-  int64_t masked_attn_saved_extra = 0;
-  int64_t masked_fwd_transient_extra = 0;
-  int64_t masked_nograd_extra = 0;
-  int64_t masked_bwd_attn_extra = 0;
-  bool Masked(int layer) const { return masked_layers[layer]; }
-  int masked_period = 1;  // the smallest p with Masked(i) == Masked(i + p) for every i
-  int64_t block_grads = 0;           // all block parameters, working dtype
-  int64_t block_grads_mlp = 0;       // of which the MLP half's
+  int64_t block_grads_mlp = 0;       // the MLP half's trainable parameters, working dtype
   int64_t block_grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
-  int64_t block_max_mlp_grad = 0;    // largest single parameter of each half
-  int64_t block_max_attn_grad = 0;
+  int64_t block_max_mlp_grad = 0;    // largest single parameter of the MLP half
   // Stages 1/2 (reduced in the hooks): down_proj's weight gradient when it is
   // larger than a reduce bucket. Its hook comes after its bias's (autograd
   // finishes a linear's bias gradient first), and it waits, whole, for the
   // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
   // the activation's backward: the half's widest moment.
   int64_t block_down_weight_grad_waiting = 0;
-  // Of each half's saved tensors, what the ops after its output save
-  // (block0_: block 0's): the residual dropout's mask, a post-norm's input
-  // and statistics (block_layout.h, InHalfTail). Their backward runs first
-  // in the half, so it is freed before the MLP's or attention's gradients.
-  int64_t block_mlp_tail_saved = 0;
-  int64_t block0_mlp_tail_saved = 0;
-  int64_t block_attn_tail_saved = 0;
-  int64_t block0_attn_tail_saved = 0;
-  int64_t MlpTailSaved(int layer) const { return layer == 0 ? block0_mlp_tail_saved : block_mlp_tail_saved; }
-  int64_t AttnTailSaved(int layer) const { return layer == 0 ? block0_attn_tail_saved : block_attn_tail_saved; }
-  int64_t block_gather = 0;          // stage 3: gathered block + prefetch
   // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
   // keeps from their forward to their backward -- blocks gather_kept_from
-  // onwards whole (gather_kept_block bytes each) and gather_kept_partial bytes
-  // of the block before; the embedding through the whole step when
+  // onwards whole (Block(i).gather_kept bytes each) and gather_kept_partial
+  // bytes of the block before; the embedding through the whole step when
   // embed_kept; the LM head from its forward to its backward when head_kept.
   int gather_kept_from = 0;
-  int64_t gather_kept_block = 0;
   int64_t gather_kept_partial = 0;
   bool embed_kept = false;
   bool head_kept = false;
@@ -222,6 +221,7 @@ struct StepSizes {
   int64_t final_norm_bwd_transient = 0;
   int64_t block_post_norm_bwd_transient = 0;
   int64_t head_grad = 0;             // V·h (the tied embedding's, or lm_head's)
+  int64_t retained_head = 0;         // of that, kept to the epilogue (BlockKind::retained_mlp)
   int64_t embed_grad = 0;            // V·h: the embedding's contribution
   int64_t pos_grad = 0;              // learned positions
   int64_t embed_gather = 0;          // stage 3: the embedding (and learned positions) gathered
@@ -264,6 +264,23 @@ struct StepSizes {
   // partition flattened in the working dtype and upcast to fp32.
   int64_t step_norm_copy = 0;
   int64_t step_flat_grads = 0;       // the working-dtype flat copy (mixed precision)
+  // Stages 1/2 with optimizer offload, at the accumulation boundary: each
+  // parameter's piece of the partition copied to fp64 for its norm as its
+  // bucket is reduced (stage_1_and_2.py, copy_grads_in_partition ->
+  // set_norm_for_param_grad_in_gpu), one at a time: the highest, at the
+  // reduction that carries it (per rank: zero_buckets.h, RankVariant).
+  struct OffloadNormCopy {
+    int64_t bytes = 0;
+    int at = kAtEpilogue;       // the part, as grad_partition_from (kAtEpilogue: the epilogue's)
+    bool at_attention = false;  // in that block's attention half
+    bool at_widest = false;     // at the half's widest moment, else after it
+    int64_t gone_bytes = 0;     // in the epilogue: the kept gradients gone by then
+    bool operator==(const OffloadNormCopy& o) const {
+      return bytes == o.bytes && at == o.at && at_attention == o.at_attention && at_widest == o.at_widest &&
+             gone_bytes == o.gone_bytes;
+    }
+  };
+  OffloadNormCopy offload_norm_copy;
   int64_t step_fp32_grads = 0;
   // What the Adam implementation allocates beside the stepped fp32 tensor
   // (the flat partition, or one stage-3 sub-group).

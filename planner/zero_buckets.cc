@@ -25,17 +25,50 @@ struct PartitionStart {
   bool at_attention = false;       // a block's attention half
   bool at_down_proj_hook = false;  // StepSizes::grad_partition_at_down_proj_hook
 };
+// With optimizer offload, the reduction whose fp64 norm copy of a rank's
+// piece of one parameter stands highest (StepSizes::OffloadNormCopy, bytes
+// 8 an element): in the hooks, at parameter `at`'s hook (as PartitionStart,
+// unshifted); in the stage-1 epilogue, once `gone_bytes` of the kept
+// gradients are gone.
+// Each rank's largest piece among the reductions noted, with its moment.
+class LargestPieces {
+ public:
+  LargestPieces(const std::vector<TensorSpec>& params, int64_t world) : begin_(params.size() + 1, 0), by_rank_(world) {
+    for (size_t j = 0; j < params.size(); ++j) begin_[j + 1] = begin_[j] + NumElements(params[j]);
+    shard_ = FlatShardElements(begin_.back(), world);
+  }
+  // A reduction of the bucket holding parameters [lo, hi] (seen by `rank` alone when >= 0).
+  void Note(int lo, int hi, const StepSizes::OffloadNormCopy& moment, int64_t rank = -1) {
+    for (int64_t r = 0; r < static_cast<int64_t>(by_rank_.size()); ++r) {
+      if (rank >= 0 && r != rank) continue;
+      for (int j = lo; j <= hi; ++j) {
+        const int64_t copy = (std::min(begin_[j + 1], (r + 1) * shard_) - std::max(begin_[j], r * shard_)) * 8;
+        const StepSizes::OffloadNormCopy& best = by_rank_[r];
+        // The highest moment: the copy (get_norm_dtype(): fp64) less what is gone by then.
+        if (copy > 0 && (best.bytes == 0 || copy - moment.gone_bytes > best.bytes - best.gone_bytes)) {
+          by_rank_[r] = moment;
+          by_rank_[r].bytes = copy;
+        }
+      }
+    }
+  }
+  const std::vector<StepSizes::OffloadNormCopy>& by_rank() const { return by_rank_; }
+
+ private:
+  std::vector<int64_t> begin_;  // each parameter's flat offset
+  int64_t shard_ = 0;
+  std::vector<StepSizes::OffloadNormCopy> by_rank_;
+};
 std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<BlockOp>& layout,
                                                      const std::vector<TensorSpec>& params,
                                                      const std::vector<FlatPartition>& partitions, int num_layers,
-                                                     int64_t bucket_elements, bool gelu_mlp) {
+                                                     int64_t bucket_elements, bool gelu_mlp,
+                                                     LargestPieces* largest = nullptr) {
   std::vector<PartitionStart> from(partitions.size());
   std::vector<bool> seen(partitions.size(), false);
-  // A reduction of the bucket holding parameters [lo, hi] at parameter i's
-  // hook. The step program's moment of an attention half is its first
-  // gradient's (the widest point), so a partition made at a later hook of
-  // the half counts from the next half; an MLP half's comes after
-  // down_proj's hooks (BlockBackwardTransientBytes), which count for it.
+  auto note_pieces = [&](int lo, int hi, const StepSizes::OffloadNormCopy& moment) {
+    if (largest != nullptr) largest->Note(lo, hi, moment);
+  };
   auto reduce = [&](int lo, int hi, int i) {
     const TensorSpec& t = params[i];
     PartitionStart start;
@@ -45,6 +78,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<BlockOp>&
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
                                InMlpHalf(layout, params[i + 1]) != InMlpHalf(layout, t);
     const bool before_moment = first_of_half || IsDownProjTensor(layout, t);
+    note_pieces(lo, hi, StepSizes::OffloadNormCopy{0, start.part, start.at_attention, before_moment || t.layer() < 0});
     if (t.layer() >= 0 && !before_moment) {
       if (!start.at_attention) {
         start.at_attention = true;
@@ -72,7 +106,39 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<BlockOp>&
     }
     fill += numel;
   }
+  note_pieces(0, hi, StepSizes::OffloadNormCopy{});
   return from;  // the rest: at the epilogue
+}
+
+// The stage-1 epilogue (reduce_gradients): the kept gradients go into the
+// bucket in parameter order, a small one moved into it (a view of it from
+// then on), one larger than the bucket reduced alone; a gradient that would
+// overflow the bucket reduces it first, and with offload each gradient of
+// a reduced bucket in the rank's partition is cleared once copied
+// (copy_grads_in_partition, clear_grad_attribute); one outside it, larger
+// than the bucket, stays to the end. What is gone at each reduction: the
+// small gradients so far, and the rank's own ones before the bucket.
+void NoteEpilogueReductions(const std::vector<TensorSpec>& params, const std::vector<FlatPartition>& partitions,
+                            int64_t bucket_elements, int64_t w, LargestPieces* largest) {
+  for (int64_t r = 0; r < static_cast<int64_t>(partitions.size()); ++r) {
+    auto owned = [&](int j) { return j >= partitions[r].first_param && j <= partitions[r].last_param; };
+    int64_t fill = 0, gone = 0, in_bucket = 0;
+    int lo = 0;
+    for (int i = 0; i <= static_cast<int>(params.size()); ++i) {
+      const bool end = i == static_cast<int>(params.size());
+      const int64_t numel = end ? 0 : NumElements(params[i]);
+      if (fill > 0 && (end || fill + numel > bucket_elements)) {
+        largest->Note(lo, i - 1, StepSizes::OffloadNormCopy{0, StepSizes::kAtEpilogue, false, false, gone + in_bucket}, r);
+        for (int j = lo; j < i; ++j) {
+          if (owned(j) || NumElements(params[j]) <= bucket_elements) gone += NumElements(params[j]) * w;
+        }
+        lo = i;
+        fill = in_bucket = 0;
+      }
+      fill += numel;
+      if (numel <= bucket_elements) in_bucket += numel * w;
+    }
+  }
 }
 
 }  // namespace
@@ -116,9 +182,37 @@ void SizeReduceBuckets(const ZeroSizingInputs& in, StepSizes* sizes) {
                      ? s.kHeadPart()
                  : absl::StartsWith(first.name(), "final_norm") ? s.num_layers
                                                                 : -1;
-    s.ipg_at_attention = first.layer() >= 0 && !InMlpHalf(BlockLayout(in.model), first);
+    s.ipg_at_attention = first.layer() >= 0 && !InMlpHalf(BlockLayout(in.model, first.layer()), first);
   }
 }
+
+namespace {
+
+// ZeRO-1 with overlap_comm reduces in the hooks but clears no gradient
+// there (stage_1_and_2.py, reduce_ipg_grads: `else:  # zero stage 1`): one
+// in the rank's partition becomes a view into it (copy_grads_in_partition),
+// one no larger than a bucket a view into the IPG bucket, and one larger than
+// a bucket, outside the partition, stays whole until the epilogue clears it
+// (independent_gradient_partition_epilogue, _clear_param_grad_only).
+void RetainOversizedGradients(const ZeroSizingInputs& in, const FlatPartition& partition, int num_layers,
+                              RankVariant* v) {
+  v->retained_mlp.assign(num_layers, 0);
+  v->retained_attn.assign(num_layers, 0);
+  const std::vector<BlockOp> layout = BlockLayout(in.model, 0);  // the MLP half is alike in every layer
+  for (int i = 0; i < static_cast<int>(in.trainable.size()); ++i) {
+    const TensorSpec& t = in.trainable[i];
+    const bool owned = i >= partition.first_param && i <= partition.last_param;
+    if (owned || NumElements(t) <= in.config.zero().reduce_bucket_elements()) continue;
+    const int64_t bytes = NumElements(t) * in.w;
+    if (t.layer() >= 0) {
+      (InMlpHalf(layout, t) ? v->retained_mlp : v->retained_attn)[t.layer()] += bytes;
+    } else if (absl::StartsWith(t.name(), "lm_head")) {
+      v->retained_head += bytes;
+    }
+  }
+}
+
+}  // namespace
 
 void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vector<RankVariant>* variants_out,
                         std::vector<int>* rank_variant_out) {
@@ -130,20 +224,24 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
   const int64_t w = in.w;
   const bool stage1_epilogue = in.stage1_epilogue;
   const bool host_accumulation = s.stage == 2 && s.offload_optimizer && s.grad_accum > 1;
-  if (((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) || host_accumulation) {
+  if ((s.stage == 1 || s.stage == 2) && s.offload_optimizer) {
+    // At the boundary each parameter's piece of the partition is copied to
+    // fp64 for its norm as its bucket is reduced (copy_grads_in_partition ->
+    // set_norm_for_param_grad_in_gpu: accumulated_grad...to(get_norm_dtype()).norm(2)),
+    // then upcast to fp32 for the host (4 bytes an element, less): the
+    // largest piece's copy, at its reduction (stage 1: the epilogue's).
     const std::vector<FlatPartition> partitions = FlatPartitionsByRank(trainable, s.world_size);
-    std::vector<PartitionStart> from(partitions.size());
-    if (s.stage == 2 && s.grad_accum > 1) {
-      from.assign(partitions.size(), PartitionStart{s.kBeforeForward()});
-    } else if (stage1_epilogue) {
-      from.assign(partitions.size(), PartitionStart{StepSizes::kAtEpilogue});
+    LargestPieces largest(trainable, s.world_size);
+    if (stage1_epilogue) {
+      NoteEpilogueReductions(trainable, partitions, zero.reduce_bucket_elements(), w, &largest);
     } else {
-      // Every down_proj keeps its input unless LoRA freezes it.
-      from = FirstReductionPartByRank(BlockLayout(model), trainable, partitions, s.num_layers,
-                                      zero.reduce_bucket_elements(), model.ffn_type() == FFN_GELU && !model.has_lora());
+      FirstReductionPartByRank(BlockLayout(model, 0), trainable, partitions, s.num_layers,
+                               zero.reduce_bucket_elements(), false, &largest);
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
       RankVariant v;
+      v.offload_norm_copy = largest.by_rank()[r];
+      if (s.stage == 1 && zero.overlap_comm()) RetainOversizedGradients(in, partitions[r], s.num_layers, &v);
       if (host_accumulation) {
         // One host buffer per parameter, pinned as its own block (memory_model.h).
         for (int i = partitions[r].first_param; i >= 0 && i <= partitions[r].last_param; ++i) {
@@ -151,13 +249,32 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
           v.host_grad_accumulation += bytes;
           if (s.pin_memory && !s.cpu_ranks) v.host_grad_accumulation_pinned += RoundUpToPowerOfTwo(bytes);
         }
-      } else {
-        v.grad_partition = partitions[r].params_elements * w;
-        v.grad_partition_from = from[r].part;
-        v.grad_partition_at_attention = from[r].at_attention;
-        v.grad_partition_at_down_proj_hook = from[r].at_down_proj_hook;
-        v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
       }
+      auto it = std::find(variants.begin(), variants.end(), v);
+      rank_variant.push_back(static_cast<int>(it - variants.begin()));
+      if (it == variants.end()) variants.push_back(v);
+    }
+  } else if ((s.stage == 1 || s.stage == 2) && !s.offload_optimizer) {
+    const std::vector<FlatPartition> partitions = FlatPartitionsByRank(trainable, s.world_size);
+    std::vector<PartitionStart> from(partitions.size());
+    if (s.stage == 2 && s.grad_accum > 1) {
+      from.assign(partitions.size(), PartitionStart{s.kBeforeForward()});
+    } else if (stage1_epilogue) {
+      from.assign(partitions.size(), PartitionStart{StepSizes::kAtEpilogue});
+    } else {
+      // Every down_proj keeps its input unless LoRA freezes it. The MLP half,
+      // all FirstReductionPartByRank reads of a layout, is alike in every layer.
+      from = FirstReductionPartByRank(BlockLayout(model, 0), trainable, partitions, s.num_layers,
+                                      zero.reduce_bucket_elements(), model.ffn_type() == FFN_GELU && !model.has_lora());
+    }
+    for (size_t r = 0; r < partitions.size(); ++r) {
+      RankVariant v;
+      v.grad_partition = partitions[r].params_elements * w;
+      v.grad_partition_from = from[r].part;
+      v.grad_partition_at_attention = from[r].at_attention;
+      v.grad_partition_at_down_proj_hook = from[r].at_down_proj_hook;
+      v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
+      if (s.stage == 1 && zero.overlap_comm()) RetainOversizedGradients(in, partitions[r], s.num_layers, &v);
       auto it = std::find(variants.begin(), variants.end(), v);
       rank_variant.push_back(static_cast<int>(it - variants.begin()));
       if (it == variants.end()) variants.push_back(v);

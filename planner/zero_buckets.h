@@ -33,12 +33,19 @@ struct RankVariant {
   int64_t step_norm_copy = 0;
   int64_t host_grad_accumulation = 0;
   int64_t host_grad_accumulation_pinned = 0;
+  // ZeRO-1 with overlap_comm (StepSizes::BlockKind::retained_mlp): per
+  // layer, the gradients of each half kept to the epilogue; the LM head's.
+  std::vector<int64_t> retained_mlp, retained_attn;
+  int64_t retained_head = 0;
+  StepSizes::OffloadNormCopy offload_norm_copy;  // optimizer offload
   bool operator==(const RankVariant& o) const {
     return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
            grad_partition_at_attention == o.grad_partition_at_attention &&
            grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook &&
            step_norm_copy == o.step_norm_copy && host_grad_accumulation == o.host_grad_accumulation &&
-           host_grad_accumulation_pinned == o.host_grad_accumulation_pinned;
+           host_grad_accumulation_pinned == o.host_grad_accumulation_pinned && retained_mlp == o.retained_mlp &&
+           retained_attn == o.retained_attn && retained_head == o.retained_head &&
+           offload_norm_copy == o.offload_norm_copy;
   }
 };
 

@@ -6,8 +6,8 @@
 
 namespace zplan {
 
-void SizeStage3Gathers(const ZeroSizingInputs& in, const std::vector<TensorSpec>& block_params,
-                       const SavePolicy& saves, StepSizes* sizes) {
+void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stage3BlockGathers* blocks,
+                       StepSizes* sizes) {
   StepSizes& s = *sizes;
   const ModelSpec& model = in.model;
   const ZeroConfig& zero = in.config.zero();
@@ -17,24 +17,33 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const std::vector<TensorSpec>
   const int64_t vocab = model.vocab_size();
   const bool gathers = GathersParameters(s.stage, s.world_size, s.offload_param, s.cpu_ranks);
   // Blocks: the gathered block, its prefetch and what stays gathered.
-  if (gathers) {
-    int64_t partitioned = 0;
-    for (const TensorSpec& t : block_params) {
-      if (NumElements(t) > zero.stage3_param_persistence_threshold()) partitioned += NumElements(t);
+  if (gathers && s.num_layers > 0) {
+    auto partitioned = [&](const TensorSpec& t) { return NumElements(t) > zero.stage3_param_persistence_threshold(); };
+    std::vector<std::vector<const TensorSpec*>> of_layer(s.num_layers);
+    std::vector<int64_t> partitioned_elements(s.num_layers, 0);
+    for (const TensorSpec& t : params) {
+      if (t.layer() < 0) continue;
+      of_layer[t.layer()].push_back(&t);
+      if (partitioned(t)) partitioned_elements[t.layer()] += NumElements(t);
     }
-    // The block being computed plus the next one's parameters prefetched in
-    // order while fewer than min(prefetch bucket, live cap - gathered) are
-    // in flight (DeepSpeed's PartitionedParameterCoordinator; the parameter
-    // that crosses the limit is included).
-    const int64_t limit = std::min(zero.stage3_prefetch_bucket_elements(),
-                                   zero.stage3_max_live_parameters() - partitioned);
-    int64_t prefetched = 0;
-    for (const TensorSpec& t : block_params) {
-      if (prefetched >= limit) break;
-      if (NumElements(t) > zero.stage3_param_persistence_threshold()) prefetched += NumElements(t);
+    blocks->gather.assign(s.num_layers, 0);
+    blocks->kept.assign(s.num_layers, 0);
+    for (int i = 0; i < s.num_layers; ++i) {
+      // The block being computed plus the next one's parameters prefetched in
+      // order while fewer than min(prefetch bucket, live cap - gathered) are
+      // in flight (DeepSpeed's PartitionedParameterCoordinator; the parameter
+      // that crosses the limit is included); the last block's prefetch is
+      // planned as a block like itself.
+      const int64_t limit = std::min(zero.stage3_prefetch_bucket_elements(),
+                                     zero.stage3_max_live_parameters() - partitioned_elements[i]);
+      int64_t prefetched = 0;
+      for (const TensorSpec* t : of_layer[std::min(i + 1, s.num_layers - 1)]) {
+        if (prefetched >= limit) break;
+        if (partitioned(*t)) prefetched += NumElements(*t);
+      }
+      blocks->gather[i] = (partitioned_elements[i] + prefetched) * w;
+      blocks->kept[i] = partitioned_elements[i] * w;
     }
-    s.block_gather = (partitioned + prefetched) * w;
-    s.gather_kept_block = partitioned * w;
     // Kept parameters (sharding.h): the later the block, the nearer its
     // backward, so blocks from some index on are kept whole (the step
     // program's groups rely on it; the simulator test checks it).
@@ -44,12 +53,10 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const std::vector<TensorSpec>
     std::vector<int64_t> kept(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
       const TensorSpec& t = params[j];
-      if (t.layer() >= 0 && retention.kept_after_forward[j] && NumElements(t) > zero.stage3_param_persistence_threshold()) {
-        kept[t.layer()] += NumElements(t) * w;
-      }
+      if (t.layer() >= 0 && retention.kept_after_forward[j] && partitioned(t)) kept[t.layer()] += NumElements(t) * w;
     }
     int from = s.num_layers;
-    while (from > 0 && kept[from - 1] == s.gather_kept_block) --from;
+    while (from > 0 && kept[from - 1] == blocks->kept[from - 1]) --from;
     s.gather_kept_from = from;
     s.gather_kept_partial = from > 0 ? kept[from - 1] : 0;
     s.embed_kept = retention.embedding_kept;

@@ -9,7 +9,8 @@
 // stage 3 or on one rank; never fails.
 //
 // Example:
-//   SizeStage3Gathers(in, BlockParameters(model, 0), SavePolicyFor(config), &sizes);
+//   Stage3BlockGathers blocks;
+//   SizeStage3Gathers(in, SavePolicyFor(config), &blocks, &sizes);
 #ifndef ZPLAN_PLANNER_ZERO_GATHER_H_
 #define ZPLAN_PLANNER_ZERO_GATHER_H_
 
@@ -21,11 +22,19 @@
 
 namespace zplan {
 
-// block_gather, gather_kept_from / _block / _partial, embed_kept, head_kept,
-// embed_gather and head_gather. `block_params` are one block's parameters
-// (BlockParameters(model, 0)); `saves` what autograd keeps (SavePolicyFor).
-void SizeStage3Gathers(const ZeroSizingInputs& in, const std::vector<TensorSpec>& block_params,
-                       const SavePolicy& saves, StepSizes* sizes);
+// Per layer (bytes; empty below stage 3): what is gathered while the block
+// computes -- its partitioned parameters and the next block's prefetched --
+// and its partitioned parameters alone, what is kept when it is kept whole
+// (StepSizes::BlockKind's gather and gather_kept).
+struct Stage3BlockGathers {
+  std::vector<int64_t> gather;
+  std::vector<int64_t> kept;
+};
+
+// `blocks`, and gather_kept_from / _partial, embed_kept, head_kept,
+// embed_gather and head_gather; `saves` is what autograd keeps (SavePolicyFor).
+void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stage3BlockGathers* blocks,
+                       StepSizes* sizes);
 
 }  // namespace zplan
 

@@ -612,14 +612,14 @@ TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximat
   ZplanOptions o;
   o.seq = "256";
   o.zero_stage = "2";
-  for (const std::string type : {"lfm2", "bert", "starcoder2"}) {
+  for (const std::string type : {"qwen3_5", "bert", "starcoder2"}) {
     o.hf_config = TempPath(type + ".json");
     ASSERT_TRUE(WriteFileAtomically(o.hf_config, SmallConfig(type)).ok());
     o.out = TempPath(type + ".pb");
     const absl::Status status = RunCapture(o);
     EXPECT_EQ(ExitCodeFor(status), kExitBadInput) << status;
     EXPECT_NE(status.message().find("model_type: \"" + type + "\" is not supported; zplan plans llama, mistral, "
-                                    "qwen2, qwen3, granite, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gpt2, vit. Planning it as one of those is an unvalidated "
+                                    "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit. Planning it as one of those is an unvalidated "
                                     "approximation: to accept that, add --approximate-as FAMILY"),
               std::string::npos)
         << status;

@@ -58,6 +58,8 @@ const std::vector<std::string> kGemma3 = {"--hf-config", "configs/hf/tiny/gemma3
 // transformers' Gemma2ForCausalLM (tied, eager only): Gemma 3's blocks without q/k norms, the attention
 // scores and the logits softcapped, one sliding layer to one full past a 64-token window.
 const std::vector<std::string> kGemma2 = {"--hf-config", "configs/hf/tiny/gemma2.json"};
+const std::vector<std::string> kLfm2 = {"--hf-config", "configs/hf/tiny/lfm2.json"};
+const std::vector<std::string> kGraniteHybrid = {"--hf-config", "configs/hf/tiny/granitemoehybrid.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -305,6 +307,12 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("tiny-z2-bf16-w2-ckpt-every3-offload-b4-s512", kTiny, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "3", "--checkpoint-offload", "true", "--micro-batch", "4", "--seq", "512"}),
       Case("vit-wide-z1-fp32-w2-ckpt-every2", kVitWide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "2"}),
       Case("vit-z0-bf16-w1-b4", kVit, {"--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "4"}),
+      // ZeRO-1 with optimizer offload in a model whose parameters outweigh its activations: the epilogue's fp64
+      // norm copy of each piece of the rank's partition, its own gradients cleared as it goes.
+      Case("llama-heavy-z1-bf16-w2-offload-s32", {"--hf-config", "configs/hf/tiny/llama-heavy.json"}, {"--ds-config", "configs/ds/buckets_2e5_no_overlap.json", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--micro-batch", "1", "--seq", "32"}),
+      // ZeRO-1 with overlap_comm keeps the gradients larger than a bucket outside the rank's partition to the
+      // epilogue (fc1, fc2 and the projections at 5e4-element buckets).
+      Case("vit-wide-z1-fp32-w2-ckpt-eager-overlap-5e4", kVitWide, {"--ds-config", "configs/ds/overlap_5e4_buckets.json", "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2"}),
       Case("vit-wide-z1-fp16-w2-ckpt-eager-b4", kVitWide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp16", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "4"}),
       Case("vit-wide-z2-bf16-w2-eager", kVitWide, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2"}),
       Case("vit-wide-z3-fp32-w2-offload-both", kVitWide, {"--ds-config", ds, "--zero-stage", "3", "--precision", "fp32", "--gpus", "2", "--offload-optimizer", "cpu", "--offload-param", "cpu", "--micro-batch", "2"}),
@@ -323,6 +331,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen3-z1-bf16-w2-ds-ckpt-partitioned-every2", kQwen3, {"--ds-config", "configs/ds/checkpoint_partitioned_cpu.json", "--checkpoint-function", "deepspeed", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--checkpoint-every", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("granite-z2-bf16-w2-ckpt", kGranite, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("granite-z3-bf16-w2", kGranite, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
+      Case("granitemoehybrid-z2-bf16-w2-ckpt", kGraniteHybrid, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("granitemoehybrid-z3-bf16-w2", kGraniteHybrid, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("phi3-z2-bf16-w2-ckpt", kPhi3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("phi3-z3-bf16-w2", kPhi3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("olmo2-z2-bf16-w2-ckpt", kOlmo2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
@@ -337,6 +347,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("gemma3-z3-bf16-w2", kGemma3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("gemma2-z2-bf16-w2-ckpt-eager", kGemma2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("gemma2-z3-bf16-w2-eager", kGemma2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("lfm2-z2-bf16-w2-ckpt", kLfm2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("lfm2-z3-bf16-w2", kLfm2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("olmo3-wide-z1-fp32-w2-eager", kOlmo3Wide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
   };
 }
@@ -425,6 +437,7 @@ constexpr char kSmall3[] =
     "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 200000, "
     "\"stage3_param_persistence_threshold\": 10000";
 constexpr char kOverlap[] = "\"overlap_comm\": true";
+constexpr char kBuckets5e4[] = "\"reduce_bucket_size\": 50000, \"allgather_bucket_size\": 50000";
 constexpr char kTorchAdamW[] = "\"torch_adam\": true";
 constexpr char kForeach[] = "\"torch_adam\": true, \"foreach\": true";
 constexpr char kFused[] = "\"torch_adam\": true, \"fused\": true";
@@ -447,11 +460,15 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     smollm3_wide = "configs/hf/tiny/smollm3-wide.json", glm4 = "configs/hf/tiny/glm4.json",
                     glm4_wide = "configs/hf/tiny/glm4-wide.json", phi3_partial = "configs/hf/tiny/phi3-partial.json",
                     gemma3 = "configs/hf/tiny/gemma3.json", gemma3_wide = "configs/hf/tiny/gemma3-wide.json",
-                    gemma2 = "configs/hf/tiny/gemma2.json", gemma2_wide = "configs/hf/tiny/gemma2-wide.json";
+                    gemma2 = "configs/hf/tiny/gemma2.json", gemma2_wide = "configs/hf/tiny/gemma2-wide.json",
+                    lfm2 = "configs/hf/tiny/lfm2.json", lfm2_wide = "configs/hf/tiny/lfm2-wide.json",
+                    granite_hybrid = "configs/hf/tiny/granitemoehybrid.json",
+                    granite_hybrid_wide = "configs/hf/tiny/granitemoehybrid-wide.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
   // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
   // hidden and attention dropout.
   const std::string vit = "configs/hf/tiny/vit.json", vit_wide = "configs/hf/tiny/vit-wide.json";
+  const std::string llama_heavy = "configs/hf/tiny/llama-heavy.json";  // its parameters outweigh its activations
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -604,11 +621,28 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithCheckpointing(DeepSpeedCase("vit-z1-fp32-ckpt-every2-overlap", vit_wide,
                                       DsConfig(1, "fp32", 2, 1, "", With({kSmall, kOverlap})), 2, 257, "sdpa", true),
                         2, false),
+      // ZeRO-1 with optimizer offload, in a model whose parameters outweigh its activations: the epilogue copies
+      // each piece of the rank's partition to fp64 for its norm as its bucket is reduced, clearing the rank's own
+      // gradients as it goes; the peak is the first 1M-element piece's copy.
+      DeepSpeedCase("z1-bf16-offload-norm-copies-heavy", llama_heavy,
+                    DsConfig(1, "bf16", 1, 1, "", With({kSmall, kOffload})), 2, 32),
+      // ZeRO-1 with overlap_comm: a gradient larger than a bucket, of a parameter outside the rank's partition,
+      // stays to the epilogue (rank 0 keeps the last blocks' fc1, fc2 and projections at 5e4-element buckets).
+      DeepSpeedCase("vit-z1-fp32-ckpt-eager-overlap-5e4", vit_wide,
+                    DsConfig(1, "fp32", 2, 1, "", With({kBuckets5e4, kOverlap})), 2, 257, "eager", true),
       // Granite (GraniteForCausalLM, tied): its multipliers on the embedding, each residual branch,
       // the attention scale and the logits; then a wider untied one with biases at another stage, in fp32.
       DeepSpeedCase("granite-z2-bf16-ckpt", granite, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
       DeepSpeedCase("granite-z3-bf16", granite, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128),
       DeepSpeedCase("granite-wide-z1-fp32", granite_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      // Granite 4.0's dense models (granitemoehybrid, attention layers only, no experts): Granite's multipliers
+      // with one input_linear [h -> 2f] for the MLP; then a wider untied MHA one with attention biases at
+      // another stage, in fp32.
+      DeepSpeedCase("granitemoehybrid-z2-bf16-ckpt", granite_hybrid, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("granitemoehybrid-z3-bf16", granite_hybrid, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+      DeepSpeedCase("granitemoehybrid-wide-z1-fp32", granite_hybrid_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2,
+                    512),
       // Phi3 (Phi3ForCausalLM): one qkv_proj and one gate_up_proj, whose outputs' slices keep them whole,
       // and RoPE joined by torch.cat; then a wider one (heads as wide as kv, resid_pdrop 0.1, a window above
       // the sequence) at another stage, in fp32.
@@ -649,6 +683,12 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("gemma2-z2-bf16-ckpt-eager", gemma2, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 128, "eager", true),
       DeepSpeedCase("gemma2-z3-bf16-eager", gemma2, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128, "eager"),
       DeepSpeedCase("gemma2-wide-z1-fp32-eager", gemma2_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256, "eager"),
+      // LFM2: short-conv layers (in_proj's output, B x, the conv's padded output kept) beside attention layers
+      // with q/k norms; then a wider one with two attention layers of six (full_attn_idxs) at another stage,
+      // in fp32.
+      DeepSpeedCase("lfm2-z2-bf16-ckpt", lfm2, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
+      DeepSpeedCase("lfm2-z3-bf16", lfm2, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+      DeepSpeedCase("lfm2-wide-z1-fp32", lfm2_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 1024),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
       // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
       // its real rank's measurement, byte for byte.

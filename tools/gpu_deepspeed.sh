@@ -18,9 +18,9 @@
 #
 # Rows: ZeRO 0-3; optimizer and parameter offload; checkpointing, transformers' and DeepSpeed's
 # (partitioned, to CPU); LoRA; a ViT; Liger's fused loss; Granite; emulated ranks of 8 and 64; seed 000's
-# scenario (1B, seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, rank 3 of 4 at
-# micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16);
-# Gemma 3 past its sliding window.
+# scenario (Granite 4.0 1B, seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, rank 3 of 4
+# at micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16);
+# Gemma 3 past its sliding window; LFM2's short convolutions.
 #
 # ROWS and DEADLINE_S (tools/gpu_env.sh) split the rows across a lease's calls; each finished row
 # is appended to $OUT/deepspeed/rows.txt at once.
@@ -44,6 +44,7 @@ if (( dry_run )); then
   gpu=cpu steps=2 seq=128 long_seq=256 batch=2
   qwen3=$root/configs/hf/tiny/qwen3.json llama1b=$root/configs/hf/tiny/llama.json vit=$root/configs/hf/tiny/vit.json
   granite=$root/configs/hf/tiny/granite.json gemma3=$root/configs/hf/tiny/gemma3.json
+  granite4=$root/configs/hf/tiny/granitemoehybrid.json lfm2=$root/configs/hf/tiny/lfm2.json
   vit_seq=65 vit_batch=4
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
   buckets3='"reduce_bucket_size": 200000, "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 10000'
@@ -57,6 +58,10 @@ else
   steps=3 seq=2048 long_seq=8192 batch=2  # the warm-up and two measured steps
   qwen3=$root/configs/hf/qwen3-0.6b.json llama1b=$root/configs/hf/llama3.2-1b.json
   granite=$root/configs/hf/granite-3.1-2b-base.json gemma3=$root/configs/hf/gemma-3-1b-it.json
+  lfm2=$root/configs/hf/lfm2-1.2b.json
+  # Seed 000's Granite 4.0 1B with its script's 28,683 added tokens (configs/seeds/000_*.textproto).
+  granite4=$out/granite-4.0-1b-seed000.json
+  sed 's/"vocab_size": 100352/"vocab_size": 129035/' "$root/configs/hf/granite-4.0-1b.json" > "$granite4"
   vit=$root/configs/hf/vit-base-patch16-224.json vit_seq=197 vit_batch=64
   buckets='"reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000'  # DeepSpeed's defaults
   buckets3='"reduce_bucket_size": 500000000'
@@ -180,14 +185,17 @@ ds_row "ZeRO-3 + both offloads, world 1" "$qwen3" "$seq" 1 -1 "$(ds_config 3 "$b
 ds_row "Granite, ZeRO-3 + ckpt, rank 7 of 8" "$granite" "$seq" 8 7 "$(ds_config 3 "$batch" 1 "$buckets3")" --checkpointing
 # Seed 004: Qwen3-0.6B, ZeRO-2 with the optimizer offloaded to pinned memory, micro-batch 1, 16 GPUs.
 ds_row "seed 004, rank 15 of 16" "$qwen3" "$seq" 16 15 "$(ds_config 2 1 1 "$buckets, $offload_opt")"
-# Seed 000: a 1B model at seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, 4 GPUs.
+# Seed 000: Granite 4.0 1B at seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, 4 GPUs.
 for b in 2 4; do
-  ds_row "seed 000, mb $b, rank 3 of 4" "$llama1b" "$long_seq" 4 3 "$(ds_config 3 "$b" 4 "$buckets3, $offload_both")" \
+  ds_row "seed 000, mb $b, rank 3 of 4" "$granite4" "$long_seq" 4 3 "$(ds_config 3 "$b" 4 "$buckets3, $offload_both")" \
     --checkpointing
 done
 # Gemma 3 past its sliding window (1B: 512 tokens; the tiny config: 128): SDPA gets transformers'
 # mask on the sliding layers, on CUDA through the memory-efficient kernel (planned from its source).
 ds_row "Gemma 3 past its window, ZeRO-2" "$gemma3" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")"
+# LFM2-1.2B: short-conv layers through transformers' F.conv1d fallback (no causal-conv1d package), whose CUDA
+# temporaries are planned as the CPU's measured ones.
+ds_row "LFM2, ZeRO-2 + ckpt, world 1" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" --checkpointing
 
 {
   echo "device: $gpu  DeepSpeed steps: $steps (the first is the warm-up)"

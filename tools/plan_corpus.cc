@@ -142,15 +142,23 @@ absl::Status AddSeedCases(std::vector<CorpusCase>* corpus) {
     ZPLAN_RETURN_IF_ERROR(ParseProto(text, ProtoFormat::kText, path, &s));
     const std::string prefix = absl::StrCat("seed", s.seed_file().substr(0, 3));
     // The model as seed_tables.cc's ScenarioModel builds it: a row's own
-    // preset alone, else the scenario's preset or --params, with its LoRA.
+    // preset alone, else the scenario's published config (with its
+    // vocabulary), preset or --params, with its LoRA.
     auto add = [&](const std::string& name, const SeedClaim& claim, const RunConfig& config) -> absl::Status {
       CorpusCase c;
       c.name = absl::StrCat(prefix, "-", name);
       if (!claim.model().empty()) {
         c.args = {"--model", claim.model()};
       } else {
-        c.args = s.params() > 0 ? std::vector<std::string>{"--params", absl::StrCat(s.params())}
-                                : std::vector<std::string>{"--model", s.model()};
+        if (!s.hf_config().empty()) {
+          ZPLAN_ASSIGN_OR_RETURN(const auto config, PublishedConfig(s.hf_config()));
+          c.inputs.emplace_back(s.hf_config(), config.second);
+          c.args = {"--hf-config", absl::StrCat(kInputsDir, "/", s.hf_config())};
+          if (s.vocab_size() > 0) c.args.insert(c.args.end(), {"--vocab", absl::StrCat(s.vocab_size())});
+        } else {
+          c.args = s.params() > 0 ? std::vector<std::string>{"--params", absl::StrCat(s.params())}
+                                  : std::vector<std::string>{"--model", s.model()};
+        }
         if (s.has_lora()) {
           const std::string file = absl::StrCat(c.name, ".adapter_config.json");
           c.inputs.emplace_back(file, AdapterConfigJson(s.lora()));

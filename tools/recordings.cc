@@ -1,5 +1,6 @@
 #include "tools/recordings.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -117,6 +118,7 @@ std::vector<std::string> LiveCases(Suite s) {
         "granite-z3-bf16-w2",                            // Granite's multipliers
         "gemma3-z3-bf16-w2",                             // Gemma 3's norms and MLP, SDPA's sliding mask
         "gemma2-z2-bf16-w2-ckpt-eager",                  // softcapping
+        "lfm2-z3-bf16-w2",                               // short convolutions
         "smollm3-z3-bf16-w2",                            // layers without RoPE
         "glm4-z3-bf16-w2",                               // fused projections, partial RoPE
     };
@@ -135,6 +137,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "granite-z3-bf16",                               // Granite's multipliers
       "gemma3-z3-bf16",                                // Gemma 3's norms and MLP, SDPA's sliding mask
       "gemma2-z3-bf16-eager",                          // softcapping
+      "lfm2-z3-bf16",                                  // short convolutions
       "smollm3-z3-bf16",                               // layers without RoPE
       "glm4-z3-bf16",                                  // fused projections, partial RoPE
   };
@@ -177,6 +180,9 @@ std::set<std::string> Mechanisms(const AccuracyCase& c, const Plan& plan) {
   if (model.ffn_type() == FFN_GEGLU) m.insert("GeGLU");
   if (model.attn_logit_softcapping() > 0 || model.final_logit_softcapping() > 0) m.insert("softcapping");
   if (SdpaSlidingMaskAt(model, config.seq_length())) m.insert("SDPA's sliding-window mask");
+  if (std::count(model.layer_types().begin(), model.layer_types().end(), LAYER_CONV) > 0) {
+    m.insert("short convolutions");
+  }
   if (model.norm_type() == NORM_LAYERNORM) m.insert("LayerNorm");
   if (model.attention_impl() == ATTENTION_EAGER) m.insert("eager attention");
   if (model.attention_dropout() > 0 || model.residual_dropout() > 0) m.insert("dropout");

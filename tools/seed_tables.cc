@@ -20,6 +20,14 @@
 namespace zplan {
 
 const std::vector<std::pair<std::string, std::string>>& EmbeddedSeedScenarios();
+const std::vector<std::pair<std::string, std::string>>& EmbeddedPublishedConfigs();
+
+absl::StatusOr<std::pair<std::string, std::string>> PublishedConfig(const std::string& file) {
+  for (const auto& entry : EmbeddedPublishedConfigs()) {
+    if (entry.first == "configs/hf/" + file) return entry;
+  }
+  return absl::NotFoundError(absl::StrCat("hf_config: no published config configs/hf/", file));
+}
 
 namespace {
 
@@ -40,7 +48,15 @@ std::string Claimed(const SeedClaim& c) {
 // The scenario's model with its LoRA adapters (at `rank` when > 0).
 absl::StatusOr<ModelSpec> ScenarioModel(const SeedScenario& s, const SeedClaim& c, int64_t rank = 0) {
   if (!c.model().empty()) return LoadPreset(c.model());
-  ZPLAN_ASSIGN_OR_RETURN(ModelSpec model, s.params() > 0 ? ModelSpecForParams(s.params()) : LoadPreset(s.model()));
+  ModelSpec model;
+  if (!s.hf_config().empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(const auto config, PublishedConfig(s.hf_config()));
+    ZPLAN_ASSIGN_OR_RETURN(model, ModelSpecFromHfConfig(config.second, config.first));
+    if (s.vocab_size() > 0) model.set_vocab_size(s.vocab_size());
+    ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(model));
+  } else {
+    ZPLAN_ASSIGN_OR_RETURN(model, s.params() > 0 ? ModelSpecForParams(s.params()) : LoadPreset(s.model()));
+  }
   if (s.has_lora()) {
     *model.mutable_lora() = s.lora();
     if (rank > 0) model.mutable_lora()->set_rank(rank);

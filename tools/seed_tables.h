@@ -16,6 +16,7 @@
 #define ZPLAN_TOOLS_SEED_TABLES_H_
 
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "proto/run_config.pb.h"
@@ -31,6 +32,9 @@ inline constexpr double kImpossibleRatio = 2.0;  // model-state figure off by mo
 // overrides), and of an option shown on a row.
 RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c);
 RunConfig WithOption(RunConfig config, const SeedOption& o);
+
+// A published config.json by its file name under configs/hf/ (SeedScenario.hf_config): its path and text.
+absl::StatusOr<std::pair<std::string, std::string>> PublishedConfig(const std::string& file);
 
 absl::StatusOr<std::string> GenerateSeedTables();
 
