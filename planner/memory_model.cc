@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -49,26 +50,28 @@ auto BlockKindTie(const StepSizes::BlockKind& k) {
                   k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp, k.retained_attn);
 }
 
-// Each layer's kind, `layers[i]`, as StepSizes holds them: the distinct ones
-// and each layer's index, and their period from block 1 on.
-void AssignBlockKinds(const std::vector<StepSizes::BlockKind>& layers, StepSizes* s) {
-  s->block_kinds.clear();
-  s->block_kind_of.assign(layers.size(), 0);
+// The distinct values of `layers` into `distinct`, each layer's index there
+// into `index_of`; the indices' period from block 1 on.
+template <typename T, typename Same>
+int DistinctKinds(const std::vector<T>& layers, const Same& same, std::vector<T>* distinct,
+                  std::vector<int>* index_of) {
+  distinct->clear();
+  index_of->assign(layers.size(), 0);
   for (size_t layer = 0; layer < layers.size(); ++layer) {
-    auto same = [&](const StepSizes::BlockKind& o) { return BlockKindTie(o) == BlockKindTie(layers[layer]); };
-    auto it = std::find_if(s->block_kinds.begin(), s->block_kinds.end(), same);
-    s->block_kind_of[layer] = static_cast<int>(it - s->block_kinds.begin());
-    if (it == s->block_kinds.end()) s->block_kinds.push_back(layers[layer]);
+    auto it = std::find_if(distinct->begin(), distinct->end(), [&](const T& o) { return same(o, layers[layer]); });
+    (*index_of)[layer] = static_cast<int>(it - distinct->begin());
+    if (it == distinct->end()) distinct->push_back(layers[layer]);
   }
   const int n = static_cast<int>(layers.size());
   auto repeats_every = [&](int p) {
     for (int i = 1; i + p < n; ++i) {
-      if (s->block_kind_of[i] != s->block_kind_of[i + p]) return false;
+      if ((*index_of)[i] != (*index_of)[i + p]) return false;
     }
     return true;
   };
-  s->block_period = 1;
-  while (s->block_period < n && !repeats_every(s->block_period)) ++s->block_period;
+  int period = 1;
+  while (period < n && !repeats_every(period)) ++period;
+  return period;
 }
 
 }  // namespace
@@ -167,12 +170,12 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   // Blocks: gradients of the trainable parameters, gathers of all. The MLP
   // half is alike in every layer; the attention half is a layer's own.
   const int layers = static_cast<int>(model.num_layers());
-  sizer.layers_.resize(layers);
+  std::vector<LayerStatics> statics(layers);
   int64_t mlp_elements = 0, down_elements = 0, largest_mlp = 0, down_weight_elements = 0;
   for (const TensorSpec& t : trainable) {
     if (t.layer() < 0) continue;
     const std::vector<BlockOp> layout = BlockLayout(model, t.layer());
-    LayerStatics& layer = sizer.layers_[t.layer()];
+    LayerStatics& layer = statics[t.layer()];
     if (!InMlpHalf(layout, t)) {
       layer.grads_attn += NumElements(t) * w;
       layer.max_attn_grad = std::max(layer.max_attn_grad, NumElements(t) * w);
@@ -231,7 +234,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     return it->second;
   };
   for (int layer = 0; layer < layers; ++layer) {
-    LayerStatics& l = sizer.layers_[layer];
+    LayerStatics& l = statics[layer];
     l.conv = LayerMixesByConv(model, layer);
     l.fit = fit_index(layer, false);
     if (LayerSlides(model, layer) && model.attention_impl() == ATTENTION_SDPA) l.masked_fit = fit_index(layer, true);
@@ -251,9 +254,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   Stage3BlockGathers gathers;
   SizeStage3Gathers(zero_in, saves, &gathers, &s);
   for (int layer = 0; layer < static_cast<int>(gathers.gather.size()); ++layer) {
-    sizer.layers_[layer].gather = gathers.gather[layer];
-    sizer.layers_[layer].gather_kept = gathers.kept[layer];
+    statics[layer].gather = gathers.gather[layer];
+    statics[layer].gather_kept = gathers.kept[layer];
   }
+  s.block_period = DistinctKinds(statics, std::equal_to<LayerStatics>(), &sizer.kinds_, &s.block_kind_of);
 
   // Model ends: gradients of what trains (LoRA: nothing here).
   auto trains = [&](absl::string_view prefix) {
@@ -321,7 +325,10 @@ void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
       kinds.back().retained_mlp = v.retained_mlp[layer];
       kinds.back().retained_attn = v.retained_attn[layer];
     }
-    AssignBlockKinds(kinds, s);
+    auto same = [](const StepSizes::BlockKind& a, const StepSizes::BlockKind& b) {
+      return BlockKindTie(a) == BlockKindTie(b);
+    };
+    s->block_period = DistinctKinds(kinds, same, &s->block_kinds, &s->block_kind_of);
   }
 }
 
@@ -393,14 +400,15 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   const int64_t fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   const ShortConvTransients conv = ShortConvTransientBytes(model, b, seq, dtype);
   const int64_t pre_norm_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, !model.has_lora());
-  std::vector<StepSizes::BlockKind> kinds(model.num_layers());
+  s.block_kinds.resize(kinds_.size());
   bool any_masked = false;
-  for (int layer = 0; layer < model.num_layers(); ++layer) {
-    const LayerStatics& l = layers_[layer];
+  for (size_t kind = 0; kind < kinds_.size(); ++kind) {
+    const LayerStatics& l = kinds_[kind];
     const bool masked_here = masked && l.masked_fit >= 0;
     any_masked = any_masked || masked_here;
     const SavedFit& f = fits_[masked_here ? l.masked_fit : l.fit];
-    StepSizes::BlockKind& k = kinds[layer];
+    StepSizes::BlockKind& k = s.block_kinds[kind];
+    k = StepSizes::BlockKind();
     k.saved = f.Bytes(b, seq);
     k.saved_mlp = f.mlp_per_token * tokens;
     k.saved_input = f.input_per_token * tokens;
@@ -426,7 +434,6 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     k.gather = l.gather;
     k.gather_kept = l.gather_kept;
   }
-  AssignBlockKinds(kinds, &s);
   // The gradient of the MLP's output, which ops after it make (a residual
   // dropout's, a post-norm's), lives until down_proj's backward has run: a
   // plain MLP's widest moment is inside that backward (docs/deepspeed_model.md

@@ -121,16 +121,22 @@ class StepSizer {
              per_batch * b;
     }
   };
-  // Per layer, what does not depend on the shape: its fits (fits_), under
-  // SDPA's sliding mask too when it slides, its mixer, its parameters.
+  // What a layer's kind does not owe to the shape: its fits (fits_), under
+  // SDPA's sliding mask too when it slides, its mixer, its parameters. The
+  // distinct ones, one per StepSizes::block_kinds entry (base_.block_kind_of
+  // maps the layers to them): Shape sizes each once.
   struct LayerStatics {
     int fit = 0;
     int masked_fit = -1;  // -1: never masked
     bool conv = false;    // LayerMixesByConv
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
+    bool operator==(const LayerStatics& o) const {
+      return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && grads_attn == o.grads_attn &&
+             max_attn_grad == o.max_attn_grad && gather == o.gather && gather_kept == o.gather_kept;
+    }
   };
   std::vector<SavedFit> fits_;
-  std::vector<LayerStatics> layers_;
+  std::vector<LayerStatics> kinds_;
   bool down_input_saved_ = false;    // BlockBackwardTransientBytes
   SavePolicy saves_;
   int64_t final_norm_per_token_ = 0; // FinalNormSavedActivations but its output: linear in b*s

@@ -125,8 +125,8 @@ struct StepSizes {
   // a short conv where others attend (block_layout.h, LayerMixesByConv); a
   // sliding layer past the window under SDPA (inventory.h, SdpaSlidingMaskAt:
   // it keeps the additive mask and k and v repeated to every head); stage 3's
-  // gathers of blocks of other sizes -- is a BlockKind, one per distinct
-  // layer: Block(i).
+  // gathers of blocks of other sizes -- is a BlockKind, one per kind of
+  // layer (StepSizer finds the kinds once per model): Block(i).
   struct BlockKind {
     int64_t saved = 0;          // tensors saved for backward, no checkpointing
     int64_t saved_mlp = 0;      // of which the MLP half's (freed first in backward)
@@ -159,11 +159,11 @@ struct StepSizes {
     int64_t retained_mlp = 0;
     int64_t retained_attn = 0;
   };
-  std::vector<BlockKind> block_kinds;  // the distinct ones
+  std::vector<BlockKind> block_kinds;
   std::vector<int> block_kind_of;      // per layer, its index in block_kinds
   const BlockKind& Block(int layer) const { return block_kinds[block_kind_of[layer]]; }
-  // The smallest p with Block(i) == Block(i + p) for every i >= 1 (block 0
-  // is cut apart when it differs).
+  // The smallest p with block_kind_of[i] == block_kind_of[i + p] for every
+  // i >= 1 (block 0 is cut apart when it differs).
   int block_period = 1;
   int64_t block_input = 0;           // b·s·h in the working dtype
   int64_t block_bwd_mlp_transient = 0;   // MLP half's backward temporaries
