@@ -25,12 +25,9 @@ struct PartitionStart {
   bool at_attention = false;       // a block's attention half
   bool at_down_proj_hook = false;  // StepSizes::grad_partition_at_down_proj_hook
 };
-// With optimizer offload, the reduction whose fp64 norm copy of a rank's
-// piece of one parameter stands highest (StepSizes::OffloadNormCopy, bytes
-// 8 an element): in the hooks, at parameter `at`'s hook (as PartitionStart,
-// unshifted); in the stage-1 epilogue, once `gone_bytes` of the kept
-// gradients are gone.
-// Each rank's largest piece among the reductions noted, with its moment.
+// With optimizer offload, each rank's reduction whose fp64 norm copy of a
+// piece of one parameter stands highest above what is gone by then
+// (StepSizes::OffloadNormCopy), among the reductions noted.
 class LargestPieces {
  public:
   LargestPieces(const std::vector<TensorSpec>& params, int64_t world) : begin_(params.size() + 1, 0), by_rank_(world) {
@@ -69,6 +66,11 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<BlockOp>&
   auto note_pieces = [&](int lo, int hi, const StepSizes::OffloadNormCopy& moment) {
     if (largest != nullptr) largest->Note(lo, hi, moment);
   };
+  // A reduction of the bucket holding parameters [lo, hi] at parameter i's
+  // hook. The step program's moment of an attention half is its first
+  // gradient's (the widest point), so a partition made at a later hook of
+  // the half counts from the next half; an MLP half's comes after
+  // down_proj's hooks (BlockBackwardTransientBytes), which count for it.
   auto reduce = [&](int lo, int hi, int i) {
     const TensorSpec& t = params[i];
     PartitionStart start;
