@@ -43,8 +43,10 @@
 // Mixed precision keeps working-dtype parameters and gradients and fp32
 // master weights; fp16 adds dynamic loss scaling; fp32 updates the
 // parameters directly. Gradients are averaged over ranks and accumulation
-// steps. Stage 3 upcasts gradients one sub_group_size chunk at a time, stage
-// 0 all at once (FlattenGradsFp32 in mixed precision).
+// steps. Stage 3 upcasts gradients one sub_group_size chunk at a time; stage
+// 0 flattens them all (FlattenGradsFp32, DeepSpeed's FusedAdam in mixed
+// precision) or steps each parameter (StepEachParameter: fp32, or a torch
+// Adam in mixed precision).
 // Adam is the configured implementation's (fused, or torch's for-loop /
 // foreach with their temporaries).
 //
@@ -199,24 +201,35 @@ class ZeroEngine {
   void Release(int part, ReleasePoint point);
   absl::Status GatherWithPrefetch(int part, int next);
   absl::Status RefreshPersistent();
-  // Sum of squares of this rank's owned gradient elements, [1] fp32.
+  // Sum of squares of this rank's owned gradient elements, [1] fp32, from
+  // the gradients reduced in backward (stages 1-3: grad_shard_ / host_grads_).
   at::Tensor OwnedGradSquaredNorm();
   // One AdamW update of fp32 `weights` by the configured implementation,
   // with the gradient multiplied by `grad_multiplier` (unscaling, clipping).
-  void AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq, double lr,
-                   double grad_multiplier);
-  // Whether the step finds the reduced gradients in grad_shard_ /
-  // host_grads_ (stages 1-3; stage 0 reads the per-parameter gradients).
-  bool ReducedInBackward() const { return stage_ >= 1; }
+  // Returns torch's `denom` (undefined for the fused kernels), which a
+  // caller stepping a list of tensors keeps as torch does.
+  at::Tensor AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq, double lr,
+                         double grad_multiplier);
   // Stages 1/2 without offload: the step works on the device gradient
   // partition (fp64 norm pieces, flatten and fp32 upcast, one Adam call).
   bool StepsGradPartition() const { return (stage_ == 1 || stage_ == 2) && !offload_; }
-  // The fp32 gradient of owned elements [begin, end) (a temporary, or a view).
+  // The fp32 gradient of owned elements [begin, end) (stages 1-3: a
+  // temporary, or a view of host_grads_).
   at::Tensor OwnedGradFp32(int64_t begin, int64_t end);
   // Stage 0 in mixed precision (DeepSpeed's FP16_Optimizer.step,
   // runtime/fp16/fused_optimizer.py): every gradient upcast to fp32 (all
   // alive), flattened into one tensor, then the gradients set to None.
   at::Tensor FlattenGradsFp32();
+  // Stage 0 stepping each parameter (StepsEachParameter,
+  // planner/zero_optimizer_step.h): the squared norm, read one gradient at
+  // a time (an fp32 copy in mixed precision: utils.py, get_weight_norm),
+  // then each slot's fp32 gradient in *grads (mixed precision: a copy for
+  // its master, all alive beside the working-dtype ones; fp32: the
+  // gradient itself, undefined where there is none).
+  at::Tensor EachParameterGradsFp32(std::vector<at::Tensor>* grads);
+  // Adam over the slots one tensor at a time, then each fp32 gradient
+  // dropped as its master is copied back (FP16_UnfusedOptimizer.step).
+  void StepEachParameter(std::vector<at::Tensor>& grads, double lr, double grad_multiplier);
 
   Transformer* model_ = nullptr;
   Collectives* comm_ = nullptr;

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/grad_mode.h>
 
 #include "executor/device_memory.h"
 #include "executor/zero_engine.h"
 #include "planner/status_macros.h"
+#include "planner/zero_optimizer_step.h"
 
 namespace zplan {
 namespace {
@@ -22,8 +24,8 @@ constexpr int kLossScaleWindow = 1000;
 
 }  // namespace
 
-void ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
-                             double lr, double grad_multiplier) {
+at::Tensor ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
+                                   double lr, double grad_multiplier) {
   const OptimizerConfig& opt = config_.optimizer();
   const AdamImplementation impl = opt.implementation();
   // torch.optim.AdamW's for-loop (CPU tensors by default) and foreach
@@ -37,7 +39,7 @@ void ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp
     if (grad_multiplier != 1.0) grad_scale = at::full({1}, 1.0 / grad_multiplier, grad.options());
     at::_fused_adamw_({weights}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step_count_}, lr, opt.beta1(), opt.beta2(),
                       opt.weight_decay(), opt.eps(), /*amsgrad=*/false, /*maximize=*/false, grad_scale);
-    return;
+    return at::Tensor();
   }
   // In place: the gradients are consumed by this step (zeroed or released
   // after it), and a scaled copy would be one more chunk.
@@ -58,29 +60,12 @@ void ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tensor exp
     denom.div_(bias_correction2_sqrt).add_(opt.eps());
   }
   weights.addcdiv_(exp_avg, denom, -lr / bias_correction1);
+  return denom;
 }
 
 at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   const int64_t len = end - begin;
-  if (ReducedInBackward()) {
-    return offload_ ? host_grads_.narrow(0, begin, len) : grad_shard_.narrow(0, begin, len).to(at::kFloat);
-  }
-  // Stage 0: gather the owned range from the per-parameter gradients into
-  // a temporary. Slots are in flat order: only what no gradient covers
-  // (padding, a parameter without one) is zeroed.
-  at::Tensor out = at::empty({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  int64_t filled = begin;
-  for (const Slot& slot : slots_) {
-    const int64_t a = std::max(begin, slot.own_dst);
-    const int64_t b = std::min(end, slot.own_dst + slot.own_hi - slot.own_lo);
-    if (a >= b || !slot.param.grad().defined()) continue;
-    if (a > filled) out.narrow(0, filled - begin, a - filled).zero_();
-    const at::Tensor piece = slot.param.grad().view(-1).narrow(0, slot.own_lo + a - slot.own_dst, b - a);
-    out.narrow(0, a - begin, b - a).copy_(piece);
-    filled = b;
-  }
-  if (end > filled) out.narrow(0, filled - begin, end - filled).zero_();
-  return out;
+  return offload_ ? host_grads_.narrow(0, begin, len) : grad_shard_.narrow(0, begin, len).to(at::kFloat);
 }
 
 at::Tensor ZeroEngine::FlattenGradsFp32() {
@@ -96,6 +81,62 @@ at::Tensor ZeroEngine::FlattenGradsFp32() {
   copies.clear();
   for (Slot& slot : slots_) slot.param.mutable_grad() = at::Tensor();
   return flat;
+}
+
+at::Tensor ZeroEngine::EachParameterGradsFp32(std::vector<at::Tensor>* grads) {
+  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  std::vector<at::Tensor> present;
+  for (const Slot& slot : slots_) {
+    if (slot.param.grad().defined()) present.push_back(slot.param.grad());
+  }
+  if (!mixed_ && device_.is_cuda() && !present.empty()) {
+    // fp32 norms copy nothing: one multi-tensor kernel reads them all
+    // (per-parameter norms left the GPU idle between launches, 6 ms of a 1B
+    // model's 200 ms step on an H100).
+    total += at::stack(at::_foreach_norm(present, 2)).pow(2).sum().reshape({1});
+  } else {
+    for (const at::Tensor& grad : present) {
+      total += at::linalg_vector_norm(mixed_ ? grad.to(at::kFloat) : grad, 2).pow(2).reshape({1});
+    }
+  }
+  present.clear();
+  for (const Slot& slot : slots_) {
+    const at::Tensor& grad = slot.param.grad();
+    if (!mixed_) {
+      grads->push_back(grad.defined() ? grad.view(-1) : at::Tensor());
+    } else {
+      grads->push_back(grad.defined() ? grad.to(at::kFloat).view(-1)
+                                      : at::zeros({slot.numel}, at::TensorOptions().dtype(at::kFloat).device(device_)));
+    }
+  }
+  return total;
+}
+
+void ZeroEngine::StepEachParameter(std::vector<at::Tensor>& grads, double lr, double grad_multiplier) {
+  at::Tensor working = flat_params_.narrow(0, owned_begin_, owned_numel_);
+  // _single_tensor_adamw's `denom` stays bound until the next parameter's
+  // is made; _multi_tensor_adamw's _foreach_sqrt keeps one per parameter
+  // until the step ends.
+  const bool keeps_every_denom = config_.optimizer().implementation() == ADAM_IMPL_TORCH_FOREACH ||
+                                 (config_.optimizer().implementation() == ADAM_IMPL_TORCH && !device_.is_cpu());
+  std::vector<at::Tensor> denoms;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const Slot& slot = slots_[i];
+    const int64_t offset = slot.own_dst, n = slot.own_hi - slot.own_lo;
+    at::Tensor weights = master_.defined() ? master_.narrow(0, offset, n) : working.narrow(0, offset, n);
+    at::Tensor denom = AdamWUpdate(weights, grads[i], exp_avg_.narrow(0, offset, n), exp_avg_sq_.narrow(0, offset, n), lr,
+                                   grad_multiplier);
+    if (!keeps_every_denom) denoms.clear();
+    denoms.push_back(std::move(denom));
+  }
+  denoms.clear();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    grads[i] = at::Tensor();
+    const Slot& slot = slots_[i];
+    const int64_t offset = slot.own_dst, n = slot.own_hi - slot.own_lo;
+    if (master_.defined()) working.narrow(0, offset, n).copy_(master_.narrow(0, offset, n));
+  }
 }
 
 at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
@@ -125,22 +166,7 @@ at::Tensor ZeroEngine::OwnedGradSquaredNorm() {
     offload_norm_sq_ = at::Tensor();
     return total;
   }
-  if (ReducedInBackward()) {
-    add_squares(offload_ ? host_grads_ : grad_shard_);
-    return total;
-  }
-  std::vector<at::Tensor> pieces;
-  for (const Slot& slot : slots_) {
-    if (slot.own_hi <= slot.own_lo || !slot.param.grad().defined()) continue;
-    pieces.push_back(slot.param.grad().view(-1).narrow(0, slot.own_lo, slot.own_hi - slot.own_lo));
-  }
-  if (device_.is_cuda() && !pieces.empty()) {
-    // One multi-tensor kernel reads every piece in its own dtype and sums in
-    // fp32 (no upcast copy): per-parameter norms left the GPU idle between
-    // launches, 6 ms of a 1B model's 200 ms step on an H100.
-    return total + at::stack(at::_foreach_norm(pieces, 2, at::kFloat)).pow(2).sum().reshape({1});
-  }
-  for (const at::Tensor& piece : pieces) add_squares(piece);
+  add_squares(offload_ ? host_grads_ : grad_shard_);
   return total;
 }
 
@@ -150,9 +176,10 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   // only once the device's copies from and to them are done.
   WaitForDevice(device_);
   const OptimizerConfig& opt = config_.optimizer();
-  // Stage 0 in mixed precision steps as DeepSpeed's FP16_Optimizer does:
-  // all of it at once, sub_group_size aside.
-  const bool fp16_optimizer = stage_ == 0 && master_.defined();
+  // Stage 0 steps each parameter, or in mixed precision with DeepSpeed's
+  // FusedAdam as FP16_Optimizer does: all of it at once, sub_group_size aside.
+  const bool each_parameter = StepsEachParameter(config_);
+  const bool fp16_optimizer = stage_ == 0 && master_.defined() && !each_parameter;
   const int64_t chunk = fp16_optimizer ? owned_numel_ : std::min(config_.zero().sub_group_elements(), owned_numel_);
   const bool flat_partition = StepsGradPartition();
   // One sub_group_size chunk holds every owned element: its fp32 gradient
@@ -161,14 +188,15 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
   at::Tensor whole_grad;
   if (fp16_optimizer) {
     whole_grad = FlattenGradsFp32();
-  } else if (!flat_partition && chunk == owned_numel_) {
+  } else if (!each_parameter && !flat_partition && chunk == owned_numel_) {
     whole_grad = OwnedGradFp32(0, owned_numel_);
   }
   // Global gradient norm: this rank's owned elements, summed over ranks
   // (stage 0 owns everything).
-  at::Tensor sum_sq = whole_grad.defined()
-                          ? at::linalg_vector_norm(whole_grad, 2).pow(2).reshape({1}).to(device_)
-                          : OwnedGradSquaredNorm();
+  std::vector<at::Tensor> each_grad;
+  at::Tensor sum_sq = each_parameter        ? EachParameterGradsFp32(&each_grad)
+                      : whole_grad.defined() ? at::linalg_vector_norm(whole_grad, 2).pow(2).reshape({1}).to(device_)
+                                             : OwnedGradSquaredNorm();
   if (stage_ > 0) ZPLAN_RETURN_IF_ERROR(comm_->AllReduceSum(sum_sq));
   StepResult result;
   result.grad_norm = std::sqrt(sum_sq.item<double>()) / loss_scale_;
@@ -189,30 +217,34 @@ absl::StatusOr<StepResult> ZeroEngine::Step(double learning_rate) {
     // Stages 1/2 step the whole partition (stage_1_and_2.py, step); the
     // others one sub_group_size chunk at a time.
     const int64_t step_chunk = flat_partition ? owned_numel_ : chunk;
-    for (int64_t c = 0; c < owned_numel_; c += step_chunk) {
-      const int64_t len = std::min(step_chunk, owned_numel_ - c);
-      at::Tensor grad;
-      if (flat_partition) {
-        // The partition flattened in the working dtype, upcast to fp32 (in
-        // fp32 training the flat copy is the fp32 one), then released
-        // (_get_preflattened_grad_partition, _release_preflattened_grad_buffers).
-        EnsureGradPartition();  // a rank no gradient reached (zeros)
-        {
-          const at::Tensor flat = grad_shard_.clone();
-          grad = flat.to(at::kFloat);
+    if (each_parameter) {
+      StepEachParameter(each_grad, learning_rate, multiplier);
+    } else {
+      for (int64_t c = 0; c < owned_numel_; c += step_chunk) {
+        const int64_t len = std::min(step_chunk, owned_numel_ - c);
+        at::Tensor grad;
+        if (flat_partition) {
+          // The partition flattened in the working dtype, upcast to fp32 (in
+          // fp32 training the flat copy is the fp32 one), then released
+          // (_get_preflattened_grad_partition, _release_preflattened_grad_buffers).
+          EnsureGradPartition();  // a rank no gradient reached (zeros)
+          {
+            const at::Tensor flat = grad_shard_.clone();
+            grad = flat.to(at::kFloat);
+          }
+          grad_shard_ = at::Tensor();
+        } else {
+          grad = whole_grad.defined() ? std::move(whole_grad) : OwnedGradFp32(c, c + len);
         }
-        grad_shard_ = at::Tensor();
-      } else {
-        grad = whole_grad.defined() ? std::move(whole_grad) : OwnedGradFp32(c, c + len);
-      }
-      if (grad.device() != state_device) grad = grad.to(state_device);
-      at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : working.narrow(0, c, len);
-      AdamWUpdate(weights, grad, exp_avg_.narrow(0, c, len), exp_avg_sq_.narrow(0, c, len), learning_rate,
-                  multiplier);
-      if (offload_bit16_.defined()) {
-        working.narrow(0, c, len).copy_(offload_bit16_.narrow(0, c, len).copy_(weights));
-      } else if (master_.defined()) {
-        working.narrow(0, c, len).copy_(weights);
+        if (grad.device() != state_device) grad = grad.to(state_device);
+        at::Tensor weights = master_.defined() ? master_.narrow(0, c, len) : working.narrow(0, c, len);
+        AdamWUpdate(weights, grad, exp_avg_.narrow(0, c, len), exp_avg_sq_.narrow(0, c, len), learning_rate,
+                    multiplier);
+        if (offload_bit16_.defined()) {
+          working.narrow(0, c, len).copy_(offload_bit16_.narrow(0, c, len).copy_(weights));
+        } else if (master_.defined()) {
+          working.narrow(0, c, len).copy_(weights);
+        }
       }
     }
     if (fp16_ && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;

@@ -130,7 +130,6 @@ absl::Status ValidateRunConfig(const RunConfig& config) {
   if (config.precision() == PRECISION_UNSPECIFIED) {
     return absl::InvalidArgumentError("precision (--precision): choose bf16, fp16 or fp32");
   }
-  ZPLAN_RETURN_IF_ERROR(RefuseTorchAdamAtStage0(config));
   ZPLAN_ASSIGN_OR_RETURN(GpuSpec gpu, FindGpu(config.cluster().gpu()));
   if (config.precision() == PRECISION_BF16 && !gpu.supports_bf16()) {
     return absl::InvalidArgumentError(absl::StrCat("precision (--precision): ", gpu.name(),

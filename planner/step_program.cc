@@ -815,24 +815,30 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // Reduction (stage 0) and the optimizer step.
   const int bucket = r.Alloc(COMPONENT_TEMPORARIES, s.reduce_temp, PHASE_BACKWARD, -1, "gradient reduction bucket");
   r.Free(bucket, PHASE_BACKWARD, -1, "reduction bucket freed");
+  const int norm = r.Alloc(COMPONENT_TEMPORARIES, s.step_norm_copy, PHASE_OPTIMIZER_STEP, -1,
+                           "optimizer step, an fp32 gradient copy for the norm");
+  r.Free(norm, PHASE_OPTIMIZER_STEP, -1, "fp32 copy freed");
   const int copies = r.Alloc(COMPONENT_TEMPORARIES, s.step_grad_copies, PHASE_OPTIMIZER_STEP, -1,
-                             "optimizer step, fp32 copies of the gradients");
+                             s.step_per_parameter ? "optimizer step, the masters' fp32 gradients"
+                                                  : "optimizer step, fp32 copies of the gradients");
   const int upcast = r.Alloc(COMPONENT_TEMPORARIES, s.step_upcast, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp32 gradient upcast");
   auto release_grads = [&] {
     r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
     free_kept(PHASE_OPTIMIZER_STEP, "gradients set to None");
   };
-  if (s.step_grad_copies > 0) {
+  const bool flattened = s.step_grad_copies > 0 && !s.step_per_parameter;  // FP16_Optimizer
+  if (flattened) {
     r.Free(copies, PHASE_OPTIMIZER_STEP, -1, "fp32 copies freed");
     release_grads();
   }
   const int adam = r.Alloc(COMPONENT_TEMPORARIES, s.step_optimizer_temps, PHASE_OPTIMIZER_STEP, -1,
-                           s.step_grad_copies > 0 ? "optimizer step, Adam temporaries"
-                                                  : "optimizer step, fp32 gradient upcast");
+                           s.step_grad_copies > 0 || s.step_per_parameter ? "optimizer step, Adam temporaries"
+                                                                          : "optimizer step, fp32 gradient upcast");
   r.Free(adam, PHASE_OPTIMIZER_STEP, -1, "Adam temporaries freed");
   r.Free(upcast, PHASE_OPTIMIZER_STEP, -1, "fp32 gradients freed");
-  if (s.stage == 0 && s.step_grad_copies == 0) release_grads();
+  if (s.step_per_parameter) r.Free(copies, PHASE_OPTIMIZER_STEP, -1, "the masters' fp32 gradients freed");
+  if (s.stage == 0 && !flattened) release_grads();
   r.Free(batch, PHASE_OPTIMIZER_STEP, -1, "the batch freed");
   return r.num_handles();
 }

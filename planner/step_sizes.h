@@ -253,15 +253,24 @@ struct StepSizes {
 
   // After backward and in the step.
   int64_t reduce_temp = 0;           // stage 0 reduce bucket
-  int64_t step_upcast = 0;           // stages 0/3: fp32 gradient upcast per sub-group
+  int64_t step_upcast = 0;           // fp32 gradients: a stage-3 sub-group, stage 0's flat copy
   // Stage 0 in mixed precision (DeepSpeed's FP16_Optimizer.step,
   // runtime/fp16/fused_optimizer.py): every gradient upcast to fp32, all
   // alive while _flatten_dense_tensors makes step_upcast of them; then the
-  // gradients are set to None before the optimizer steps.
+  // gradients are set to None before the optimizer steps. With
+  // step_per_parameter (FP16_UnfusedOptimizer.step) they are the masters'
+  // fp32 gradients instead, alive with the working-dtype ones through the
+  // step.
   int64_t step_grad_copies = 0;
-  // Stages 1/2 (stage_1_and_2.py, step): each gradient piece of the
-  // partition copied to fp64 for the norm (get_grad_norm_direct), the
-  // partition flattened in the working dtype and upcast to fp32.
+  // Stage 0 outside FP16_Optimizer (fp32, or a torch optimizer in mixed
+  // precision): the optimizer steps each parameter, with
+  // step_optimizer_temps for the widest one.
+  bool step_per_parameter = false;
+  // The norm's copy of one gradient: at stages 1/2 (stage_1_and_2.py, step)
+  // each gradient piece of the partition in fp64 (get_grad_norm_direct), the
+  // partition then flattened in the working dtype and upcast to fp32; at
+  // stage 0 with step_per_parameter in mixed precision each gradient in
+  // fp32 (utils.py, get_weight_norm).
   int64_t step_norm_copy = 0;
   int64_t step_flat_grads = 0;       // the working-dtype flat copy (mixed precision)
   // Stages 1/2 with optimizer offload, at the accumulation boundary: each
@@ -283,7 +292,7 @@ struct StepSizes {
   OffloadNormCopy offload_norm_copy;
   int64_t step_fp32_grads = 0;
   // What the Adam implementation allocates beside the stepped fp32 tensor
-  // (the flat partition, or one stage-3 sub-group).
+  // (the flat partition, one stage-3 sub-group, or stage 0's parameters).
   int64_t step_optimizer_temps = 0;
 
   // CUDA ranks: the catalog's size of one cuBLAS(Lt) workspace, allocated

@@ -1,6 +1,9 @@
 #include "planner/zero_optimizer_step.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "planner/inventory.h"
 
 namespace zplan {
 namespace {
@@ -17,6 +20,30 @@ int64_t AdamTemporariesPerElement(AdamImplementation impl, bool cpu_tensors) {
     case ADAM_IMPL_TORCH_FOREACH: return 1;
     default: return 0;
   }
+}
+
+// What torch's AdamW allocates stepping a list of tensors (a stage-0
+// parameter list, in the optimizer's order) instead of one flat tensor:
+// the for-loop's `denom` stays bound until the next parameter's is made
+// (optim/adamw.py, _single_tensor_adamw), so the widest moment is the
+// previous parameter's denom beside this one's sqrt and quotient; the
+// foreach path keeps every parameter's sqrt (_multi_tensor_adamw,
+// _foreach_sqrt) at once.
+int64_t PerParameterAdamTemporaryBytes(AdamImplementation impl, bool cpu_tensors,
+                                       const std::vector<TensorSpec>& trainable) {
+  const int64_t per_element = AdamTemporariesPerElement(impl, cpu_tensors);
+  if (per_element < 2) {
+    int64_t total = 0;
+    for (const TensorSpec& t : trainable) total += NumElements(t);
+    return per_element * total * 4;
+  }
+  int64_t widest = 0, previous = 0;
+  for (const TensorSpec& t : trainable) {
+    const int64_t n = NumElements(t);
+    widest = std::max(widest, (previous + per_element * n) * 4);
+    previous = n;
+  }
+  return widest;
 }
 
 }  // namespace
@@ -37,18 +64,35 @@ void SizeOptimizerStep(const ZeroSizingInputs& in, StepSizes* sizes) {
     s.step_fp32_grads = shard * 4;
     s.step_optimizer_temps = adam_temps * shard * 4;
   } else {
-    // Stages 0/3 take this rank's gradients as contiguous fp32 one sub-group
-    // at a time: an upcast (mixed precision), or at stage 0 a gather from
-    // the per-parameter gradients (fp32 too).
+    // Stage 3 upcasts this rank's gradients one sub-group at a time (mixed
+    // precision); stage 0 steps each parameter or flattens them all.
     const int64_t sub_group = std::min(zero.sub_group_elements(), owned);
-    if (s.stage == 0 && s.mixed) {
+    if (StepsEachParameter(config)) {
+      // In mixed precision FP16_UnfusedOptimizer.step's get_weight_norm
+      // copies one gradient at a time to fp32, then every per-parameter fp32
+      // master gets an fp32 copy of its gradient, all alive beside the
+      // working-dtype ones until after the step.
+      s.step_per_parameter = true;
+      if (s.mixed) {
+        for (const TensorSpec& t : in.trainable) s.step_norm_copy = std::max(s.step_norm_copy, NumElements(t) * 4);
+        s.step_grad_copies = trained * 4;
+      }
+      s.step_optimizer_temps =
+          PerParameterAdamTemporaryBytes(config.optimizer().implementation(), s.cpu_ranks, in.trainable);
+    } else if (s.stage == 0) {
       // FP16_Optimizer flattens every gradient at once (no sub-groups).
       s.step_grad_copies = s.step_upcast = trained * 4;
-    } else if (s.mixed || s.stage == 0) {
+    } else if (s.mixed) {
       s.step_upcast = sub_group * 4;
     }
     if (s.stage == 3) s.step_optimizer_temps = adam_temps * sub_group * 4;
   }
+}
+
+bool StepsEachParameter(const RunConfig& config) {
+  const AdamImplementation impl = config.optimizer().implementation();
+  const bool fused_adam = impl == ADAM_IMPL_UNSPECIFIED || impl == ADAM_IMPL_DEEPSPEED;
+  return config.zero().stage() == 0 && (config.precision() == PRECISION_FP32 || !fused_adam);
 }
 
 }  // namespace zplan

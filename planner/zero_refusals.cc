@@ -42,22 +42,6 @@ absl::Status RefuseZeroConfig(const RunConfig& config) {
   return absl::OkStatus();
 }
 
-absl::Status RefuseTorchAdamAtStage0(const RunConfig& config) {
-  const ZeroConfig& zero = config.zero();
-  // At stage 0 with mixed precision DeepSpeed wraps a torch optimizer in
-  // FP16_UnfusedOptimizer (runtime/fp16/unfused_optimizer.py): per-parameter
-  // fp32 masters and gradients, not modelled yet (docs/deepspeed_model.md, row 9).
-  const AdamImplementation adam = config.optimizer().implementation();
-  if (zero.stage() == 0 && config.precision() != PRECISION_FP32 &&
-      (adam == ADAM_IMPL_TORCH || adam == ADAM_IMPL_TORCH_FOREACH || adam == ADAM_IMPL_TORCH_FUSED)) {
-    return absl::InvalidArgumentError(
-        "optimizer.params.torch_adam: a torch optimizer at ZeRO stage 0 with bf16/fp16 runs DeepSpeed's "
-        "FP16_UnfusedOptimizer, which zplan does not model yet; use ZeRO stage >= 1, fp32, or DeepSpeed's "
-        "FusedAdam (drop torch_adam)");
-  }
-  return absl::OkStatus();
-}
-
 bool Stage3MixesPartitionDtypes(const ModelSpec& model, const RunConfig& config) {
   return model.has_lora() && !model.lora().modules_to_save().empty() && config.zero().stage() == 3 &&
          config.zero().zero_init() && config.precision() != PRECISION_FP32;

@@ -7,7 +7,7 @@
 // stay with their inputs (run_config.cc, ds_config.cc).
 //
 // Where each runs, in this order for one configuration:
-//   RefuseDeepSpeedCheckpointing, RefuseZeroConfig, RefuseTorchAdamAtStage0
+//   RefuseDeepSpeedCheckpointing, RefuseZeroConfig
 //       ValidateRunConfig (run_config.cc), between its other checks;
 //   RefuseStep          StepSizer::Create (memory_model.cc), which also
 //                       needs the model (Stage3MixesPartitionDtypes);
@@ -46,9 +46,6 @@ absl::Status RefuseDeepSpeedCheckpointing(const RunConfig& config);
 
 // ZeRO settings: Liger's fused loss at stage 3, parameter offload below stage 3.
 absl::Status RefuseZeroConfig(const RunConfig& config);
-
-// A torch Adam at stage 0 in bf16/fp16: DeepSpeed's FP16_UnfusedOptimizer, not modelled.
-absl::Status RefuseTorchAdamAtStage0(const RunConfig& config);
 
 // True where DeepSpeed cannot start: ZeRO-3 under zero.Init in bf16/fp16
 // partitions peft's fp32 adapters (SavePolicyFor, memory_model.h) with a

@@ -28,7 +28,6 @@ TEST(ZeroRefusalsTest, DefaultsPassEveryCheck) {
     s.stage = stage;
     EXPECT_TRUE(RefuseDeepSpeedCheckpointing(config).ok());
     EXPECT_TRUE(RefuseZeroConfig(config).ok());
-    EXPECT_TRUE(RefuseTorchAdamAtStage0(config).ok());
     EXPECT_TRUE(RefuseStep(model, config, s).ok());
     EXPECT_TRUE(RefuseEngineConfig(config).ok());
   }
@@ -92,13 +91,6 @@ TEST(ZeroRefusalsTest, LigerFusedLoss) {
   ExpectRefused(RefuseStep(granite, stage2, s), "Liger has no fused linear cross-entropy for Granite");
 }
 
-TEST(ZeroRefusalsTest, TorchAdamAtStage0OnlyInHalfPrecision) {
-  RunConfig config = Config(0);
-  config.mutable_optimizer()->set_implementation(ADAM_IMPL_TORCH);
-  ExpectRefused(RefuseTorchAdamAtStage0(config), "FP16_UnfusedOptimizer");
-  config.set_precision(PRECISION_FP32);
-  EXPECT_TRUE(RefuseTorchAdamAtStage0(config).ok());
-}
 
 TEST(ZeroRefusalsTest, ContiguousCheckpointingNeedsPartitionedActivations) {
   RunConfig config = Config(1);

@@ -292,13 +292,6 @@ void WriteMalformedDs(ZplanOptions* o) {
   (void)WriteFileAtomically(o->ds_config, "{\n  \"zero_optimization\": {\n    \"stage\": 2,\n  }\n}\n");
 }
 
-void WriteTorchAdamDs(ZplanOptions* o) {
-  o->zero_stage = "0";
-  o->ds_config = TempPath("torch_adam.json");
-  (void)WriteFileAtomically(o->ds_config, R"({"bf16": {"enabled": true},
-                                                "optimizer": {"type": "AdamW", "params": {"torch_adam": true}}})");
-}
-
 void WriteWrongTypeDs(ZplanOptions* o) {
   o->ds_config = TempPath("wrongtype.json");
   (void)WriteFileAtomically(o->ds_config, "{\n  \"zero_optimization\": {\"overlap_comm\": \"yes\"}\n}\n");
@@ -320,7 +313,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"unreadable_ds", [](ZplanOptions* o) { o->ds_config = "/no/such/ds.json"; }, "/no/such/ds.json"},
         BadInput{"malformed_ds", WriteMalformedDs, "malformed.json:3:15: malformed JSON: a trailing comma"},
         BadInput{"wrong_type_ds", WriteWrongTypeDs, "zero_optimization.overlap_comm: expected true or false"},
-        BadInput{"torch_adam_stage0_bf16", WriteTorchAdamDs, "FP16_UnfusedOptimizer, which zplan does not model"},
         BadInput{"unknown_gpu", [](ZplanOptions* o) { o->gpu = "tpu-v5"; }, "h100-80gb"},
         BadInput{"param_offload_stage2", [](ZplanOptions* o) { o->offload_param = "cpu"; }, "needs ZeRO stage 3"},
         BadInput{"opt_offload_stage0", [](ZplanOptions* o) { o->zero_stage = "0"; o->offload_optimizer = "cpu"; },

@@ -312,6 +312,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("llama-heavy-z1-bf16-w2-offload-s32", {"--hf-config", "configs/hf/tiny/llama-heavy.json"}, {"--ds-config", "configs/ds/buckets_2e5_no_overlap.json", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--micro-batch", "1", "--seq", "32"}),
       // ZeRO-1 with overlap_comm keeps the gradients larger than a bucket outside the rank's partition to the
       // epilogue (fc1, fc2 and the projections at 5e4-element buckets).
+      Case("llama-heavy-z0-bf16-w1-torch-adamw-s32", {"--hf-config", "configs/hf/tiny/llama-heavy.json"}, {"--ds-config", "configs/ds/torch_adamw.json", "--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "2", "--seq", "32"}),
+      Case("llama-heavy-z0-bf16-w2-foreach-s32", {"--hf-config", "configs/hf/tiny/llama-heavy.json"}, {"--ds-config", "configs/ds/torch_adamw_foreach.json", "--zero-stage", "0", "--precision", "bf16", "--gpus", "2", "--micro-batch", "1", "--seq", "32"}),
       Case("vit-wide-z1-fp32-w2-ckpt-eager-overlap-5e4", kVitWide, {"--ds-config", "configs/ds/overlap_5e4_buckets.json", "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2"}),
       Case("vit-wide-z1-fp16-w2-ckpt-eager-b4", kVitWide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp16", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "4"}),
       Case("vit-wide-z2-bf16-w2-eager", kVitWide, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2"}),
@@ -483,6 +485,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("z0-bf16-eager-ckpt", qwen3, DsConfig(0, "bf16", 2, 1), 1, 256, "eager", true),
       DeepSpeedCase("z0-bf16-gpt2-default-buckets", gpt2, DsConfig(0, "bf16", 4, 1), 2, 128),
       DeepSpeedCase("z0-bf16-gpt2-dropout-eager", gpt2_dropout, DsConfig(0, "bf16", 2, 1), 2, 256, "eager"),
+      // A torch Adam in bf16: FP16_UnfusedOptimizer, per-parameter masters.
+      DeepSpeedCase("z0-bf16-torch-adamw-heavy", llama_heavy, DsConfig(0, "bf16", 2, 1, kTorchAdamW), 1, 32),
+      DeepSpeedCase("z0-bf16-foreach-heavy-w2", llama_heavy, DsConfig(0, "bf16", 1, 1, kForeach), 2, 32),
       // ZeRO-1.
       DeepSpeedCase("z1-fp32-attention-dropout-eager", llama_dropout, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 128,
                     "eager"),

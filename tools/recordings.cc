@@ -18,6 +18,7 @@
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
+#include "planner/zero_optimizer_step.h"
 
 namespace zplan {
 namespace {
@@ -121,6 +122,7 @@ std::vector<std::string> LiveCases(Suite s) {
         "lfm2-z3-bf16-w2",                               // short convolutions
         "smollm3-z3-bf16-w2",                            // layers without RoPE
         "glm4-z3-bf16-w2",                               // fused projections, partial RoPE
+        "llama-heavy-z0-bf16-w1-torch-adamw-s32",        // a torch Adam at ZeRO-0 in bf16
     };
   }
   return {
@@ -140,6 +142,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "lfm2-z3-bf16",                                  // short convolutions
       "smollm3-z3-bf16",                               // layers without RoPE
       "glm4-z3-bf16",                                  // fused projections, partial RoPE
+      "z0-bf16-torch-adamw-heavy",                     // a torch Adam at ZeRO-0 in bf16
   };
 }
 
@@ -153,6 +156,7 @@ std::set<std::string> Mechanisms(const AccuracyCase& c, const Plan& plan) {
                                                                     : "bf16"};
   if (zero.offload_optimizer() == OFFLOAD_CPU) m.insert("offload optimizer");
   if (zero.offload_param() == OFFLOAD_CPU) m.insert("offload parameters");
+  if (StepsEachParameter(config) && config.precision() != PRECISION_FP32) m.insert("FP16_UnfusedOptimizer");
   if (config.gradient_accumulation_steps() > 1) m.insert("gradient accumulation");
   if (config.activation_checkpointing()) {
     m.insert("checkpointing");
