@@ -1,5 +1,8 @@
 #include "planner/model_family.h"
 
+#include <algorithm>
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/json.h"
@@ -144,6 +147,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.fused_gate_up = true;
     f.default_sliding_window = 0;  // Phi3Config's sliding_window: None
     f.partial_rotary = true;
+    f.parameterless.half_dropouts = true;  // resid_attn_dropout, resid_mlp_dropout
     families.push_back(f);
   }
   {
@@ -171,6 +175,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.sliding_window_key = "sliding_window";
     f.full_attention_interval = kOlmo3FullAttentionInterval;
     f.default_sliding_window = kOlmo3DefaultSlidingWindow;
+    f.parameterless.rotary_per_layer_type = true;
     families.push_back(f);
   }
   {
@@ -240,6 +245,7 @@ std::vector<ModelFamily> BuildFamilies() {
     // without the causal mask is not modelled.
     f.final_softcap_key = "final_logit_softcapping";
     f.unmodelled_keys = {"use_bidirectional_attention"};
+    f.parameterless.rotary_per_layer_type = true;  // Gemma3TextModel.forward: set(layer_types)
     families.push_back(f);
     // Gemma 3's blocks without q/k norms, one sliding layer to one full, eager
     // attention with its scores softcapped, and the logits softcapped.
@@ -256,6 +262,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.default_attn_softcap = kGemma2AttnLogitSoftcap;
     f.default_final_softcap = kGemma2FinalLogitSoftcap;
     f.supports_sdpa = false;
+    f.parameterless.rotary_per_layer_type = false;
     families.push_back(f);
   }
   {
@@ -275,6 +282,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.qk_norm = true;
     f.position = POSITION_ROPE;
     f.short_conv_layers = true;
+    f.parameterless.mlp_activation = false;  // Lfm2MLP: F.silu
   }
   {
     ModelFamily& f = families.emplace_back();
@@ -297,6 +305,10 @@ std::vector<ModelFamily> BuildFamilies() {
     f.residual_dropout = {"resid_pdrop", kGpt2DefaultDropout};
     f.embedding_dropout = {"embd_pdrop", kGpt2DefaultDropout};
     f.eager_softmax_in_working_dtype = true;
+    // GPT2Model.drop, GPT2Attention.resid_dropout, GPT2MLP.dropout.
+    f.parameterless.embedding_dropout = true;
+    f.parameterless.attention_output_dropout = true;
+    f.parameterless.mlp_output_dropout = true;
   }
   {
     ModelFamily& f = families.emplace_back();
@@ -317,6 +329,8 @@ std::vector<ModelFamily> BuildFamilies() {
     f.attention_dropout = {"attention_probs_dropout_prob", 0.0};
     f.residual_dropout = {"hidden_dropout_prob", 0.0};
     f.embedding_dropout = {"hidden_dropout_prob", 0.0};
+    f.parameterless.embedding_dropout = true;  // ViTEmbeddings.dropout
+    f.parameterless.half_dropouts = true;      // ViTLayer.dropout, after each half
   }
   return families;
 }
@@ -364,6 +378,20 @@ std::string ApproximationNote(absl::string_view model_type, absl::string_view fa
   const std::string quoted = QuoteInput(model_type);
   return absl::StrCat("model_type ", quoted, " planned as ", family, ": an unvalidated approximation, nothing about ",
                       quoted, " was checked");
+}
+
+ParameterlessModules ParameterlessModulesOf(const ModelSpec& spec) {
+  const ModelFamily* family = FindModelFamily(spec.model_type());
+  ParameterlessModules out = (family != nullptr ? *family : ModelFamilies().front()).parameterless;
+  if (spec.position_embedding() == POSITION_ROPE) {
+    std::set<LayerType> attention_types;
+    for (int layer = 0; layer < spec.num_layers(); ++layer) {
+      const LayerType type = layer < spec.layer_types_size() ? spec.layer_types(layer) : LAYER_FULL_ATTENTION;
+      if (type != LAYER_CONV) attention_types.insert(type);
+    }
+    out.rotary_calls = out.rotary_per_layer_type ? std::max<int>(1, attention_types.size()) : 1;
+  }
+  return out;
 }
 
 }  // namespace zplan

@@ -60,6 +60,21 @@ struct DropoutSite {
   double default_p = 0;
 };
 
+// The modules a family's forward calls that own no parameter. DeepSpeed's
+// ZeRO-3 coordinator fetches at each of them as at any module, and every
+// fetch prefetches (Stage3RetentionOf, sharding.h); the containers (the
+// model, each layer, its attention, MLP or conv) follow from the parameter
+// names. rotary_calls is the model's: ParameterlessModulesOf sets it.
+struct ParameterlessModules {
+  int rotary_calls = 0;                   // the rotary embedding, after the embeddings (forward only)
+  bool rotary_per_layer_type = false;     // called once per distinct layer type (Gemma 3, OLMo 3)
+  bool embedding_dropout = false;         // after the embeddings (GPT-2's drop, ViT's embeddings.dropout)
+  bool mlp_activation = true;             // after the MLP's first projection (LFM2 calls F.silu)
+  bool attention_output_dropout = false;  // inside the attention, after its output projection (GPT-2)
+  bool mlp_output_dropout = false;        // inside the MLP, after its last projection (GPT-2)
+  bool half_dropouts = false;             // in the layer after each half (Phi3, ViT)
+};
+
 struct ModelFamily {
   absl::string_view model_type;  // config.json's model_type, e.g. "llama"
   absl::string_view read_from;   // the transformers files (models/<type>/...) this entry restates
@@ -162,6 +177,7 @@ struct ModelFamily {
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
   // final_logit_softcapping).
   std::vector<absl::string_view> unmodelled_keys;
+  ParameterlessModules parameterless;
 };
 
 // Every family, in the order above.
@@ -182,6 +198,10 @@ std::string SupportedModelTypes();
 std::optional<FfnType> FfnTypeFor(const ModelFamily& family, absl::string_view activation);
 // The activations FfnTypeFor accepts for the family, quoted, for messages.
 std::string ModelledActivations(const ModelFamily& family);
+
+// The model's parameterless module calls: its family's (Llama's for a
+// model_type without one), with rotary_calls counted for its layers.
+ParameterlessModules ParameterlessModulesOf(const ModelSpec& spec);
 
 // The line a plan of `model_type` planned as `family` records in
 // ModelSpec.unvalidated_approximation, e.g. `model_type "gemma2" planned as

@@ -89,7 +89,7 @@ TEST(PlotTest, WritesAnSvgCarryingTheTitleAndThePeak) {
   EXPECT_EQ(title, "1b · ZeRO-3 · bf16 · micro-batch 1 · seq 8192 · NVIDIA H100 80GB HBM3");
   EXPECT_NE(svg->find("<title>" + title + "</title>"), std::string::npos);
   const std::string peak = PeakLabel(plan);
-  EXPECT_EQ(peak, "peak 33.63 GiB at " + plan.device_per_rank().peak_event());
+  EXPECT_EQ(peak, "peak 33.71 GiB at " + plan.device_per_rank().peak_event());
   EXPECT_NE(svg->find("<desc>" + peak + "</desc>"), std::string::npos);
 }
 

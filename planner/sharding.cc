@@ -1,9 +1,12 @@
 #include "planner/sharding.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "planner/inventory.h"
 #include "planner/units.h"
 
@@ -59,7 +62,8 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 }
 
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const ZeroConfig& zero, const std::vector<bool>& runs_backward) {
+                                  const ZeroConfig& zero, const ParameterlessModules& calls,
+                                  const std::vector<bool>& runs_backward) {
   const int n = static_cast<int>(parameters.size());
   std::vector<int64_t> numel(n);
   for (int p = 0; p < n; ++p) numel[p] = NumElements(parameters[p]);
@@ -88,16 +92,6 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
                        parameters[n - 1].name().rfind("classifier", 0) == 0)) {
     head = static_cast<int>(modules.size()) - 1;
   }
-  // The module trace DeepSpeed records: the model and its decoder (no
-  // parameters of their own), the modules in forward order; then the
-  // model's backward hook, the head's, the decoder's and the rest in reverse.
-  const int num_modules = static_cast<int>(modules.size());
-  std::vector<int> trace = {-1, -1};
-  for (int m = 0; m < num_modules; ++m) trace.push_back(m);
-  const int forward_end = static_cast<int>(trace.size());
-  trace.push_back(-1);
-  if (head >= 0) trace.push_back(head);
-  trace.push_back(-1);
   auto backward = [&](int m) {
     if (runs_backward.empty()) return true;
     for (int p : modules[m]) {
@@ -105,9 +99,104 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
     }
     return false;
   };
-  for (int m = num_modules; m-- > 0;) {
-    if (m != head && backward(m)) trace.push_back(m);
+  // The module trace DeepSpeed records: every module's forward pre-hook in
+  // call order, then every module's backward pre-hook, a container's before
+  // its children's, which run in reverse. The tree: the model (and its
+  // decoder) without parameters of their own, the embeddings, the calls
+  // without parameters after them (calls), the layers, each holding its
+  // norms and containers (its attention, MLP or conv: "layers.<i>.<c>.<m>"),
+  // the final norm; then the head.
+  struct Node {
+    int module = -1;  // into `modules`; -1: no parameters of its own
+    bool backward = true;
+    std::vector<Node> children;
+  };
+  const Node none;
+  Node forward_only;
+  forward_only.backward = false;
+  Node root, decoder;
+  Node* layer = nullptr;
+  Node* container = nullptr;
+  std::string layer_name, container_name;
+  auto close_container = [&] {
+    if (container == nullptr) return;
+    const bool mlp = container_name == "mlp";
+    if (mlp ? calls.mlp_output_dropout : calls.attention_output_dropout && container_name == "attn") {
+      container->children.push_back(none);
+    }
+    if (calls.half_dropouts) layer->children.push_back(none);
+    container = nullptr;
+  };
+  bool after_embeddings = false;
+  for (int m = 0; m < static_cast<int>(modules.size()); ++m) {
+    if (m == head) continue;
+    const std::string path = module_of(modules[m].front());
+    Node leaf;
+    leaf.module = m;
+    leaf.backward = backward(m);
+    const std::vector<std::string> parts = absl::StrSplit(path, '.');
+    if (parts.size() < 3 || parts[0] != "layers") {
+      close_container();
+      layer = nullptr;
+      decoder.children.push_back(leaf);
+      continue;
+    }
+    if (!after_embeddings) {
+      // The rotary embedding (forward only) and the embeddings' dropout.
+      for (int i = 0; i < calls.rotary_calls; ++i) decoder.children.push_back(forward_only);
+      if (calls.embedding_dropout) decoder.children.push_back(none);
+      after_embeddings = true;
+    }
+    if (layer == nullptr || parts[1] != layer_name) {
+      close_container();
+      decoder.children.emplace_back();
+      layer = &decoder.children.back();
+      layer_name = parts[1];
+    }
+    if (parts.size() < 4) {
+      close_container();
+      layer->children.push_back(leaf);
+      continue;
+    }
+    if (container == nullptr || parts[2] != container_name) {
+      close_container();
+      layer->children.emplace_back();
+      container = &layer->children.back();
+      container_name = parts[2];
+    }
+    container->children.push_back(leaf);
+    if (container_name == "mlp" && container->children.size() == 1 && calls.mlp_activation) {
+      container->children.push_back(none);
+    }
   }
+  close_container();
+  root.children.push_back(decoder);
+  if (head >= 0) {
+    Node h;
+    h.module = head;
+    root.children.push_back(h);
+  }
+  // A container runs backward where something in it does.
+  std::function<bool(Node&)> settle = [&](Node& node) {
+    if (node.module >= 0 || node.children.empty()) return node.backward;
+    bool any = false;
+    for (Node& child : node.children) any = settle(child) || any;
+    return node.backward = any;
+  };
+  settle(root);
+  std::vector<int> trace;
+  std::function<void(const Node&, bool)> walk = [&](const Node& node, bool forward) {
+    if (!forward && !node.backward) return;
+    trace.push_back(node.module);
+    if (forward) {
+      for (const Node& child : node.children) walk(child, true);
+    } else {
+      for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) walk(*it, false);
+    }
+  };
+  walk(root, true);
+  const int forward_end = static_cast<int>(trace.size());
+  walk(root, false);
   struct Entry {
     int param;
     int step;
@@ -133,8 +222,18 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
     n_available += numel[p];
   };
   for (int t = 0; t < static_cast<int>(trace.size()); ++t) {
-    const std::vector<int> none;
-    const std::vector<int>& params = trace[t] >= 0 ? modules[trace[t]] : none;
+    if (t == forward_end) {
+      // What a prefetch gathered again after its forward release stays
+      // until its backward, as what was kept does.
+      for (int p = 0; p < n; ++p) {
+        if (!available[p] || persistent(p)) continue;
+        kept_forward[p] = true;
+        if (p == embedding) out.embedding_kept = true;
+      }
+      if (head >= 0) out.head_kept = available[modules[head].front()];
+    }
+    const std::vector<int> empty;
+    const std::vector<int>& params = trace[t] >= 0 ? modules[trace[t]] : empty;
     // fetch_sub_module: this module's parameters, its queue entries, then the prefetch.
     int to_pop = 0;
     for (int p : params) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "planner/model_family.h"
 #include "proto/inventory.pb.h"
 #include "proto/run_config.pb.h"
 
@@ -99,9 +100,12 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 // fetch queue: the prefetcher pops queue entries until it has gathered
 // stage3_prefetch_bucket_size elements, and entries of parameters already
 // gathered are popped for free, so near the end of the forward it runs into
-// the backward's entries and marks what is still gathered. Replayed here
-// module by module over the inventory (forward order; a tied LM head is one
-// more module after the last), with parameters of at most
+// the backward's entries and marks what is still gathered. The trace holds
+// every module called, those without parameters too (the model, each layer
+// and its containers, and `calls`: each fetch pops the queue further), its
+// backward part a container before its children (which run in reverse).
+// Replayed here over the inventory's modules (a tied LM head is one more
+// module after the last), with parameters of at most
 // stage3_param_persistence_threshold elements always present. A module
 // whose parameters all have runs_backward false (RunsBackward in
 // inventory.h; empty: every module) is not in the backward's part of the
@@ -112,7 +116,8 @@ struct Stage3Retention {
   bool head_kept = false;       // the LM head (a ViT: its classifier), from its forward to its backward
 };
 Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const ZeroConfig& zero, const std::vector<bool>& runs_backward = {});
+                                  const ZeroConfig& zero, const ParameterlessModules& calls,
+                                  const std::vector<bool>& runs_backward = {});
 
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,
                                int64_t persistence_threshold_elements);

@@ -49,7 +49,8 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     // program's groups rely on it; the simulator test checks it).
     std::vector<bool> runs_backward;
     for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t, saves));
-    const Stage3Retention retention = Stage3RetentionOf(params, s.tied, zero, runs_backward);
+    const Stage3Retention retention =
+        Stage3RetentionOf(params, s.tied, zero, ParameterlessModulesOf(model), runs_backward);
     std::vector<int64_t> kept(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
       const TensorSpec& t = params[j];

@@ -314,6 +314,7 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       // epilogue (fc1, fc2 and the projections at 5e4-element buckets).
       Case("llama-heavy-z0-bf16-w1-torch-adamw-s32", {"--hf-config", "configs/hf/tiny/llama-heavy.json"}, {"--ds-config", "configs/ds/torch_adamw.json", "--zero-stage", "0", "--precision", "bf16", "--gpus", "1", "--micro-batch", "2", "--seq", "32"}),
       Case("llama-heavy-z0-bf16-w2-foreach-s32", {"--hf-config", "configs/hf/tiny/llama-heavy.json"}, {"--ds-config", "configs/ds/torch_adamw_foreach.json", "--zero-stage", "0", "--precision", "bf16", "--gpus", "2", "--micro-batch", "1", "--seq", "32"}),
+      Case("llama-deep-z3-bf16-w2-prefetch-1e5-reuse-0-s64", {"--hf-config", "configs/hf/tiny/llama-deep.json"}, {"--ds-config", "configs/ds/stage3_prefetch_1e5_reuse_0.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "64"}),
       Case("vit-wide-z1-fp32-w2-ckpt-eager-overlap-5e4", kVitWide, {"--ds-config", "configs/ds/overlap_5e4_buckets.json", "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2"}),
       Case("vit-wide-z1-fp16-w2-ckpt-eager-b4", kVitWide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp16", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "4"}),
       Case("vit-wide-z2-bf16-w2-eager", kVitWide, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2"}),
@@ -471,6 +472,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   // hidden and attention dropout.
   const std::string vit = "configs/hf/tiny/vit.json", vit_wide = "configs/hf/tiny/vit-wide.json";
   const std::string llama_heavy = "configs/hf/tiny/llama-heavy.json";  // its parameters outweigh its activations
+  const std::string llama_deep = "configs/hf/tiny/llama-deep.json";    // eight layers
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -533,6 +535,18 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_max_live_parameters\": 100000"})), 2, 128),
       DeepSpeedCase("z3-bf16-reuse-distance-0", qwen2,
                     DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_max_reuse_distance\": 0"})), 2, 128),
+      // A prefetch at every module, those without parameters too: the
+      // queue reaches the backward's entries within the first layer.
+      DeepSpeedCase("z3-bf16-prefetch-5e4-reuse-0", llama,
+                    DsConfig(3, "bf16", 2, 1, "",
+                             "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 50000, "
+                             "\"stage3_param_persistence_threshold\": 10000, \"stage3_max_reuse_distance\": 0"),
+                    2, 128),
+      DeepSpeedCase("z3-bf16-prefetch-1e5-reuse-0-deep", llama_deep,
+                    DsConfig(3, "bf16", 2, 1, "",
+                             "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 100000, "
+                             "\"stage3_param_persistence_threshold\": 10000, \"stage3_max_reuse_distance\": 0"),
+                    2, 64),
       DeepSpeedCase("z3-bf16-persist-everything", gpt2,
                     DsConfig(3, "bf16", 2, 1, "", "\"reduce_bucket_size\": 200000, "
                                                   "\"stage3_param_persistence_threshold\": 1000000"), 2, 128),
