@@ -9,11 +9,17 @@ behind each op's rule in planner/inventory.cc: what an op saves, per module, at 
 
   tools/saved_tensors.py --hf-config configs/hf/tiny/lfm2.json --dtype bf16 --batch 2 --seq 100
   tools/saved_tensors.py --hf-config X --module model.layers.0.linear_attn   # that module's tensors, in order
+  tools/saved_tensors.py --hf-config X --module model.layers.0.linear_attn \
+      --allocator bazel-bin/executor/libzplan_counting_allocator.so          # and its transient peaks
+
+With --allocator (the counting allocator; its bytes are every CPU tensor's) the --module modules
+also report their forward's and backward's peaks above what was allocated when each began.
 
 Python only because it drives transformers; it writes nothing.
 """
 import argparse
 import collections
+import ctypes
 import json
 import sys
 
@@ -30,7 +36,14 @@ def main(argv):
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
     p.add_argument("--depth", type=int, default=3, help="attribute to modules at most this many dots deep")
     p.add_argument("--module", default="", help="also list each tensor first saved in modules with this prefix")
+    p.add_argument("--allocator", default="", help="libzplan_counting_allocator.so: also the --module modules' peaks")
     args = p.parse_args(argv)
+    counting = None
+    if args.allocator:
+        counting = ctypes.CDLL(args.allocator)  # before any tensor exists
+        counting.zplan_current_bytes.restype = counting.zplan_peak_bytes.restype = ctypes.c_int64
+        if not counting.zplan_install():
+            sys.exit("saved_tensors: the counting allocator could not be installed")
 
     with open(args.hf_config) as f:
         config = AutoConfig.for_model(**json.load(f))
@@ -43,6 +56,35 @@ def main(argv):
         if name and name.count(".") <= args.depth:
             module.register_forward_pre_hook(lambda m, i, name=name: running.append(name))
             module.register_forward_hook(lambda m, i, o: running.pop() and None)  # a hook's return replaces the output
+    peaks = []  # (module, pass, peak above the start)
+    if counting is not None and args.module:
+        start = {}
+
+        def begin(name):
+            start[name] = counting.zplan_current_bytes()
+            counting.zplan_reset_peak()
+
+        def end(name, which):
+            peaks.append((name, which, counting.zplan_peak_bytes() - start[name]))
+
+        def first_tensor(args, kwargs):
+            return next((t for t in list(args) + list(kwargs.values()) if torch.is_tensor(t)), None)
+
+        def forward_pre(name, args, kwargs):
+            begin(name)
+            x = first_tensor(args, kwargs)  # its gradient ends the module's backward
+            if x is not None and x.requires_grad:
+                x.register_hook(lambda g: end(name, "backward"))
+
+        def forward_end(name, out):
+            end(name, "forward")
+            out = out[0] if isinstance(out, tuple) else out
+            out.register_hook(lambda g: begin(name))
+
+        for name, module in model.named_modules():
+            if name.startswith(args.module) and name.count(".") == args.module.count("."):
+                module.register_forward_pre_hook(lambda m, a, k, name=name: forward_pre(name, a, k), with_kwargs=True)
+                module.register_forward_hook(lambda m, i, o, name=name: forward_end(name, o))
     parameters = {q.untyped_storage().data_ptr() for q in model.parameters()}
     first_saved = {}  # storage -> (module, bytes, dtype, shape)
 
@@ -55,7 +97,9 @@ def main(argv):
 
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
+        loss = model(input_ids=ids, labels=ids).loss
+    if counting is not None:
+        loss.backward()
 
     per_module = collections.defaultdict(int)
     for module, nbytes, _, _ in first_saved.values():
@@ -67,6 +111,8 @@ def main(argv):
         for module, nbytes, dtype, shape in first_saved.values():
             if module.startswith(args.module):
                 print(f"  {module} {nbytes:,} {dtype} {list(shape)}")
+    for module, which, nbytes in peaks:
+        print(f"{module} {which} peak {nbytes:,} above its start")
 
 
 if __name__ == "__main__":
