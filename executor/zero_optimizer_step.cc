@@ -65,7 +65,10 @@ at::Tensor ZeroEngine::AdamWUpdate(at::Tensor weights, at::Tensor grad, at::Tens
 
 at::Tensor ZeroEngine::OwnedGradFp32(int64_t begin, int64_t end) {
   const int64_t len = end - begin;
-  return offload_ ? host_grads_.narrow(0, begin, len) : grad_shard_.narrow(0, begin, len).to(at::kFloat);
+  if (offload_) return host_grads_.narrow(0, begin, len);
+  // _prepare_fp32_grad_for_sub_group: flattened into a new tensor, then
+  // upcast (in fp32 the flat copy is the gradient).
+  return grad_shard_.narrow(0, begin, len).clone().to(at::kFloat);
 }
 
 at::Tensor ZeroEngine::FlattenGradsFp32() {

@@ -821,8 +821,11 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   const int copies = r.Alloc(COMPONENT_TEMPORARIES, s.step_grad_copies, PHASE_OPTIMIZER_STEP, -1,
                              s.step_per_parameter ? "optimizer step, the masters' fp32 gradients"
                                                   : "optimizer step, fp32 copies of the gradients");
+  const int flat = r.Alloc(COMPONENT_TEMPORARIES, s.step_flat_grads, PHASE_OPTIMIZER_STEP, -1,
+                           "optimizer step, a sub-group's flattened gradients");
   const int upcast = r.Alloc(COMPONENT_TEMPORARIES, s.step_upcast, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp32 gradient upcast");
+  r.Free(flat, PHASE_OPTIMIZER_STEP, -1, "flattened gradients freed");
   auto release_grads = [&] {
     r.Free(grads_resident, PHASE_OPTIMIZER_STEP, -1, "gradients set to None");
     free_kept(PHASE_OPTIMIZER_STEP, "gradients set to None");

@@ -82,7 +82,12 @@ void SizeOptimizerStep(const ZeroSizingInputs& in, StepSizes* sizes) {
     } else if (s.stage == 0) {
       // FP16_Optimizer flattens every gradient at once (no sub-groups).
       s.step_grad_copies = s.step_upcast = trained * 4;
-    } else if (s.mixed) {
+    } else {
+      // _prepare_fp32_grad_for_sub_group (stage3.py): the sub-group's
+      // gradients flattened into a new working-dtype tensor, upcast to fp32
+      // (in fp32 training the flat copy is the fp32 one) and the flat copy
+      // dropped.
+      s.step_flat_grads = s.mixed ? sub_group * w : 0;
       s.step_upcast = sub_group * 4;
     }
     if (s.stage == 3) s.step_optimizer_temps = adam_temps * sub_group * 4;

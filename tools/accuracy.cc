@@ -547,6 +547,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                              "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 100000, "
                              "\"stage3_param_persistence_threshold\": 10000, \"stage3_max_reuse_distance\": 0"),
                     2, 64),
+      // Parameters outweigh activations: the peak is the step's flattened sub-group and its upcast.
+      DeepSpeedCase("z3-bf16-heavy-flat-grads", llama_heavy, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 32),
       DeepSpeedCase("z3-bf16-persist-everything", gpt2,
                     DsConfig(3, "bf16", 2, 1, "", "\"reduce_bucket_size\": 200000, "
                                                   "\"stage3_param_persistence_threshold\": 1000000"), 2, 128),
