@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "executor/fused_linear_cross_entropy.h"
+#include "executor/linear_attention.h"
 #include "planner/inventory.h"
 #include "planner/block_layout.h"
 #include "planner/model_spec.h"
@@ -441,7 +442,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   // The block's ops in order (planner/block_layout.h), as the inventory walks them.
   at::Tensor stream = x;   // the residual stream
   at::Tensor current = x;  // what the next op reads
-  at::Tensor q, k, v, attn;
+  at::Tensor q, k, v, attn, gate;
   std::vector<at::Tensor> norm_outputs;  // a pre-norm's output lives until the block returns
   const std::vector<BlockOp> layout = BlockLayout(spec_, layer);
   for (size_t i = 0; i < layout.size(); ++i) {
@@ -463,7 +464,16 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           v = qkv.narrow(-1, (a + kv) * d, kv * d).view({b, s, kv, d});
           break;
         }
-        q = Linear(current, m + "q_proj", linears[0].bias).view({b, s, a, d});
+        if (spec_.attention_output_gate()) {
+          // Qwen3_5Attention: each head's query and gate, side by side; the
+          // gate's reshape copies it (a non-contiguous chunk).
+          const std::vector<at::Tensor> query_gate =
+              Linear(current, m + "q_proj", linears[0].bias).view({b, s, a, 2 * d}).chunk(2, -1);
+          q = query_gate[0];
+          gate = query_gate[1].reshape({b, s, a * d});
+        } else {
+          q = Linear(current, m + "q_proj", linears[0].bias).view({b, s, a, d});
+        }
         k = Linear(current, m + "k_proj", linears[1].bias).view({b, s, kv, d});
         v = Linear(current, m + "v_proj", linears[2].bias).view({b, s, kv, d});
         break;
@@ -541,14 +551,23 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         }
         break;
       }
-      case BlockOpKind::kOutProjection:
-        current = Linear(attn.transpose(1, 2).reshape({b, s, a * d}), m + "o_proj", spec_.attention_out_bias());
+      case BlockOpKind::kOutProjection: {
+        at::Tensor output = attn.transpose(1, 2).reshape({b, s, a * d});
+        if (gate.defined()) output = output * at::sigmoid(gate);  // Qwen3_5Attention
+        current = Linear(output, m + "o_proj", spec_.attention_out_bias());
         // What transformers' attention module returns with: its locals are
         // gone (what autograd saved stays).
         q.reset();
         k.reset();
         v.reset();
         attn.reset();
+        gate.reset();
+        break;
+      }
+      case BlockOpKind::kGatedDeltaNet:
+        current = GatedDeltaNetForward(
+            current, spec_, [&](const at::Tensor& in, const std::string& name) { return Linear(in, m + name, false); },
+            [&](const std::string& name) -> const at::Tensor& { return Param(m + name); });
         break;
       case BlockOpKind::kResidualDropout:
         current = at::dropout(current, spec_.residual_dropout(), /*train=*/true);
@@ -592,11 +611,12 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // A layer's type indexes the tables and masks it reads (LayerType; 0:
   // the model has no layer types, every layer reads the same ones).
   auto type_of = [&](int layer) { return spec_.layer_types().empty() ? 0 : spec_.layer_types(layer); };
-  std::set<int> types;  // of the attention layers: LFM2's conv layers read no tables
-  bool conv_layers = false;
+  // Of the attention layers: LFM2's conv layers and Qwen3.5's linear attention read no tables.
+  std::set<int> types;
+  bool other_mixers = false;
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
-    conv_layers = conv_layers || LayerMixesByConv(spec_, layer);
-    if (!LayerMixesByConv(spec_, layer)) types.insert(type_of(layer));
+    other_mixers = other_mixers || !LayerAttends(spec_, layer);
+    if (LayerAttends(spec_, layer)) types.insert(type_of(layer));
   }
   // Rotary tables [s, rotary dims] in the working dtype (Olmo2: fp32), shared by
   // every layer of a type (Olmo3Model.forward makes a pair per layer type).
@@ -613,6 +633,11 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     for (int type : types) {
       cos_by_type[type] = emb.cos().to(table_dtype);
       sin_by_type[type] = emb.sin().to(table_dtype);
+      if (spec_.rope_tables_per_sequence()) {
+        // Qwen3_5TextRotaryEmbedding: a row per sequence [b, s, r], unsqueezed to the heads by the layers.
+        cos_by_type[type] = cos_by_type[type].expand({b, s, r}).contiguous().unsqueeze(1);
+        sin_by_type[type] = sin_by_type[type].expand({b, s, r}).contiguous().unsqueeze(1);
+      }
     }
   }
   at::Tensor x;
@@ -662,8 +687,9 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     const at::Tensor causal = at::full({b, 1, s, s}, kMasked, options.dtype(dtype_)).triu_(1);
     if (spec_.layer_types().empty()) {
       masks[0] = causal;
-    } else if (conv_layers) {
-      masks[LAYER_FULL_ATTENTION] = causal;  // Lfm2Model.forward: the conv layers get none
+    } else if (other_mixers) {
+      // Lfm2Model.forward: the conv layers get none; Qwen3_5TextModel's linear attention none without padding.
+      masks[LAYER_FULL_ATTENTION] = causal;
     } else {
       masks[LAYER_FULL_ATTENTION] = causal;
       // masking_utils' sliding_window_overlay: a query sees the window's last keys only.

@@ -14,7 +14,8 @@ namespace zplan {
 // Phi3DecoderLayer runs Llama's halves with one qkv_proj and one gate_up_proj;
 // Olmo2DecoderLayer normalizes each half's output instead of its input;
 // Glm4DecoderLayer both. Lfm2DecoderLayer's conv layers run
-// Lfm2ShortConv where the others attend.
+// Lfm2ShortConv where the others attend, Qwen3_5DecoderLayer's linear
+// attention layers Qwen3_5GatedDeltaNet.
 std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer) {
   const bool pre = spec.norm_placement() != NORM_PLACEMENT_POST;
   const bool post = spec.norm_placement() != NORM_PLACEMENT_PRE;
@@ -30,6 +31,9 @@ std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer) {
   if (LayerMixesByConv(spec, layer)) {
     ops.push_back({BlockOpKind::kShortConv, "conv"});
     half_end("conv", "attn_post_norm");
+  } else if (LayerMixesByDeltaRule(spec, layer)) {
+    ops.push_back({BlockOpKind::kGatedDeltaNet, "linear_attn"});
+    half_end("linear_attn", "attn_post_norm");
   } else {
     ops.push_back({BlockOpKind::kQkvProjection, "attn"});
     if (spec.qk_norm()) ops.push_back({BlockOpKind::kQkNorm, "attn"});
@@ -51,7 +55,18 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
     case BlockOpKind::kQkvProjection: {
       const bool bias = spec.attention_qkv_bias();
       if (spec.fused_qkv_projection()) return {{kQkvProj, h, q_width + 2 * kv_width, bias}};
-      return {{"q_proj", h, q_width, bias}, {"k_proj", h, kv_width, bias}, {"v_proj", h, kv_width, bias}};
+      // Qwen3_5Attention's q_proj also makes the gate, head by head.
+      const int64_t q_out = spec.attention_output_gate() ? 2 * q_width : q_width;
+      return {{"q_proj", h, q_out, bias}, {"k_proj", h, kv_width, bias}, {"v_proj", h, kv_width, bias}};
+    }
+    case BlockOpKind::kGatedDeltaNet: {
+      // Module order (Qwen3_5GatedDeltaNet.__init__): out_proj before the input projections.
+      const DeltaRuleWidths w = DeltaRuleWidthsOf(spec);
+      return {{kOutProj, w.values(), h, false},
+              {kInProjQkv, h, w.conv_channels(), false},
+              {kInProjZ, h, w.values(), false},
+              {kInProjB, h, w.value_heads, false},
+              {kInProjA, h, w.value_heads, false}};
     }
     case BlockOpKind::kOutProjection: return {{"o_proj", q_width, h, spec.attention_out_bias()}};
     case BlockOpKind::kShortConv: return {{"in_proj", h, 3 * h, spec.conv_bias()}, {"out_proj", h, h, spec.conv_bias()}};
@@ -134,7 +149,8 @@ bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved) {
       // The dropout shares its half's module: its tensor is the mask.
       if (op.kind == BlockOpKind::kResidualDropout && rest == "resid_dropout_mask") return true;
     }
-    if (op.kind == BlockOpKind::kOutProjection || op.kind == BlockOpKind::kShortConv || op.kind == BlockOpKind::kMlp) {
+    if (op.kind == BlockOpKind::kOutProjection || op.kind == BlockOpKind::kShortConv ||
+        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp) {
       tail = true;
     }
     if (op.kind == BlockOpKind::kResidualAdd) tail = false;
@@ -149,7 +165,8 @@ bool IsPreNormTensor(const std::vector<BlockOp>& layout, const TensorSpec& saved
   for (const BlockOp& op : layout) {
     // Its ".output" is what the projections after it keep.
     if (op.kind == BlockOpKind::kNorm && before_main && op.module == module) return rest != "output";
-    if (op.kind == BlockOpKind::kQkvProjection || op.kind == BlockOpKind::kShortConv || op.kind == BlockOpKind::kMlp) {
+    if (op.kind == BlockOpKind::kQkvProjection || op.kind == BlockOpKind::kShortConv ||
+        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp) {
       before_main = false;
     }
     if (op.kind == BlockOpKind::kResidualAdd) before_main = true;

@@ -43,6 +43,12 @@ enum class BlockOpKind {
   // and x, B x, "<module>.conv" (depthwise over conv_kernel_size tokens,
   // causal), C x, "<module>.out_proj" (all with conv_bias).
   kShortConv,
+  // Qwen3.5's Gated DeltaNet (LAYER_LINEAR_ATTENTION, Qwen3_5GatedDeltaNet):
+  // "<module>.in_proj_qkv", in_proj_z, in_proj_b, in_proj_a of the current
+  // tensor, "<module>.conv1d" (depthwise, causal, silu) over q, k, v, the
+  // gated delta rule (linear_attention_impl), "<module>.norm" gated by z,
+  // "<module>.out_proj"; its own "<module>.dt_bias" and "A_log" [value heads].
+  kGatedDeltaNet,
 };
 
 struct BlockOp {
@@ -58,6 +64,14 @@ std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer);
 // Whether layer `layer` is a LAYER_CONV one.
 inline bool LayerMixesByConv(const ModelSpec& spec, int layer) {
   return layer < spec.layer_types_size() && spec.layer_types(layer) == LAYER_CONV;
+}
+// Whether layer `layer` is a LAYER_LINEAR_ATTENTION one.
+inline bool LayerMixesByDeltaRule(const ModelSpec& spec, int layer) {
+  return layer < spec.layer_types_size() && spec.layer_types(layer) == LAYER_LINEAR_ATTENTION;
+}
+// Whether layer `layer` attends (softmax attention, full or sliding).
+inline bool LayerAttends(const ModelSpec& spec, int layer) {
+  return !LayerMixesByConv(spec, layer) && !LayerMixesByDeltaRule(spec, layer);
 }
 
 // The dims of each head RoPE rotates: rotary_dim, or the whole head when 0.
@@ -94,6 +108,31 @@ inline constexpr char kQNorm[] = "q_norm";
 inline constexpr char kKNorm[] = "k_norm";
 // kShortConv's depthwise conv, "<module>.conv.weight" [h, 1, conv_kernel_size].
 inline constexpr char kConv[] = "conv";
+// kGatedDeltaNet's parameters as Qwen3_5GatedDeltaNet.__init__ names them:
+// its linears (no biases) in the order forward applies them, its depthwise
+// conv, its own two vectors and the gated norm's weight.
+inline constexpr char kInProjQkv[] = "in_proj_qkv";  // [h -> 2 Hk dk + Hv dv]
+inline constexpr char kInProjZ[] = "in_proj_z";      // [h -> Hv dv]
+inline constexpr char kInProjB[] = "in_proj_b";      // [h -> Hv]
+inline constexpr char kInProjA[] = "in_proj_a";      // [h -> Hv]
+inline constexpr char kOutProj[] = "out_proj";       // [Hv dv -> h]
+inline constexpr char kConv1dWeight[] = "conv1d.weight";   // [2 Hk dk + Hv dv, 1, conv_kernel_size]
+inline constexpr char kDtBias[] = "dt_bias";               // [Hv]
+inline constexpr char kALog[] = "A_log";                   // [Hv]
+inline constexpr char kGatedNormWeight[] = "norm.weight";  // [dv]
+
+// kGatedDeltaNet's widths: q and k over the key heads, v over the value
+// heads, all three through the conv (Qwen3_5GatedDeltaNet.__init__'s conv_dim).
+struct DeltaRuleWidths {
+  int64_t key_heads, value_heads, key_dim, value_dim;
+  int64_t keys() const { return key_heads * key_dim; }
+  int64_t values() const { return value_heads * value_dim; }
+  int64_t conv_channels() const { return 2 * keys() + values(); }
+};
+inline DeltaRuleWidths DeltaRuleWidthsOf(const ModelSpec& spec) {
+  return {spec.linear_num_key_heads(), spec.linear_num_value_heads(), spec.linear_key_head_dim(),
+          spec.linear_value_head_dim()};
+}
 
 // The index in `layout` of the op that owns a block parameter named
 // "layers.<i>.<module>.<rest>", and `rest`: the op of that module, or where

@@ -29,7 +29,8 @@ std::vector<std::string> Ops(const ModelSpec& spec, int layer = 1) {
   std::vector<std::string> ops;
   for (const BlockOp& op : BlockLayout(spec, layer)) {
     static const char* const kNames[] = {"norm",       "qkv",          "qk_norm",      "attention", "o_proj",
-                                         "resid_drop", "resid_scale", "residual_add", "mlp",       "short_conv"};
+                                         "resid_drop", "resid_scale", "residual_add", "mlp",       "short_conv",
+                                         "gated_delta_net"};
     ops.push_back(std::string(kNames[static_cast<int>(op.kind)]) + (op.module.empty() ? "" : ":" + op.module));
   }
   return ops;
@@ -56,6 +57,40 @@ TEST(BlockLayoutTest, GraniteScalesEachHalfBeforeItsAdd) {
   EXPECT_THAT(Ops(spec), ElementsAre("norm:attn_norm", "qkv:attn", "attention:attn", "o_proj:attn",
                                      "resid_scale:attn", "residual_add", "norm:mlp_norm", "mlp:mlp",
                                      "resid_scale:mlp", "residual_add"));
+}
+
+// Qwen3.5: a linear attention layer runs its Gated DeltaNet (transformers' parameter order: its own dt_bias and
+// A_log, the conv, the gated norm, out_proj, then the input projections); a full layer's q_proj also makes the gate.
+TEST(BlockLayoutTest, LinearAttentionLayersRunAGatedDeltaNet) {
+  ModelSpec spec = Decoder();
+  spec.add_layer_types(LAYER_LINEAR_ATTENTION);
+  spec.add_layer_types(LAYER_FULL_ATTENTION);
+  spec.set_conv_kernel_size(4);
+  spec.set_linear_num_key_heads(2);
+  spec.set_linear_num_value_heads(4);
+  spec.set_linear_key_head_dim(8);
+  spec.set_linear_value_head_dim(16);
+  spec.set_attention_output_gate(true);
+  EXPECT_THAT(Ops(spec, 0), ElementsAre("norm:attn_norm", "gated_delta_net:linear_attn", "residual_add",
+                                        "norm:mlp_norm", "mlp:mlp", "residual_add"));
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+  for (const TensorSpec& t : BlockParameters(spec, 0)) {
+    names.push_back(t.name());
+    sizes.push_back(NumElements(t));
+  }
+  EXPECT_THAT(names, ElementsAre("layers.0.attn_norm.weight", "layers.0.linear_attn.dt_bias",
+                                 "layers.0.linear_attn.A_log", "layers.0.linear_attn.conv1d.weight",
+                                 "layers.0.linear_attn.norm.weight", "layers.0.linear_attn.out_proj.weight",
+                                 "layers.0.linear_attn.in_proj_qkv.weight", "layers.0.linear_attn.in_proj_z.weight",
+                                 "layers.0.linear_attn.in_proj_b.weight", "layers.0.linear_attn.in_proj_a.weight",
+                                 "layers.0.mlp_norm.weight", "layers.0.mlp.gate_proj.weight",
+                                 "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight"));
+  // q and k over 2 heads of 8, v over 4 of 16: 96 conv channels.
+  EXPECT_THAT(std::vector<int64_t>(sizes.begin() + 1, sizes.begin() + 10),
+              ElementsAre(4, 4, 96 * 4, 16, 64 * 64, 96 * 64, 64 * 64, 4 * 64, 4 * 64));
+  const std::vector<BlockLinear> q = OpLinears(spec, BlockLayout(spec, 1)[1]);
+  EXPECT_EQ(q[0].out_features, 2 * spec.num_attention_heads() * spec.head_dim());
 }
 
 // LFM2: a conv layer runs its short conv where an attention layer attends; the MLP half is alike.

@@ -1,6 +1,7 @@
 #include "planner/inventory.h"
 
 #include <algorithm>
+#include <vector>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -106,6 +107,16 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
                             layer));
       }
     }
+    if (op.kind == BlockOpKind::kGatedDeltaNet) {
+      // Qwen3_5GatedDeltaNet's own parameters, then its submodules': the
+      // conv [channels, 1, kernel] (no bias), the gated norm [value dim], the linears.
+      const DeltaRuleWidths w = DeltaRuleWidthsOf(spec);
+      const std::string m = absl::StrCat(p, ".", module);
+      out.push_back(Param(m + kDtBias, {w.value_heads}, layer));
+      out.push_back(Param(m + kALog, {w.value_heads}, layer));
+      out.push_back(Param(m + kConv1dWeight, {w.conv_channels(), 1, spec.conv_kernel_size()}, layer));
+      out.push_back(Param(m + kGatedNormWeight, {w.value_dim}, layer));
+    }
     for (const BlockLinear& l : OpLinears(spec, op)) {
       AddBlockLinear(spec, p, module + std::string(l.name), l.in_features, l.out_features, l.bias, layer, &out);
       // A short conv's depthwise conv runs between its projections: [h, 1, kernel] (nn.Conv1d, groups=h).
@@ -205,6 +216,12 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
         at.attention = current || IsLoraTarget(spec, "in_proj");
         current = at.attention || IsLoraTarget(spec, "out_proj");
         break;
+      case BlockOpKind::kGatedDeltaNet:
+        // The conv's and the delta rule's tensors (at.attention) and the output.
+        at.attention = current || IsLoraTarget(spec, kInProjQkv) || IsLoraTarget(spec, kInProjZ) ||
+                       IsLoraTarget(spec, kInProjB) || IsLoraTarget(spec, kInProjA);
+        current = at.attention || IsLoraTarget(spec, kOutProj);
+        break;
       case BlockOpKind::kOutProjection:
         at.input = at.attention;
         current = at.attention || IsLoraTarget(spec, "o_proj");
@@ -292,6 +309,73 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
     if (BaseWeightsTrain(spec)) act(".normalized", shape, spec.norm_weight_in_fp32() ? DTYPE_FP32 : dtype);
     act(".rstd", rows, DTYPE_FP32);  // HF RMSNorm computes it in fp32
   }
+}
+
+// What Qwen3_5GatedDeltaNet keeps between its input projections and
+// out_proj, through transformers' torch fallbacks (LINEAR_ATTENTION_TORCH;
+// modeling_qwen3_5.py: causal_conv1d_fn, torch_chunk_gated_delta_rule,
+// Qwen3_5RMSNormGated), measured with tools/saved_tensors.py
+// (docs/family_sources.md): exact in bf16. The chunked tensors are named
+// "<module>chunks.*" (kDeltaRuleChunks): their sizes follow the padded
+// length, which the fits of memory_model.cc take apart.
+void AppendDeltaRuleSaved(const ModelSpec& spec, const std::string& module, int64_t b, int64_t s, DType dtype,
+                          int layer, std::vector<TensorSpec>* out) {
+  const DeltaRuleWidths w = DeltaRuleWidthsOf(spec);
+  const int64_t hv = w.value_heads, dk = w.key_dim, dv = w.value_dim, kernel = spec.conv_kernel_size();
+  const int64_t chunks = DeltaRuleChunks(s), padded = chunks * kDeltaRuleChunkTokens;
+  const int64_t c = kDeltaRuleChunkTokens;
+  auto act = [&](const std::string& name, std::vector<int64_t> shape, DType t) {
+    out->push_back(Make(module + name, std::move(shape), t, ROLE_ACTIVATION, layer));
+  };
+  auto chunked = [&](const std::string& name, std::vector<int64_t> shape) {
+    act(absl::StrCat(kDeltaRuleChunks, name), std::move(shape), DTYPE_FP32);
+  };
+  // The conv: its input (in_proj_qkv's output, transposed), its padded
+  // output (silu keeps a slice of it); sigmoid(b); the decay's
+  // -exp(A_log) and softplus(a + dt_bias), in fp32.
+  act("conv_input", {b, s, w.conv_channels()}, dtype);
+  act("conv_output", {b, w.conv_channels(), s + kernel - 1}, dtype);
+  act("beta", {b, s, hv}, dtype);
+  act("softplus_input", {b, s, hv}, DTYPE_FP32);
+  act("softplus", {b, s, hv}, DTYPE_FP32);
+  // l2norm of q and k (repeated to the value heads), in fp32: x and 1 / |x|.
+  for (const char* t : {"q", "k"}) {
+    act(absl::StrCat(t, "_fp32"), {b, hv, s, dk}, DTYPE_FP32);
+    act(absl::StrCat(t, "_inv_norm"), {b, hv, s, 1}, DTYPE_FP32);
+  }
+  chunked("decay_rate", {2, hv});  // exp(A_log.float()) and its negation
+  chunked("upper_mask", {c, c});   // strictly_upper_mask, a bool [c, c]
+  out->back().set_dtype(DTYPE_BOOL);
+  // Padded to whole chunks: beta, v, k, the scaled q, k x beta; the
+  // pairwise decay, k_beta kᵀ, q kᵀ, the UT system and the intra-chunk
+  // attention [b, hv, chunks, c, c]; three exp tables of the cumulative
+  // decay and the chunks' decay; the triangular solves' results; q and k
+  // decayed; the recurrent state before each chunk; each chunk's v_new.
+  chunked("beta", {b, hv, padded});
+  chunked("v", {b, hv, padded, dv});
+  chunked("k", {b, hv, padded, dk});
+  chunked("q", {b, hv, padded, dk});
+  chunked("k_beta", {b, hv, padded, dk});
+  for (const char* t : {"pairwise_decay", "k_beta_k", "q_k", "ut_system", "intra_chunk_attn"}) {
+    chunked(t, {b, hv, chunks, c, c});
+  }
+  for (const char* t : {"decay_exp_q", "decay_exp_k_beta", "decay_exp_k"}) chunked(t, {b, hv, padded});
+  chunked("chunk_decay", {b, hv, chunks});
+  chunked("new_values", {b, hv, padded, dv});
+  chunked("k_cumdecay", {b, hv, padded, dk});
+  chunked("q_decayed", {b, hv, padded, dk});
+  // One chunk: torch's matmul keeps one [b, hv, padded, dk] less (measured; its batch folding of a single chunk).
+  if (chunks > 1) chunked("k_decayed", {b, hv, padded, dk});
+  chunked("states", {chunks, b, hv, dk, dv});
+  chunked("v_new", {b, hv, padded, dv});
+  // The gated norm over [b s hv, dv]: its fp32 input, rstd, the normalized
+  // input cast back, z in fp32, silu(z), the weighted normalized input.
+  act("norm_input_fp32", {b, s, hv, dv}, DTYPE_FP32);
+  act("norm_rstd", {b, s, hv}, DTYPE_FP32);
+  act("norm_normalized", {b, s, hv, dv}, dtype);
+  act("z_fp32", {b, s, hv, dv}, DTYPE_FP32);
+  act("z_silu", {b, s, hv, dv}, DTYPE_FP32);
+  act("norm_weighted", {b, s, hv, dv}, dtype);
 }
 
 }  // namespace
@@ -502,16 +586,22 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         output_kept = attention_grad && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device);
         break;
       }
-      case BlockOpKind::kOutProjection:
-        // The attention output: kept by the attention kernel, else by o_proj.
-        if (output_kept || saves_input("o_proj", attention_grad)) act(m + "output", {b, s, a * d}, dtype);
-        // The kernel's output in q's [b, heads, s, d] layout: o_proj keeps the contiguous copy besides it.
-        if (output_kept && spec.rope_concatenates() && saves_input("o_proj", attention_grad)) {
-          act(m + "output_copy", {b, s, a * d}, dtype);
-        }
+      case BlockOpKind::kOutProjection: {
+        // Qwen3_5Attention: attn_output * sigmoid(gate), then o_proj. The
+        // product keeps both factors (sigmoid its output) while the gate
+        // (q_proj's) requires grad, o_proj keeps the product.
+        const bool gated = spec.attention_output_gate();
+        // The attention output: kept by the attention kernel, else by o_proj (or the gate's product).
+        const bool output_read = gated ? q_grad : saves_input("o_proj", attention_grad);
+        if (output_kept || output_read) act(m + "output", {b, s, a * d}, dtype);
+        // The kernel's output in q's [b, heads, s, d] layout: o_proj (or the gate's product) keeps the contiguous copy besides it.
+        if (output_kept && spec.rope_concatenates() && output_read) act(m + "output_copy", {b, s, a * d}, dtype);
+        if (gated && attention_grad) act(m + "gate_sigmoid", {b, s, a * d}, dtype);
+        if (gated && saves_input("o_proj", q_grad || attention_grad)) act(m + "gated_output", {b, s, a * d}, dtype);
         adapters(m + "o_proj", a * d, attention_grad);
         current.clear();
         break;
+      }
       case BlockOpKind::kShortConv: {
         // Lfm2ShortConv.forward (transformers' causal_conv1d_fn fallback,
         // the path without the causal-conv1d kernel): in_proj keeps its
@@ -530,6 +620,20 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         }
         if (saves_input("out_proj", attention_grad)) act(m + "output", {b, s, h}, dtype);
         adapters(m + "out_proj", h, attention_grad);
+        current.clear();
+        break;
+      }
+      case BlockOpKind::kGatedDeltaNet: {
+        bool keeps = false;  // the input projections' input
+        for (const BlockLinear& l : linears) keeps = keeps || (l.name != kOutProj && saves_input(l.name, current_grad));
+        if (keeps) act(read_name(), {b, s, h}, dtype);
+        for (const BlockLinear& l : linears) {
+          if (l.name != kOutProj) adapters(m + std::string(l.name), h, current_grad);
+        }
+        if (attention_grad) AppendDeltaRuleSaved(spec, p + "." + m, b, s, dtype, layer, &out);
+        const int64_t values = DeltaRuleWidthsOf(spec).values();
+        if (saves_input(kOutProj, attention_grad)) act(m + "output", {b, s, values}, dtype);
+        adapters(m + kOutProj, values, attention_grad);
         current.clear();
         break;
       }
@@ -660,17 +764,95 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   return t;
 }
 
-ShortConvTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+MixerTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
   const int64_t w = DTypeBytes(dtype);
   const int64_t bsh = b * s * spec.hidden_size() * w;
   const int64_t padding = b * spec.hidden_size() * (spec.conv_kernel_size() - 1) * w;  // per side of the conv
-  ShortConvTransients t;
+  MixerTransients t;
   // The conv's own temporaries (2 bsh + padding) less out_proj's saved input, which comes after.
   t.forward_bytes = bsh + padding;
   // The norm's output, in_proj's [b, s, 3h], B x, the conv's output and its temporaries.
   t.nograd_bytes = 8 * bsh + 2 * padding;
   // C's gradient, the padded output's, the conv's input gradient and its temporaries.
   t.backward_bytes = 3 * bsh + padding;
+  return t;
+}
+
+// Each pass peaks at one of a few moments, each a sum of the tensors alive
+// there (measured to the byte with the counting allocator over 600 shapes,
+// bf16 and fp32, 1 to 10 chunks, Hk != Hv and dk != dv; docs/family_sources.md):
+// the gated norm's product, the last chunk's output and state update, the
+// reshape of the chunks' output; in backward the gated norm's multiply,
+// the second chunk processed (CopySlices and SelectBackward add each
+// chunk's whole-size gradients into one buffer per tensor: linear in the
+// chunks) and the triangular solves'. Without the weight gradients, which
+// the step counts itself (a kept gradient, or one on its way to a bucket).
+MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  MixerTransients t;
+  if (spec.linear_num_value_heads() == 0) return t;
+  const DeltaRuleWidths widths = DeltaRuleWidthsOf(spec);
+  const int64_t w = DTypeBytes(dtype), hv = widths.value_heads, dk = widths.key_dim, dv = widths.value_dim;
+  const int64_t c = kDeltaRuleChunkTokens, chunks = DeltaRuleChunks(s), tokens = b * s, padded = b * chunks * c;
+  const bool fp32 = dtype == DTYPE_FP32, repeats = widths.key_heads != hv;
+  // Per token: the value width in the working dtype and in fp32, a value head in fp32 and in the working dtype, the conv.
+  const int64_t val = tokens * hv * dv * w, val32 = 4 * tokens * hv * dv, head32 = 4 * tokens * hv,
+                head = tokens * hv * w, conv = tokens * widths.conv_channels() * w;
+  // Padded to whole chunks (fp32): the values, the keys, the chunks' tables, a decay table.
+  const int64_t pv = 4 * padded * hv * dv, pk = 4 * padded * hv * dk, pc = 4 * padded * hv * c, pd = 4 * padded * hv;
+  // One chunk's values, keys and table; one recurrent state; the chunks' decay; one per head.
+  const int64_t cv = 4 * b * hv * c * dv, ck = 4 * b * hv * c * dk, c64 = 4 * b * hv * c * c;
+  const int64_t state = 4 * b * hv * dk * dv, decay = 4 * b * hv * chunks, per_head = 4 * b * hv;
+  // fp32 with whole chunks: .to(fp32) aliases transposed views; with repeated key heads and a batch the
+  // chunk matmuls copy their q and k slices.
+  const bool aligned32 = fp32 && s % c == 0, copies = aligned32 && b >= 2 && repeats;
+
+  // Forward, beyond what it saves: the module's locals dead at its end (z, a, b, the conv's output, g),
+  // less the gated norm's tensors, saved after the loop.
+  const int64_t dead = fp32 ? 2 * head + head32 + (repeats ? conv : 0) : val + 2 * head + conv + head32;
+  const int64_t later = fp32 ? 5 * val32 + head32 : 3 * val32 + 3 * val + head32;
+  int64_t loop = dead + 2 * pd + 2 * pv + pk - later;  // the padded decays, v x beta, the output, k x beta decayed
+  if (chunks == 1) loop += 2 * pk + pd + per_head;      // only the discarded last state reads the decayed q, k
+  if (copies && chunks >= 2) loop += 2 * pk;
+  t.forward_bytes = std::max({fp32 ? dead + tokens * spec.hidden_size() * w : 0,
+                              fp32 ? dead + head32 : dead + head32 + 2 * val32,  // the gated norm's product
+                              loop + 3 * cv, loop + cv + 3 * state + (copies ? ck : 0), loop + cv + pv});
+
+  // Backward: after the gated norm's, z's gradient stands where the norm's saved tensors and out_proj's
+  // input were.
+  const int64_t normed = val - later;
+  std::vector<int64_t> moments = {val, (fp32 ? 2 : 3) * val32};  // out_proj's input gradient; the gated multiply
+  int64_t loop_adjust = 0, solve_adjust = 0;
+  if (aligned32 && (chunks >= 2 || copies)) solve_adjust -= pk;
+  if (copies && chunks >= 2) {
+    loop_adjust = chunks >= 3 ? -2 * ck : 2 * pk - 2 * ck;
+    solve_adjust += 2 * ck;
+  }
+  if (chunks >= 3) {  // the second chunk processed, beside the last one's whole-size gradients
+    for (int64_t m : {3 * pv + pc + 3 * pk + 2 * cv + decay, 2 * pv + 2 * pc + 3 * pk + c64 + decay,
+                      2 * pv + pc + 4 * pk + ck - cv + decay, 2 * pv + pc + 3 * pk + 2 * state + per_head}) {
+      moments.push_back(normed + m + loop_adjust);
+    }
+  } else if (chunks == 2) {
+    for (int64_t m : {3 * pv + pc + pk + cv + decay - state, pv + pc + pk + c64 + 2 * cv + decay - state,
+                      2 * pv + pc + pk + state + per_head}) {
+      moments.push_back(normed + m + loop_adjust);
+    }
+  } else {
+    for (int64_t m : {2 * pv + cv, pv + cv + c64, pv + pk + ck}) moments.push_back(normed + m);
+  }
+  // The triangular solves' backward, once the chunks' v_new and states are gone.
+  const int64_t solved = chunks >= 2 ? -pd - decay - chunks * state : pk - state;
+  moments.push_back(normed + 2 * pc + 2 * pk + solved + solve_adjust);
+  moments.push_back(normed + pv + 3 * pc + solved + solve_adjust);
+  t.backward_bytes = *std::max_element(moments.begin(), moments.end());
+
+  // Under no_grad, beside the norm's output: every local of the chunk function at the loop.
+  const int64_t module = val + 3 * head + conv + head32;
+  const int64_t locals = module + 4 * pv + 3 * pd + c * c + 3 * pc + 5 * pk + decay + state;
+  t.nograd_bytes = tokens * spec.hidden_size() * w +
+                   std::max({module + 2 * val + head32 + 3 * val32, locals + 4 * cv, locals + 2 * cv + 3 * state,
+                             copies ? locals + 2 * cv + 2 * state + ck : 0, locals - state + 2 * cv + pv,
+                             locals + pk + pd - decay, module + 2 * pv + 3 * pk + 3 * pd + c * c + 4 * pc});
   return t;
 }
 

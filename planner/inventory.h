@@ -153,6 +153,16 @@ bool SdpaSlidingMaskAt(const ModelSpec& spec, int64_t seq_length);
 bool LayerSlides(const ModelSpec& spec, int layer);
 
 
+// torch_chunk_gated_delta_rule's chunk (modeling_qwen3_5.py, its chunk_size
+// default): a LAYER_LINEAR_ATTENTION layer pads the sequence to whole chunks.
+inline constexpr int64_t kDeltaRuleChunkTokens = 64;
+inline int64_t DeltaRuleChunks(int64_t seq_length) {
+  return (seq_length + kDeltaRuleChunkTokens - 1) / kDeltaRuleChunkTokens;
+}
+// The prefix, after the module's, of the saved tensors whose sizes follow
+// the chunks rather than the tokens ("layers.0.linear_attn.chunks.q").
+inline constexpr char kDeltaRuleChunks[] = "chunks.";
+
 // Tensors one block saves for backward in `dtype` (plus fp32 norm
 // statistics), with activation checkpointing off. Layer is set to `layer`.
 // With LoRA the frozen weights keep less, and block 0 (whose input does not
@@ -212,13 +222,18 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
 // [b, h, s + kernel - 1] output), forward with and without grad; backward
 // peaks in the conv's backward, beside the gradients of C and of the padded
 // output.
-struct ShortConvTransients {
+struct MixerTransients {
   int64_t forward_bytes = 0;   // beyond what the half saves
   int64_t nograd_bytes = 0;    // under no_grad, beyond the block's input
   int64_t backward_bytes = 0;  // beyond what the half saves and the gradient of its output
 };
-ShortConvTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
-                                            DType dtype);
+MixerTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
+
+// A Gated DeltaNet half's (kGatedDeltaNet, LINEAR_ATTENTION_TORCH) in the
+// same terms, measured module by module on CPU ranks with the counting
+// allocator (docs/family_sources.md): the fp32 chunk tensors and the
+// backward's whole-size gradients of each chunk's reads.
+MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
 
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights

@@ -191,13 +191,25 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   const SavePolicy& saves = sizer.saves_;
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
   // causal mask) + W*s (tables without a batch) + V*b (a conv's padding):
-  // fit the five terms from the inventory, check a seventh point.
+  // fit the five terms from the inventory, check a seventh point. The gated
+  // delta rule's chunked tensors (kDeltaRuleChunks) apart: P*b*chunks + R,
+  // and with one chunk E*b more.
   auto fit = [&](int layer, const SavePolicy& saves) {
     const std::vector<BlockOp> layout = BlockLayout(model, layer);
-    auto saved = [&](int64_t b, int64_t seq) {
-      return SumBytes(BlockSavedActivations(model, b, seq, dtype, layer, device, saves));
+    auto saved_where = [&](int64_t b, int64_t seq, bool chunked) {
+      int64_t bytes = 0;
+      for (const TensorSpec& t : BlockSavedActivations(model, b, seq, dtype, layer, device, saves)) {
+        if (absl::StrContains(t.name(), kDeltaRuleChunks) == chunked) bytes += TensorBytes(t);
+      }
+      return bytes;
     };
+    auto saved = [&](int64_t b, int64_t seq) { return saved_where(b, seq, false); };
     SavedFit f;
+    constexpr int64_t kTwoChunks = kDeltaRuleChunkTokens + 1;
+    const int64_t one = saved_where(1, kTwoChunks, true), two = saved_where(2, kTwoChunks, true);
+    f.per_batch_chunk = (two - one) / 2;
+    f.chunk_constant = one - 2 * f.per_batch_chunk;
+    f.one_chunk_per_batch = saved_where(1, 1, true) - f.per_batch_chunk - f.chunk_constant;
     // g(s) = f(2, s) - f(1, s) = X s + Y s^2 + V.
     const int64_t f11 = saved(1, 1), f12 = saved(1, 2), f13 = saved(1, 3);
     const int64_t g1 = saved(2, 1) - f11, g2 = saved(2, 2) - f12, g3 = saved(2, 3) - f13;
@@ -209,7 +221,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     const int64_t r2 = f12 - 2 * f.per_token - 4 * f.per_token_sq - f.per_batch;
     f.per_seq_sq = (r2 - 2 * r1) / 2;
     f.per_seq = r1 - f.per_seq_sq;
-    ZPLAN_CHECK(saved(3, 5) == f.Bytes(3, 5));
+    ZPLAN_CHECK(saved(3, 5) + saved_where(3, 5, true) == f.Bytes(3, 5));
+    ZPLAN_CHECK(saved(3, 200) + saved_where(3, 200, true) == f.Bytes(3, 200));
     for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
       if (InMlpHalf(layout, t)) f.mlp_per_token += TensorBytes(t);
       if (IsBlockInputItself(layout, t, dtype)) f.input_per_token += TensorBytes(t);
@@ -222,9 +235,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   };
   // A layer's saved tensors depend on it only through being block 0, its
   // mixer and whether it slides (under the mask): one fit per such signature.
-  std::map<std::tuple<bool, bool, bool, bool>, int> fit_of;
+  std::map<std::tuple<bool, int, bool, bool>, int> fit_of;
   auto fit_index = [&](int layer, bool masked) {
-    const auto key = std::make_tuple(layer == 0, LayerMixesByConv(model, layer), LayerSlides(model, layer), masked);
+    const auto key = std::make_tuple(layer == 0, model.layer_types_size() > layer ? model.layer_types(layer) : 0,
+                                     LayerSlides(model, layer), masked);
     auto [it, inserted] = fit_of.try_emplace(key, static_cast<int>(sizer.fits_.size()));
     if (inserted) {
       SavePolicy policy = saves;
@@ -236,6 +250,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   for (int layer = 0; layer < layers; ++layer) {
     LayerStatics& l = statics[layer];
     l.conv = LayerMixesByConv(model, layer);
+    l.delta_rule = LayerMixesByDeltaRule(model, layer);
     l.fit = fit_index(layer, false);
     if (LayerSlides(model, layer) && model.attention_impl() == ATTENTION_SDPA) l.masked_fit = fit_index(layer, true);
   }
@@ -398,7 +413,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   const int64_t unrepeated = a != kv ? 2 * tokens * kv * d * w : 0, repeated = a != kv ? 2 * tokens * a * d * w : 0;
   const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_);
   const int64_t fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
-  const ShortConvTransients conv = ShortConvTransientBytes(model, b, seq, dtype);
+  const MixerTransients conv = ShortConvTransientBytes(model, b, seq, dtype);
+  const MixerTransients delta_rule = DeltaRuleTransientBytes(model, b, seq, dtype);
   const int64_t pre_norm_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, !model.has_lora());
   s.block_kinds.resize(kinds_.size());
   bool any_masked = false;
@@ -420,10 +436,11 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     };
     k.mlp_pre_norm_bwd = pre_norm_backward(f.mlp_pre_norm_per_token);
     k.attn_pre_norm_bwd = pre_norm_backward(f.attn_pre_norm_per_token);
-    if (l.conv) {
-      k.fwd_transient = conv.forward_bytes;
-      k.nograd_peak = s.block_input + std::max(ffn_live, conv.nograd_bytes);
-      k.bwd_attn_transient = conv.backward_bytes;
+    if (l.conv || l.delta_rule) {
+      const MixerTransients& mixer = l.conv ? conv : delta_rule;
+      k.fwd_transient = mixer.forward_bytes;
+      k.nograd_peak = s.block_input + std::max(ffn_live, mixer.nograd_bytes);
+      k.bwd_attn_transient = mixer.backward_bytes;
     } else {
       k.fwd_transient = fwd_transient + (masked_here ? unrepeated : 0);
       k.nograd_peak = s.block_input + std::max(ffn_live, attn_live + (masked_here ? repeated + b * seq * seq * w : 0));
@@ -459,10 +476,12 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // type (LFM2's conv layers take none: one pair).
     std::set<int> layer_types(model.layer_types().begin(), model.layer_types().end());
     layer_types.erase(LAYER_CONV);
+    layer_types.erase(LAYER_LINEAR_ATTENTION);
     const int64_t rope_pairs = std::max<int64_t>(1, layer_types.size());
     if (model.position_embedding() == POSITION_ROPE) {
       const int64_t rotary_dim = RotaryDims(model);
-      const int64_t pair = 2 * seq * rotary_dim * (model.rope_in_fp32() ? 4 : w);
+      const int64_t pair =
+          2 * (model.rope_tables_per_sequence() ? b : 1) * seq * rotary_dim * (model.rope_in_fp32() ? 4 : w);
       s.rope_tables = rope_pairs * pair;
       s.rope_tables_unsaved = model.rope_interleaved();
       for (int layer = 1; layer < model.num_layers() && rope_pairs > 1; ++layer) {
@@ -477,8 +496,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // both the full and the sliding one (Olmo3Model.forward's
     // causal_mask_mapping), with conv layers the full one (Lfm2Model's conv
     // layers get none without padding).
-    const bool conv_layers = std::count(model.layer_types().begin(), model.layer_types().end(), LAYER_CONV) > 0;
-    const int64_t masks = model.layer_types().empty() || conv_layers ? 1 : 2;
+    const bool other_mixers = std::any_of(model.layer_types().begin(), model.layer_types().end(),
+                                          [](int type) { return type == LAYER_CONV || type == LAYER_LINEAR_ATTENTION; });
+    const int64_t masks = model.layer_types().empty() || other_mixers ? 1 : 2;
     if (model.attention_impl() == ATTENTION_EAGER) s.attention_mask = masks * tokens * seq * w;
     // SDPA past the window: the sliding one, bool [s, s] expanded to the batch (masking_utils.py, sdpa_mask).
     if (any_masked) s.attention_mask = seq * seq;

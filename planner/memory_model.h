@@ -116,9 +116,15 @@ class StepSizer {
     int64_t attn_tail_per_token = 0;  // what the ops after o_proj save
     int64_t mlp_pre_norm_per_token = 0;   // what each half's pre-norm saves (IsPreNormTensor)
     int64_t attn_pre_norm_per_token = 0;
+    // The gated delta rule's tensors padded to whole chunks (kDeltaRuleChunks).
+    int64_t per_batch_chunk = 0;
+    int64_t chunk_constant = 0;
+    int64_t one_chunk_per_batch = 0;  // besides, with a single chunk
     int64_t Bytes(int64_t b, int64_t seq) const {
+      const int64_t chunks = DeltaRuleChunks(seq);
       return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq + per_seq * seq +
-             per_batch * b;
+             per_batch * b + per_batch_chunk * b * chunks + chunk_constant +
+             (chunks == 1 ? one_chunk_per_batch * b : 0);
     }
   };
   // What a layer's kind does not owe to the shape: its fits (fits_), under
@@ -128,10 +134,12 @@ class StepSizer {
   struct LayerStatics {
     int fit = 0;
     int masked_fit = -1;  // -1: never masked
-    bool conv = false;    // LayerMixesByConv
+    bool conv = false;        // LayerMixesByConv
+    bool delta_rule = false;  // LayerMixesByDeltaRule
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
     bool operator==(const LayerStatics& o) const {
-      return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && grads_attn == o.grads_attn &&
+      return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && delta_rule == o.delta_rule &&
+             grads_attn == o.grads_attn &&
              max_attn_grad == o.max_attn_grad && gather == o.gather && gather_kept == o.gather_kept;
     }
   };

@@ -298,6 +298,54 @@ TEST(MemoryModelTest, ShortConvLayersKeepWhatLfm2ShortConvKeeps) {
   EXPECT_EQ(conv.max_attn_grad, 3 * h * h * w);
 }
 
+TEST(MemoryModelTest, LinearAttentionLayersKeepTheirChunksPadded) {
+  // Qwen3.5: three Gated DeltaNet layers to one gated full-attention layer; the delta rule pads the
+  // sequence to whole chunks of 64 tokens, and its saved tensors follow the chunks.
+  auto model = ModelSpecFromHfConfig(R"({"model_type": "qwen3_5_text", "hidden_size": 128,
+      "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+      "linear_value_head_dim": 48, "vocab_size": 512})", "qwen3_5.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  RunConfig config = Config(2, 2);
+  config.set_micro_batch_size(2);
+  const int64_t b = 2, h = 128, hv = 4, dk = 32, dv = 48, c = 2 * 2 * dk + hv * dv, kernel = 4;
+  auto saved_bytes = [&](int64_t seq, int layer) {
+    int64_t bytes = 0;
+    for (const TensorSpec& t : BlockSavedActivations(*model, b, seq, DTYPE_BF16, layer, KernelDevice::kCuda)) {
+      bytes += TensorBytes(t);
+    }
+    return bytes;
+  };
+  for (int64_t seq : {1, 64, 65, 100, 128, 129, 300}) {
+    config.set_seq_length(seq);
+    const StepSizes s = Sizes(*model, config);
+    EXPECT_EQ(s.block_kind_of[1], s.block_kind_of[2]);
+    EXPECT_NE(s.block_kind_of[2], s.block_kind_of[3]);
+    for (int layer : {0, 3}) {
+      EXPECT_EQ(s.Block(layer).saved, saved_bytes(seq, layer)) << "seq " << seq << " layer " << layer;
+    }
+    // The Gated DeltaNet's own (docs/family_sources.md, measured with tools/saved_tensors.py): per token
+    // the projections' input, the conv's input, sigmoid(b), softplus's input and output, the l2-normed q
+    // and k with their norms, the gated norm's six tensors and rstd, out_proj's input; the conv's padded
+    // output; per padded token beta, v, k, q, k x beta, five 64-wide chunk tables, three decay tables,
+    // the solves' results, q and k decayed, v_new; per chunk its decay and the state before it.
+    const int64_t tokens = b * seq, chunks = (seq + 63) / 64, padded = b * chunks * 64;
+    const int64_t own = tokens * (h * 2 + c * 2 + hv * 2 + 2 * hv * 4 + 2 * (hv * dk * 4 + hv * 4) +
+                                  hv * dv * (4 + 2 + 4 + 4 + 2) + hv * 4 + hv * dv * 2) +
+                        b * c * (seq + kernel - 1) * 2 + 2 * hv * 4 + 64 * 64 +
+                        padded * hv * (4 + dv * 4 + dk * 4 * 3 + 5 * 64 * 4 + 3 * 4 + (dv + dk) * 4 +
+                                       (chunks > 1 ? 2 : 1) * dk * 4 + dv * 4) +
+                        b * hv * chunks * 4 + chunks * b * hv * dk * dv * 4;
+    int64_t listed = 0;
+    for (const TensorSpec& t : BlockSavedActivations(*model, b, seq, DTYPE_BF16, 0, KernelDevice::kCuda)) {
+      if (absl::StartsWith(t.name(), "layers.0.linear_attn.") || t.name() == "layers.0.attn_norm.output") {
+        listed += TensorBytes(t);
+      }
+    }
+    EXPECT_EQ(listed, own) << "seq " << seq;
+  }
+}
+
 // ZeRO-1 with overlap_comm clears no reduced gradient: one larger than a
 // bucket, of a parameter outside the rank's partition, stays to the epilogue.
 TEST(MemoryModelTest, ZeroOneWithOverlapKeepsOtherRanksOversizedGradients) {

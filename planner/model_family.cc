@@ -39,6 +39,9 @@ constexpr int64_t kGemma3SlidingWindowPattern = 6;
 constexpr int64_t kGemma2SlidingPattern = 2;
 constexpr double kGemma2AttnLogitSoftcap = 50.0;
 constexpr double kGemma2FinalLogitSoftcap = 30.0;
+// Qwen3_5TextConfig's head_dim default, and __post_init__'s partial_rotary_factor.
+constexpr int64_t kQwen3_5DefaultHeadDim = 256;
+constexpr double kQwen3_5PartialRotaryFactor = 0.25;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
 constexpr int64_t kSmolLm3NoRopeLayerInterval = 4;
 
@@ -286,6 +289,33 @@ std::vector<ModelFamily> BuildFamilies() {
   }
   {
     ModelFamily& f = families.emplace_back();
+    f.model_type = "qwen3_5_text";
+    f.read_from = "models/qwen3_5/configuration_qwen3_5.py (Qwen3_5TextConfig: head_dim 256, partial_rotary_factor "
+                  "0.25, layer_types from full_attention_interval 4, linear_* widths), modeling_qwen3_5.py "
+                  "(Qwen3_5RMSNorm: x (1 + weight.float()) in fp32; Qwen3_5Attention: q_proj twice as wide, "
+                  "q_norm and k_norm per head, attn_output * sigmoid(gate); Qwen3_5GatedDeltaNet with "
+                  "causal_conv1d_fn's and torch_chunk_gated_delta_rule's fallbacks, Qwen3_5RMSNormGated; "
+                  "Qwen3_5MLP)";
+    f.ffn_key = "intermediate_size";
+    f.default_head_dim = kQwen3_5DefaultHeadDim;
+    f.norm = NORM_RMSNORM;
+    f.mlp = MlpKind::kGated;
+    f.activation_key = "hidden_act";
+    f.default_activation = "silu";
+    f.qkv_bias_key = "attention_bias";  // q, k, v and o_proj alike
+    f.out_bias = OutProjectionBias::kAsQkv;
+    f.qk_norm = true;
+    f.position = POSITION_ROPE;
+    f.attention_dropout = kAttentionDropoutOnly;
+    f.partial_rotary = true;
+    f.default_partial_rotary_factor = kQwen3_5PartialRotaryFactor;
+    f.norm_weight_in_fp32 = true;
+    f.norm_unit_offset = true;
+    f.delta_rule_layers = true;
+    f.rope_tables_per_sequence = true;  // Qwen3_5TextModel.forward: position_ids expanded to the batch
+  }
+  {
+    ModelFamily& f = families.emplace_back();
     f.model_type = "gpt2";
     f.read_from = "models/gpt2/configuration_gpt2.py (GPT2Config), modeling_gpt2.py (GPT2Attention, GPT2MLP: Conv1D "
                   "with biases, eager softmax in the working dtype)";
@@ -387,7 +417,7 @@ ParameterlessModules ParameterlessModulesOf(const ModelSpec& spec) {
     std::set<LayerType> attention_types;
     for (int layer = 0; layer < spec.num_layers(); ++layer) {
       const LayerType type = layer < spec.layer_types_size() ? spec.layer_types(layer) : LAYER_FULL_ATTENTION;
-      if (type != LAYER_CONV) attention_types.insert(type);
+      if (type != LAYER_CONV && type != LAYER_LINEAR_ATTENTION) attention_types.insert(type);
     }
     out.rotary_calls = out.rotary_per_layer_type ? std::max<int>(1, attention_types.size()) : 1;
   }

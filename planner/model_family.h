@@ -2,7 +2,7 @@
 // The transformers model types zplan plans, as data: one ModelFamily per
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite,
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
-// smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit -- holding what that
+// smollm3, glm4, gemma3_text, gemma2, lfm2, qwen3_5_text, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
@@ -10,12 +10,13 @@
 // Granite's multipliers, Phi3's fused projections and sliding window, OLMo's
 // layer types, SmolLM3's layers without RoPE, GLM-4's partial interleaved
 // RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, LFM2's
-// short-conv layers, and the transformers source (5.23.0, planner/version.h)
+// short-conv layers, Qwen3.5's Gated DeltaNet layers and gated attention,
+// and the transformers source (5.23.0, planner/version.h)
 // it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
 //
-// Any other model_type (bert, qwen3_5, starcoder2, first-generation qwen, ...)
+// Any other model_type (bert, starcoder2, first-generation qwen, ...)
 // is not supported: nothing here describes it. Planning it as one of these
 // families anyway is an unvalidated approximation; a plan that is one says so
 // in ModelSpec.unvalidated_approximation (ApproximationNote), which zplan and
@@ -168,6 +169,15 @@ struct ModelFamily {
   // block_ff_dim) by block_auto_adjust_ff_dim, block_ffn_dim_multiplier and
   // block_multiple_of.
   bool short_conv_layers = false;
+  // Qwen3_5TextConfig's layers: layer_types of "full_attention" and
+  // "linear_attention" (LAYER_LINEAR_ATTENTION), by default full attention
+  // every full_attention_interval (4) layers; the Gated DeltaNet's
+  // linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
+  // linear_value_head_dim and linear_conv_kernel_dim; and the full layers'
+  // gated attention (ModelSpec.attention_output_gate).
+  bool delta_rule_layers = false;
+  // Qwen3.5's RoPE tables, one per sequence (ModelSpec.rope_tables_per_sequence).
+  bool rope_tables_per_sequence = false;
   // GraniteMoeHybridConfig's layers, of which zplan plans the attention-only,
   // dense ones: layer_types all "attention" (absent: every layer a Mamba-2
   // layer), position_embedding_type "rope" (null: no positions at all) and
@@ -187,7 +197,7 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// lfm2, gpt2, vit".
+// lfm2, qwen3_5_text, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, qwen3_5_text, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;

@@ -183,6 +183,46 @@ absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family,
       });
 }
 
+// Qwen3_5TextConfig's layers (ModelFamily::delta_rule_layers): its
+// layer_types, or full attention every full_attention_interval layers and
+// linear attention between (Qwen3_5TextConfig.__post_init__); the Gated
+// DeltaNet's widths and conv; the full layers' gated attention.
+absl::Status ReadDeltaRuleConfig(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+  // Qwen3_5TextConfig's defaults.
+  constexpr int64_t kFullAttentionInterval = 4, kConvKernel = 4, kKeyHeads = 16, kValueHeads = 32, kHeadDim = 128;
+  int64_t interval = kFullAttentionInterval;
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "full_attention_interval", &interval));
+  if (interval <= 0) return config.Error("full_attention_interval", "must be a positive number of layers");
+  spec->clear_layer_types();
+  ZPLAN_RETURN_IF_ERROR(ReadPerLayer(
+      config, "layer_types", "a list of \"full_attention\" or \"linear_attention\", one per layer", family,
+      spec->num_layers(),
+      [&](int64_t i) {
+        spec->add_layer_types((i + 1) % interval != 0 ? LAYER_LINEAR_ATTENTION : LAYER_FULL_ATTENTION);
+      },
+      [&](const google::protobuf::Value& v) {
+        const bool full = v.has_string_value() && v.string_value() == "full_attention";
+        const bool linear = v.has_string_value() && v.string_value() == "linear_attention";
+        if (full || linear) spec->add_layer_types(full ? LAYER_FULL_ATTENTION : LAYER_LINEAR_ATTENTION);
+        return full || linear;
+      }));
+  int64_t kernel = kConvKernel, key_heads = kKeyHeads, value_heads = kValueHeads, key_dim = kHeadDim,
+          value_dim = kHeadDim;
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "linear_conv_kernel_dim", &kernel));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "linear_num_key_heads", &key_heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "linear_num_value_heads", &value_heads));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "linear_key_head_dim", &key_dim));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "linear_value_head_dim", &value_dim));
+  spec->set_conv_kernel_size(kernel);
+  spec->set_linear_num_key_heads(key_heads);
+  spec->set_linear_num_value_heads(value_heads);
+  spec->set_linear_key_head_dim(key_dim);
+  spec->set_linear_value_head_dim(value_dim);
+  spec->set_linear_attention_impl(LINEAR_ATTENTION_TORCH);
+  spec->set_attention_output_gate(true);
+  return absl::OkStatus();
+}
+
 // Lfm2Config's layers and widths (ModelFamily::short_conv_layers): its
 // layer_types, or full_attn_idxs' layers attending and the rest convolving
 // (every layer attends when neither is given: Lfm2Config.__post_init__);
@@ -362,6 +402,7 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   if (family.full_attention_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadLayerTypes(config, family, spec));
   if (family.no_rope_layer_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadRopeLayers(config, family, spec));
   if (family.short_conv_layers) ZPLAN_RETURN_IF_ERROR(ReadShortConvConfig(config, family, spec));
+  if (family.delta_rule_layers) ZPLAN_RETURN_IF_ERROR(ReadDeltaRuleConfig(config, family, spec));
   if (family.granite_hybrid_layers) ZPLAN_RETURN_IF_ERROR(ReadGraniteHybridLayers(config, family, spec));
   for (absl::string_view key : family.unmodelled_keys) {
     const google::protobuf::Value* given = config.Find(key);
@@ -379,6 +420,7 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   spec->set_rope_in_fp32(family.rope_in_fp32);
   spec->set_rope_concatenates(family.partial_rotary);
   spec->set_rope_interleaved(family.rope_interleaved);
+  spec->set_rope_tables_per_sequence(family.rope_tables_per_sequence);
   if (family.partial_rotary) {
     // _compute_default_rope_parameters reads it from the config or its
     // rope_parameters, and rotates int(head_dim * factor) dims of each head.
@@ -857,12 +899,31 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
                                                    "; give one per layer, or none"));
   }
   for (int type : spec.layer_types()) {
-    if (type != LAYER_FULL_ATTENTION && type != LAYER_SLIDING_ATTENTION && type != LAYER_CONV) {
+    if (type == LAYER_TYPE_UNSPECIFIED || !LayerType_IsValid(type)) {
       return absl::InvalidArgumentError("model.layer_types: LAYER_TYPE_UNSPECIFIED; give each layer its type");
     }
-    if (type == LAYER_CONV && spec.conv_kernel_size() < 1) {
+    if ((type == LAYER_CONV || type == LAYER_LINEAR_ATTENTION) && spec.conv_kernel_size() < 1) {
       return absl::InvalidArgumentError(absl::StrCat("model.conv_kernel_size: ", spec.conv_kernel_size(),
-                                                     " with LAYER_CONV layers; give the conv's kernel in tokens (>= 1)"));
+                                                     " with ", LayerType_Name(static_cast<LayerType>(type)),
+                                                     " layers; give the conv's kernel in tokens (>= 1)"));
+    }
+  }
+  if (std::count(spec.layer_types().begin(), spec.layer_types().end(), LAYER_LINEAR_ATTENTION) > 0) {
+    ZPLAN_RETURN_IF_ERROR(CheckFields({
+        {"model.linear_num_key_heads", spec.linear_num_key_heads(), 1, kMaxHeads, "Gated DeltaNet key heads"},
+        {"model.linear_num_value_heads", spec.linear_num_value_heads(), 1, kMaxHeads, "Gated DeltaNet value heads"},
+        {"model.linear_key_head_dim", spec.linear_key_head_dim(), 1, kMaxHeadDim, "elements per key head"},
+        {"model.linear_value_head_dim", spec.linear_value_head_dim(), 1, kMaxHeadDim, "elements per value head"},
+    }));
+    if (spec.linear_num_value_heads() % spec.linear_num_key_heads() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.linear_num_value_heads: ", spec.linear_num_value_heads(), " is not a multiple of linear_num_key_heads ",
+          spec.linear_num_key_heads(), "; torch_chunk_gated_delta_rule repeats each key head to whole value heads"));
+    }
+    if (spec.linear_attention_impl() != LINEAR_ATTENTION_TORCH) {
+      return absl::InvalidArgumentError(
+          "model.linear_attention_impl: unset; LINEAR_ATTENTION_TORCH (transformers' torch fallback) is the one "
+          "modelled");
     }
   }
   if (spec.norm_unit_offset() && !spec.norm_weight_in_fp32()) {

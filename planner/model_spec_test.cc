@@ -312,6 +312,55 @@ TEST(ModelSpecTest, MistralSlidesEveryLayerUnlessItsWindowIsNull) {
   }
 }
 
+TEST(ModelSpecTest, Qwen3_5ReadsItsLinearAttentionLayersAndGatedAttention) {
+  const std::string shape = R"("model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  // Qwen3_5TextConfig's defaults: full attention every 4th layer, head_dim 256, a quarter of it rotated,
+  // 16 key and 32 value heads of 128, a conv of 4.
+  auto d = ModelSpecFromHfConfig(absl::StrCat("{", shape, "}"), "qwen3_5.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(d->layer_types(), ElementsAre(LAYER_LINEAR_ATTENTION, LAYER_LINEAR_ATTENTION, LAYER_LINEAR_ATTENTION,
+                                            LAYER_FULL_ATTENTION, LAYER_LINEAR_ATTENTION));
+  EXPECT_EQ(d->head_dim(), 256);
+  EXPECT_EQ(d->rotary_dim(), 64);
+  EXPECT_TRUE(d->rope_concatenates());
+  EXPECT_TRUE(d->rope_tables_per_sequence());
+  EXPECT_EQ(d->linear_num_key_heads(), 16);
+  EXPECT_EQ(d->linear_num_value_heads(), 32);
+  EXPECT_EQ(d->linear_key_head_dim(), 128);
+  EXPECT_EQ(d->linear_value_head_dim(), 128);
+  EXPECT_EQ(d->conv_kernel_size(), 4);
+  EXPECT_EQ(d->linear_attention_impl(), LINEAR_ATTENTION_TORCH);
+  EXPECT_TRUE(d->attention_output_gate());
+  EXPECT_TRUE(d->qk_norm());
+  EXPECT_TRUE(d->norm_unit_offset());
+  EXPECT_FALSE(d->tie_word_embeddings());
+  // full_attention_interval, or layer_types as given; the widths and the conv from their keys.
+  auto v = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "full_attention_interval": 2, "head_dim": 16,
+      "linear_num_key_heads": 2, "linear_num_value_heads": 6, "linear_key_head_dim": 8, "linear_value_head_dim": 4,
+      "linear_conv_kernel_dim": 3})"), "qwen3_5.json");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_THAT(v->layer_types(), ElementsAre(LAYER_LINEAR_ATTENTION, LAYER_FULL_ATTENTION, LAYER_LINEAR_ATTENTION,
+                                            LAYER_FULL_ATTENTION, LAYER_LINEAR_ATTENTION));
+  EXPECT_EQ(v->linear_num_value_heads(), 6);
+  EXPECT_EQ(v->conv_kernel_size(), 3);
+  auto sliding = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "layer_types": ["linear_attention",
+      "sliding_attention", "full_attention", "linear_attention", "full_attention"]})"), "qwen3_5.json");
+  ASSERT_FALSE(sliding.ok());
+  EXPECT_NE(sliding.status().message().find("qwen3_5.json: layer_types: \"sliding_attention\" is not modelled in "
+                                            "qwen3_5_text; give a list of \"full_attention\" or \"linear_attention\""),
+            std::string::npos)
+      << sliding.status();
+  // Value heads repeat whole key heads.
+  auto uneven = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "head_dim": 16, "linear_num_key_heads": 4,
+      "linear_num_value_heads": 6})"), "qwen3_5.json");
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_NE(uneven.status().message().find("model.linear_num_value_heads: 6 is not a multiple of "
+                                           "linear_num_key_heads 4"),
+            std::string::npos)
+      << uneven.status();
+}
+
 TEST(ModelSpecTest, Lfm2ReadsItsConvLayersAndAdjustsItsMlpWidth) {
   const std::string shape = R"("model_type": "lfm2", "hidden_size": 64, "intermediate_size": 300,
       "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
@@ -486,7 +535,7 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, qwen3_5_text, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -518,7 +567,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"starcoder2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, gpt2, vit)"),
+                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, qwen3_5_text, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.

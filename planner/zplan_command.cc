@@ -326,6 +326,10 @@ std::string Header(const Plan& plan) {
     }
   }
   if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) absl::StrAppend(&checkpointing, ", Liger fused loss");
+  // Qwen3.5's linear attention: the kernel planned (fla's differ, pending a GPU measurement).
+  if (plan.model().linear_attention_impl() == LINEAR_ATTENTION_TORCH) {
+    absl::StrAppend(&checkpointing, ", linear attention by transformers' torch fallback");
+  }
   // An unvalidated approximation, or where a shape without a model_type came from, on its own line.
   const std::string origin = ModelOriginLine(plan.model());
   return absl::StrFormat(

@@ -59,6 +59,7 @@ const std::vector<std::string> kGemma3 = {"--hf-config", "configs/hf/tiny/gemma3
 // scores and the logits softcapped, one sliding layer to one full past a 64-token window.
 const std::vector<std::string> kGemma2 = {"--hf-config", "configs/hf/tiny/gemma2.json"};
 const std::vector<std::string> kLfm2 = {"--hf-config", "configs/hf/tiny/lfm2.json"};
+const std::vector<std::string> kQwen3_5 = {"--hf-config", "configs/hf/tiny/qwen3_5.json"};
 const std::vector<std::string> kGraniteHybrid = {"--hf-config", "configs/hf/tiny/granitemoehybrid.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
@@ -352,6 +353,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("gemma2-z3-bf16-w2-eager", kGemma2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("lfm2-z2-bf16-w2-ckpt", kLfm2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("lfm2-z3-bf16-w2", kLfm2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_5-z2-bf16-w2-ckpt", kQwen3_5, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_5-z3-bf16-w2", kQwen3_5, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("olmo3-wide-z1-fp32-w2-eager", kOlmo3Wide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
   };
 }
@@ -465,7 +468,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     gemma3 = "configs/hf/tiny/gemma3.json", gemma3_wide = "configs/hf/tiny/gemma3-wide.json",
                     gemma2 = "configs/hf/tiny/gemma2.json", gemma2_wide = "configs/hf/tiny/gemma2-wide.json",
                     lfm2 = "configs/hf/tiny/lfm2.json", lfm2_wide = "configs/hf/tiny/lfm2-wide.json",
-                    granite_hybrid = "configs/hf/tiny/granitemoehybrid.json",
+                    qwen3_5 = "configs/hf/tiny/qwen3_5.json", granite_hybrid = "configs/hf/tiny/granitemoehybrid.json",
                     granite_hybrid_wide = "configs/hf/tiny/granitemoehybrid-wide.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
   // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
@@ -710,6 +713,10 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("lfm2-z2-bf16-ckpt", lfm2, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
       DeepSpeedCase("lfm2-z3-bf16", lfm2, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
       DeepSpeedCase("lfm2-wide-z1-fp32", lfm2_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 1024),
+      // Qwen3.5: Gated DeltaNet layers (transformers' torch fallbacks: the conv, the delta rule's fp32
+      // chunks padded to 64 tokens and a state per chunk, the gated norm) beside gated full attention.
+      DeepSpeedCase("qwen3_5-z2-bf16-ckpt", qwen3_5, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
+      DeepSpeedCase("qwen3_5-z3-bf16", qwen3_5, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
       // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
       // its real rank's measurement, byte for byte.

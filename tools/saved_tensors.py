@@ -48,6 +48,7 @@ def main(argv):
     with open(args.hf_config) as f:
         config = AutoConfig.for_model(**json.load(f))
     config._attn_implementation = args.attention
+    config.use_cache = False  # as in training (the DeepSpeed oracle): no cache states kept
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to({"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
 
