@@ -154,6 +154,10 @@ int SpawnRanks(const Plan& plan, const ZrunOptions& options, const std::vector<s
       setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(*port).c_str(), 1);
+      // torchrun's default for several processes on a node (torch/distributed/run.py: "Setting
+      // OMP_NUM_THREADS environment variable for each process to be 1 in default"): ranks sharing
+      // the cores do not oversubscribe them (the DeepSpeed oracle's CPU ranks run so too).
+      if (world > 1) setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
       std::vector<char*> args;
       for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);

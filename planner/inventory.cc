@@ -311,6 +311,20 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
   }
 }
 
+}  // namespace
+
+int64_t DeltaRuleAlignedFp32Bytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  if (dtype != DTYPE_FP32 || s % kDeltaRuleChunkTokens != 0) return 0;
+  const DeltaRuleWidths w = DeltaRuleWidthsOf(spec);
+  const int64_t chunks = DeltaRuleChunks(s);
+  const int64_t keys = 4 * b * w.value_heads * chunks * kDeltaRuleChunkTokens * w.key_dim;  // [b, hv, padded, dk]
+  const bool slice_copies = b >= 2 && w.key_heads != w.value_heads;
+  if (chunks >= 2) return 4 * keys - (slice_copies ? keys / chunks : 0);
+  return slice_copies ? 2 * keys : 0;
+}
+
+namespace {
+
 // What Qwen3_5GatedDeltaNet keeps between its input projections and
 // out_proj, through transformers' torch fallbacks (LINEAR_ATTENTION_TORCH;
 // modeling_qwen3_5.py: causal_conv1d_fn, torch_chunk_gated_delta_rule,
@@ -336,6 +350,9 @@ void AppendDeltaRuleSaved(const ModelSpec& spec, const std::string& module, int6
   act("conv_input", {b, s, w.conv_channels()}, dtype);
   act("conv_output", {b, w.conv_channels(), s + kernel - 1}, dtype);
   act("beta", {b, s, hv}, dtype);
+  // In fp32 with as many key heads as value heads (nothing repeats them),
+  // one [b, s, hv, dv] more (measured; the value's .to(float32) aliasing).
+  if (dtype == DTYPE_FP32 && w.key_heads == hv) act("value_fp32", {b, s, hv, dv}, DTYPE_FP32);
   act("softplus_input", {b, s, hv}, DTYPE_FP32);
   act("softplus", {b, s, hv}, DTYPE_FP32);
   // l2norm of q and k (repeated to the value heads), in fp32: x and 1 / |x|.
@@ -367,6 +384,9 @@ void AppendDeltaRuleSaved(const ModelSpec& spec, const std::string& module, int6
   // One chunk: torch's matmul keeps one [b, hv, padded, dk] less (measured; its batch folding of a single chunk).
   if (chunks > 1) chunked("k_decayed", {b, hv, padded, dk});
   chunked("states", {chunks, b, hv, dk, dv});
+  if (const int64_t aligned = DeltaRuleAlignedFp32Bytes(spec, b, s, dtype); aligned > 0) {
+    act("aligned_fp32_copies", {aligned / 4}, DTYPE_FP32);  // not "chunks.": the fits leave it to StepSizer
+  }
   chunked("v_new", {b, hv, padded, dv});
   // The gated norm over [b s hv, dv]: its fp32 input, rstd, the normalized
   // input cast back, z in fp32, silu(z), the weighted normalized input.
@@ -511,7 +531,13 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           if (q_grad) norm(m + kQNorm, {b, s, a * d});
           if (k_grad) norm(m + kKNorm, {b, s, kv * d});
         } else {
-          if (q_grad) norm(m + kQNorm, {b, s, a, d});
+          if (q_grad) {
+            const size_t first = out.size();
+            norm(m + kQNorm, {b, s, a, d});
+            // Qwen3_5Attention's query is a chunk of q_proj's [b, s, a, 2d]
+            // output: in fp32, x.to(float32) aliases it, and the norm keeps all of it.
+            if (spec.attention_output_gate() && dtype == DTYPE_FP32) out[first].set_shape(3, 2 * d);
+          }
           if (k_grad) norm(m + kKNorm, {b, s, kv, d});
         }
         break;
@@ -817,9 +843,10 @@ MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t b, int64_
                               fp32 ? dead + head32 : dead + head32 + 2 * val32,  // the gated norm's product
                               loop + 3 * cv, loop + cv + 3 * state + (copies ? ck : 0), loop + cv + pv});
 
-  // Backward: after the gated norm's, z's gradient stands where the norm's saved tensors and out_proj's
-  // input were.
-  const int64_t normed = val - later;
+  // Backward: after the gated norm's, z's gradient stands where the norm's saved tensors (its fp32
+  // input, z and silu(z) in fp32; the normalized, weighted and gated ones in the working dtype; rstd)
+  // were.
+  const int64_t normed = val - (3 * val32 + 3 * val + head32);
   std::vector<int64_t> moments = {val, (fp32 ? 2 : 3) * val32};  // out_proj's input gradient; the gated multiply
   int64_t loop_adjust = 0, solve_adjust = 0;
   if (aligned32 && (chunks >= 2 || copies)) solve_adjust -= pk;

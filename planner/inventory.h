@@ -163,6 +163,18 @@ inline int64_t DeltaRuleChunks(int64_t seq_length) {
 // the chunks rather than the tokens ("layers.0.linear_attn.chunks.q").
 inline constexpr char kDeltaRuleChunks[] = "chunks.";
 
+// What an fp32 Gated DeltaNet saves beyond AppendDeltaRuleSaved's list
+// (inventory.cc) at a multiple of kDeltaRuleChunkTokens: x.transpose(1,
+// 2).to(float32, contiguous_format) then aliases q, k, v, beta and the decay
+// as transposed views (to_will_alias), nothing pads them into new tensors,
+// and the chunk reshapes and matmuls copy them: four [b, value heads,
+// padded, key dim] more from two chunks on (a chunk's slice less when the
+// key heads repeat and b >= 2: the matmuls then copy slice by slice), two
+// with one chunk (only then), measured with tools/saved_tensors.py. 0
+// otherwise (and, conservatively, for one chunk of one sequence, which
+// keeps two fewer). The saved-activation fit never sees it: StepSizer adds it.
+int64_t DeltaRuleAlignedFp32Bytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
+
 // Tensors one block saves for backward in `dtype` (plus fp32 norm
 // statistics), with activation checkpointing off. Layer is set to `layer`.
 // With LoRA the frozen weights keep less, and block 0 (whose input does not

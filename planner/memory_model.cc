@@ -426,6 +426,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     StepSizes::BlockKind& k = s.block_kinds[kind];
     k = StepSizes::BlockKind();
     k.saved = f.Bytes(b, seq);
+    // The delta rule's copies at a multiple of its chunk in fp32 (none where it saves nothing).
+    if (l.delta_rule && f.per_batch_chunk > 0) k.saved += DeltaRuleAlignedFp32Bytes(model, b, seq, dtype);
     k.saved_mlp = f.mlp_per_token * tokens;
     k.saved_input = f.input_per_token * tokens;
     k.mlp_tail_saved = f.mlp_tail_per_token * tokens;

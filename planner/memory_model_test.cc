@@ -346,6 +346,38 @@ TEST(MemoryModelTest, LinearAttentionLayersKeepTheirChunksPadded) {
   }
 }
 
+TEST(MemoryModelTest, LinearAttentionTransientsAreTheMeasuredPeaks) {
+  // One Qwen3_5GatedDeltaNet's peaks, measured with the counting allocator on transformers' torch
+  // fallbacks (h 128, 2 key heads repeated to 4 value heads of 32; h 160, 1 to 4, dk 24, dv 48, conv 2):
+  // the forward's above what it saves, the backward's (with the out_proj and norm weight gradients,
+  // which the step counts apart), under no_grad beside its input.
+  struct Measured {
+    int64_t h, key_heads, value_heads, dk, dv, kernel;
+    DType dtype;
+    int64_t b, s, forward, saved, backward, nograd;
+  };
+  for (const Measured& m : {Measured{128, 2, 4, 32, 32, 4, DTYPE_BF16, 2, 200, 7663912, 6927912, 1697728, 4677376},
+                            Measured{128, 2, 4, 32, 32, 4, DTYPE_BF16, 2, 64, 2064456, 1728552, 260160, 1391648},
+                            Measured{128, 2, 4, 32, 32, 4, DTYPE_FP32, 1, 128, 2557000, 2354248, 196608, 1345568},
+                            Measured{160, 1, 4, 24, 48, 2, DTYPE_FP32, 2, 256, 10483752, 9639976, 909312, 5664896}}) {
+    ModelSpec spec;
+    spec.set_hidden_size(m.h);
+    spec.set_linear_num_key_heads(m.key_heads);
+    spec.set_linear_num_value_heads(m.value_heads);
+    spec.set_linear_key_head_dim(m.dk);
+    spec.set_linear_value_head_dim(m.dv);
+    spec.set_conv_kernel_size(m.kernel);
+    const MixerTransients t = DeltaRuleTransientBytes(spec, m.b, m.s, m.dtype);
+    const int64_t w = DTypeBytes(m.dtype), out_proj_grad = m.h * m.value_heads * m.dv * w, norm_grad = m.dv * w;
+    EXPECT_EQ(t.forward_bytes, m.forward - m.saved) << m.s;
+    EXPECT_EQ(t.nograd_bytes, m.nograd + m.b * m.s * m.h * w) << m.s;
+    // The gated norm's multiply comes before the norm's weight gradient.
+    EXPECT_TRUE(t.backward_bytes + out_proj_grad + norm_grad == m.backward ||
+                t.backward_bytes + out_proj_grad == m.backward)
+        << m.s << ": " << t.backward_bytes;
+  }
+}
+
 // ZeRO-1 with overlap_comm clears no reduced gradient: one larger than a
 // bucket, of a parameter outside the rank's partition, stays to the epilogue.
 TEST(MemoryModelTest, ZeroOneWithOverlapKeepsOtherRanksOversizedGradients) {

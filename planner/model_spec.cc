@@ -158,10 +158,25 @@ absl::Status ReadPerLayer(const JsonObject& config, absl::string_view key, absl:
   return absl::OkStatus();
 }
 
+// config.layer_types of "full_attention" and `other` (`other_type`), or
+// without it full attention where `attends(i)` and `other` elsewhere.
+absl::Status ReadLayerTypesOf(const JsonObject& config, const ModelFamily& family, absl::string_view other,
+                              LayerType other_type, const std::function<bool(int64_t)>& attends, ModelSpec* spec) {
+  spec->clear_layer_types();
+  return ReadPerLayer(
+      config, "layer_types", absl::StrCat("a list of \"full_attention\" or \"", other, "\", one per layer"), family,
+      spec->num_layers(), [&](int64_t i) { spec->add_layer_types(attends(i) ? LAYER_FULL_ATTENTION : other_type); },
+      [&](const google::protobuf::Value& v) {
+        const bool full = v.has_string_value() && v.string_value() == "full_attention";
+        const bool given = v.has_string_value() && v.string_value() == other;
+        if (full || given) spec->add_layer_types(full ? LAYER_FULL_ATTENTION : other_type);
+        return full || given;
+      });
+}
+
 // config.layer_types, or the family's pattern: full attention every
 // full_attention_interval layers, sliding between.
 absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
-  spec->clear_layer_types();
   int64_t interval = family.full_attention_interval;
   if (!family.full_attention_interval_key.empty()) {
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, family.full_attention_interval_key, &interval));
@@ -169,18 +184,8 @@ absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family,
       return config.Error(family.full_attention_interval_key, "must be a positive number of layers");
     }
   }
-  return ReadPerLayer(
-      config, "layer_types", "a list of \"full_attention\" or \"sliding_attention\", one per layer", family,
-      spec->num_layers(),
-      [&](int64_t i) {
-        spec->add_layer_types((i + 1) % interval != 0 ? LAYER_SLIDING_ATTENTION : LAYER_FULL_ATTENTION);
-      },
-      [&](const google::protobuf::Value& v) {
-        const bool full = v.has_string_value() && v.string_value() == "full_attention";
-        const bool sliding = v.has_string_value() && v.string_value() == "sliding_attention";
-        if (full || sliding) spec->add_layer_types(full ? LAYER_FULL_ATTENTION : LAYER_SLIDING_ATTENTION);
-        return full || sliding;
-      });
+  return ReadLayerTypesOf(config, family, "sliding_attention", LAYER_SLIDING_ATTENTION,
+                          [&](int64_t i) { return (i + 1) % interval == 0; }, spec);
 }
 
 // Qwen3_5TextConfig's layers (ModelFamily::delta_rule_layers): its
@@ -193,19 +198,8 @@ absl::Status ReadDeltaRuleConfig(const JsonObject& config, const ModelFamily& fa
   int64_t interval = kFullAttentionInterval;
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "full_attention_interval", &interval));
   if (interval <= 0) return config.Error("full_attention_interval", "must be a positive number of layers");
-  spec->clear_layer_types();
-  ZPLAN_RETURN_IF_ERROR(ReadPerLayer(
-      config, "layer_types", "a list of \"full_attention\" or \"linear_attention\", one per layer", family,
-      spec->num_layers(),
-      [&](int64_t i) {
-        spec->add_layer_types((i + 1) % interval != 0 ? LAYER_LINEAR_ATTENTION : LAYER_FULL_ATTENTION);
-      },
-      [&](const google::protobuf::Value& v) {
-        const bool full = v.has_string_value() && v.string_value() == "full_attention";
-        const bool linear = v.has_string_value() && v.string_value() == "linear_attention";
-        if (full || linear) spec->add_layer_types(full ? LAYER_FULL_ATTENTION : LAYER_LINEAR_ATTENTION);
-        return full || linear;
-      }));
+  ZPLAN_RETURN_IF_ERROR(ReadLayerTypesOf(config, family, "linear_attention", LAYER_LINEAR_ATTENTION,
+                                         [&](int64_t i) { return (i + 1) % interval == 0; }, spec));
   int64_t kernel = kConvKernel, key_heads = kKeyHeads, value_heads = kValueHeads, key_dim = kHeadDim,
           value_dim = kHeadDim;
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "linear_conv_kernel_dim", &kernel));
@@ -246,16 +240,8 @@ absl::Status ReadShortConvConfig(const JsonObject& config, const ModelFamily& fa
       attends[static_cast<int64_t>(i)] = true;
     }
   }
-  spec->clear_layer_types();
-  ZPLAN_RETURN_IF_ERROR(ReadPerLayer(
-      config, "layer_types", "a list of \"full_attention\" or \"conv\", one per layer", family, layers,
-      [&](int64_t i) { spec->add_layer_types(attends[i] ? LAYER_FULL_ATTENTION : LAYER_CONV); },
-      [&](const google::protobuf::Value& v) {
-        const bool full = v.has_string_value() && v.string_value() == "full_attention";
-        const bool conv = v.has_string_value() && v.string_value() == "conv";
-        if (full || conv) spec->add_layer_types(full ? LAYER_FULL_ATTENTION : LAYER_CONV);
-        return full || conv;
-      }));
+  ZPLAN_RETURN_IF_ERROR(
+      ReadLayerTypesOf(config, family, "conv", LAYER_CONV, [&](int64_t i) { return attends[i]; }, spec));
   int64_t kernel = kLfm2DefaultConvKernel;
   bool conv_bias = false, tied = spec->tie_word_embeddings();
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "conv_L_cache", &kernel));

@@ -468,7 +468,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     gemma3 = "configs/hf/tiny/gemma3.json", gemma3_wide = "configs/hf/tiny/gemma3-wide.json",
                     gemma2 = "configs/hf/tiny/gemma2.json", gemma2_wide = "configs/hf/tiny/gemma2-wide.json",
                     lfm2 = "configs/hf/tiny/lfm2.json", lfm2_wide = "configs/hf/tiny/lfm2-wide.json",
-                    qwen3_5 = "configs/hf/tiny/qwen3_5.json", granite_hybrid = "configs/hf/tiny/granitemoehybrid.json",
+                    qwen3_5 = "configs/hf/tiny/qwen3_5.json", qwen3_5_wide = "configs/hf/tiny/qwen3_5-wide.json",
+                    granite_hybrid = "configs/hf/tiny/granitemoehybrid.json",
                     granite_hybrid_wide = "configs/hf/tiny/granitemoehybrid-wide.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
   // (65 tokens), and a wider, deeper one at 128x128 (257 tokens) with
@@ -717,6 +718,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       // chunks padded to 64 tokens and a state per chunk, the gated norm) beside gated full attention.
       DeepSpeedCase("qwen3_5-z2-bf16-ckpt", qwen3_5, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
       DeepSpeedCase("qwen3_5-z3-bf16", qwen3_5, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+      // A wider, tied one in fp32 at a multiple of the chunk: .to(float32) aliases, the chunks copy.
+      DeepSpeedCase("qwen3_5-wide-z1-fp32", qwen3_5_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
       // worlds). The first three are rows above again as their rank 1: recordings_test holds each to
       // its real rank's measurement, byte for byte.

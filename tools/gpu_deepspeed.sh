@@ -45,6 +45,7 @@ if (( dry_run )); then
   qwen3=$root/configs/hf/tiny/qwen3.json llama1b=$root/configs/hf/tiny/llama.json vit=$root/configs/hf/tiny/vit.json
   granite=$root/configs/hf/tiny/granite.json gemma3=$root/configs/hf/tiny/gemma3.json
   granite4=$root/configs/hf/tiny/granitemoehybrid.json lfm2=$root/configs/hf/tiny/lfm2.json
+  qwen35=$root/configs/hf/tiny/qwen3_5.json
   vit_seq=65 vit_batch=4
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
   buckets3='"reduce_bucket_size": 200000, "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 10000'
@@ -59,6 +60,11 @@ else
   qwen3=$root/configs/hf/qwen3-0.6b.json llama1b=$root/configs/hf/llama3.2-1b.json
   granite=$root/configs/hf/granite-3.1-2b-base.json gemma3=$root/configs/hf/gemma-3-1b-it.json
   lfm2=$root/configs/hf/lfm2-1.2b.json
+  # Qwen3.5-9B's text model cut to its first four layers (three Gated DeltaNet, one gated full attention).
+  qwen35=$out/qwen3.5-9b-4-layers.json
+  "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4
+c["layer_types"] = c["layer_types"][:4]; json.dump(c, open(sys.argv[2], "w"), indent=2)' \
+    "$root/configs/hf/qwen3.5-9b-text.json" "$qwen35"
   # Seed 000's Granite 4.0 1B with its script's 28,683 added tokens (configs/seeds/000_*.textproto).
   granite4=$out/granite-4.0-1b-seed000.json
   sed 's/"vocab_size": 100352/"vocab_size": 129035/' "$root/configs/hf/granite-4.0-1b.json" > "$granite4"
@@ -196,6 +202,9 @@ ds_row "Gemma 3 past its window, ZeRO-2" "$gemma3" "$seq" 1 -1 "$(ds_config 2 "$
 # LFM2-1.2B: short-conv layers through transformers' F.conv1d fallback (no causal-conv1d package), whose CUDA
 # temporaries are planned as the CPU's measured ones.
 ds_row "LFM2, ZeRO-2 + ckpt, world 1" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" --checkpointing
+# Qwen3.5: Gated DeltaNet through transformers' torch fallbacks (the bundle has no flash-linear-attention
+# or causal-conv1d), what it saves planned as the CPU's measured tensors (the logits' backward is the peak).
+ds_row "Qwen3.5 (4 layers), ZeRO-2, rank 7 of 8" "$qwen35" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")"
 
 {
   echo "device: $gpu  DeepSpeed steps: $steps (the first is the warm-up)"
