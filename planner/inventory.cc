@@ -184,21 +184,22 @@ bool IsUnusedOriginal(absl::string_view parameter_name) {
 
 namespace {
 
-// Which tensors of one block require grad, at each op of its layout: not
-// block 0's input when the embedding is frozen, unless its output is made
-// to (SavePolicy); a LoRA target's output always (its adapters train). The
-// one walk that BlockSavedActivations (what autograd keeps) and RunsBackward
-// (which modules ZeRO-3 gathers in backward) read.
+// Which tensors of one block require grad, at each op of its layout, given
+// whether its input does (BlockInputRequiresGrad); a LoRA target's output
+// always (its adapters train). The one walk that BlockSavedActivations
+// (what autograd keeps) and RunsBackward (which modules ZeRO-3 gathers in
+// backward) read.
 struct OpGradients {
   bool input = false;                    // the tensor the op reads
   bool q = false, k = false, v = false;  // the projections' outputs, from kQkvProjection on
   bool attention = false;                // the attention's output, from kAttention on
   bool gate = false, up = false;         // kMlp: the gated and the up projection's outputs
+  bool stream = false;                   // the residual stream after the op: at the end, the block's output
 };
-std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vector<BlockOp>& layout, int layer,
-                                           const SavePolicy& saves) {
+std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vector<BlockOp>& layout,
+                                           bool input_grad) {
   std::vector<OpGradients> flow;
-  bool stream = layer > 0 || EmbeddingOutputRequiresGrad(spec, saves);  // the residual stream
+  bool stream = input_grad;  // the residual stream
   bool current = stream;
   OpGradients at;
   for (const BlockOp& op : layout) {
@@ -237,6 +238,7 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
         break;
       default: break;
     }
+    at.stream = stream;
     flow.push_back(at);
   }
   return flow;
@@ -244,15 +246,23 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
 
 }  // namespace
 
+bool BlockInputRequiresGrad(const ModelSpec& spec, int layer, const SavePolicy& saves) {
+  bool grad = EmbeddingOutputRequiresGrad(spec, saves);
+  // Once the stream requires grad it does to the end; until then a block without adapters passes none on.
+  for (int l = 0; l < layer && !grad; ++l) grad = BlockGradientFlow(spec, BlockLayout(spec, l), grad).back().stream;
+  return grad;
+}
+
 bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves) {
   if (IsUnusedOriginal(param.name())) return false;
   if (!spec.has_lora() || !param.frozen()) return true;
   if (absl::StartsWith(param.name(), "embed_")) return false;
-  if (param.layer() != 0 || EmbeddingOutputRequiresGrad(spec, saves)) return true;
-  // A frozen module of block 0 runs backward when its input requires grad
-  // (its output then does too): find its op through the layout.
-  const std::vector<BlockOp> layout = BlockLayout(spec, 0);
-  const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, 0, saves);
+  if (param.layer() < 0 || BlockInputRequiresGrad(spec, param.layer(), saves)) return true;
+  // A frozen module of a block whose input does not require grad runs
+  // backward when its own input does (its output then does too): find its
+  // op through the layout.
+  const std::vector<BlockOp> layout = BlockLayout(spec, param.layer());
+  const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, false);
   absl::string_view rest;
   const int i = OpOfParameter(spec, layout, param.name(), &rest);
   if (i < 0) return true;
@@ -389,10 +399,11 @@ void AppendDeltaRuleSaved(const ModelSpec& spec, const std::string& module, int6
   }
   chunked("v_new", {b, hv, padded, dv});
   // The gated norm over [b s hv, dv]: its fp32 input, rstd, the normalized
-  // input cast back, z in fp32, silu(z), the weighted normalized input.
+  // input cast back (for a weight that trains), z in fp32, silu(z), the
+  // weighted normalized input.
   act("norm_input_fp32", {b, s, hv, dv}, DTYPE_FP32);
   act("norm_rstd", {b, s, hv}, DTYPE_FP32);
-  act("norm_normalized", {b, s, hv, dv}, dtype);
+  if (BaseWeightsTrain(spec)) act("norm_normalized", {b, s, hv, dv}, dtype);  // kept for the weight's gradient
   act("z_fp32", {b, s, hv, dv}, DTYPE_FP32);
   act("z_silu", {b, s, hv, dv}, DTYPE_FP32);
   act("norm_weighted", {b, s, hv, dv}, dtype);
@@ -502,7 +513,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   // The block's ops in order (block_layout.h), with which of their tensors
   // require grad.
   const std::vector<BlockOp> layout = BlockLayout(spec, layer);
-  const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, layer, saves);
+  const std::vector<OpGradients> flow = BlockGradientFlow(spec, layout, BlockInputRequiresGrad(spec, layer, saves));
   std::string current;  // the norm whose output the next op reads ("": none)
   bool output_kept = false;
   for (size_t i = 0; i < layout.size(); ++i) {

@@ -113,6 +113,14 @@ bool EmbeddingOutputRequiresGrad(const ModelSpec& spec, const SavePolicy& saves)
 // partitions it and never gathers it.
 bool IsUnusedOriginal(absl::string_view parameter_name);
 
+// Whether block `layer`'s input requires grad: the embedding's output
+// (EmbeddingOutputRequiresGrad), or where it does not (LoRA without
+// checkpointing), the output of the first block an adapter makes require
+// grad and of every block after it; the blocks before keep nothing for
+// backward (a hybrid model's linear attention or conv layers when LoRA
+// targets only the attention's projections).
+bool BlockInputRequiresGrad(const ModelSpec& spec, int layer, const SavePolicy& saves);
+
 // The parameters that train (not frozen), in inventory order: what the
 // optimizer, the gradients and ZeRO-1/2's flat partition hold.
 std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& parameters);

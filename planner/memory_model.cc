@@ -109,6 +109,16 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.has_head = model.vocab_size() > 0 || model.has_vision();
   s.cpu_ranks = gpu.key() == kCpuDevice;
   ZPLAN_RETURN_IF_ERROR(RefuseStep(model, config, s));  // zero_refusals.h: what DeepSpeed fails on
+  // LoRA on a hybrid model whose first block has no adapter (linear attention or a short conv, when only
+  // attention projections are targeted) and no checkpointing: the blocks before the first adapted one
+  // keep no gradient and run no backward, which the step program does not describe yet.
+  if (model.has_lora() && model.num_layers() > 1 && !BlockInputRequiresGrad(model, 1, SavePolicyFor(config))) {
+    const LayerType first = model.layer_types_size() > 0 ? model.layer_types(0) : LAYER_FULL_ATTENTION;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.lora.target_modules: block 0 (", LayerType_Name(first), ") has no adapter, so the blocks before the "
+        "first adapted one run no backward, which zplan does not plan yet; target their projections too (e.g. "
+        "\"all-linear\") or plan with --checkpointing true"));
+  }
   const DeepSpeedCheckpointing& ds = config.deepspeed_checkpointing();
   const bool ds_function = s.checkpointing && ds.enabled();
   const int checkpointed = s.NumCheckpointed();
@@ -233,11 +243,13 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
     return f;
   };
-  // A layer's saved tensors depend on it only through being block 0, its
-  // mixer and whether it slides (under the mask): one fit per such signature.
-  std::map<std::tuple<bool, int, bool, bool>, int> fit_of;
+  // A layer's saved tensors depend on it only through being block 0, whether
+  // its input requires grad, its mixer and whether it slides (under the
+  // mask): one fit per such signature.
+  std::map<std::tuple<bool, bool, int, bool, bool>, int> fit_of;
   auto fit_index = [&](int layer, bool masked) {
-    const auto key = std::make_tuple(layer == 0, model.layer_types_size() > layer ? model.layer_types(layer) : 0,
+    const auto key = std::make_tuple(layer == 0, BlockInputRequiresGrad(model, layer, saves),
+                                     model.layer_types_size() > layer ? model.layer_types(layer) : 0,
                                      LayerSlides(model, layer), masked);
     auto [it, inserted] = fit_of.try_emplace(key, static_cast<int>(sizer.fits_.size()));
     if (inserted) {

@@ -346,6 +346,37 @@ TEST(MemoryModelTest, LinearAttentionLayersKeepTheirChunksPadded) {
   }
 }
 
+TEST(MemoryModelTest, LoraThatLeavesTheFirstBlocksWithoutGradientsIsRefused) {
+  // Qwen3.5's first three layers are linear attention: adapters on q_proj and v_proj reach only the
+  // fourth, and without checkpointing nothing before it requires grad.
+  auto model = ModelSpecFromHfConfig(R"({"model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+      "linear_value_head_dim": 16, "vocab_size": 100})", "qwen3_5.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  model->mutable_lora()->set_rank(8);
+  model->mutable_lora()->set_alpha(16);
+  model->mutable_lora()->add_target_modules("q_proj");
+  model->mutable_lora()->add_target_modules("v_proj");
+  RunConfig config = Config(2, 2);
+  auto gpu = FindGpu(config.cluster().gpu());
+  const auto refused = StepSizer::Create(*model, config, *gpu);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("model.lora.target_modules: block 0 (LAYER_LINEAR_ATTENTION) has no "
+                                            "adapter"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(BlockInputRequiresGrad(*model, 3, SavePolicyFor(config)));
+  // Checkpointing makes the embedding's output require grad; adapters on the linear layers' projections too.
+  config.set_activation_checkpointing(true);
+  EXPECT_TRUE(StepSizer::Create(*model, config, *gpu).ok());
+  config.set_activation_checkpointing(false);
+  model->mutable_lora()->add_target_modules("out_proj");
+  EXPECT_TRUE(StepSizer::Create(*model, config, *gpu).ok());
+  EXPECT_FALSE(BlockInputRequiresGrad(*model, 0, SavePolicyFor(config)));
+  EXPECT_TRUE(BlockInputRequiresGrad(*model, 1, SavePolicyFor(config)));
+}
+
 TEST(MemoryModelTest, LinearAttentionTransientsAreTheMeasuredPeaks) {
   // One Qwen3_5GatedDeltaNet's peaks, measured with the counting allocator on transformers' torch
   // fallbacks (h 128, 2 key heads repeated to 4 value heads of 32; h 160, 1 to 4, dk 24, dv 48, conv 2):
