@@ -600,6 +600,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                lora_all),
       WithLora(DeepSpeedCase("lora-z2-bf16-qwen3-all-linear", qwen3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
                lora_all),
+      // Qwen3.5 with adapters on the Gated DeltaNet's projections too (its gated norm's weight frozen).
+      WithLora(DeepSpeedCase("lora-z2-bf16-qwen3_5-all-linear", qwen3_5, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
+               lora_all),
       WithLora(DeepSpeedCase("lora-z3-bf16-qv", llama, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256), lora_qv),
       WithLora(DeepSpeedCase("lora-z3-bf16-qwen3-offload-both-all-linear", qwen3,
                              DsConfig(3, "bf16", 2, 1, "", With({kSmall3, kOffloadBoth})), 2, 256),
