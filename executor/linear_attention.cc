@@ -259,9 +259,9 @@ at::Tensor RmsNormGated(const at::Tensor& hidden_states_in, const at::Tensor& ga
 
 at::Tensor GatedDeltaNetForward(const at::Tensor& x, const ModelSpec& spec, const GatedDeltaNetLinear& linear,
                                 const GatedDeltaNetParam& param) {
-  const int64_t head_k_dim = spec.linear_key_head_dim(), head_v_dim = spec.linear_value_head_dim();
-  const int64_t key_dim = spec.linear_num_key_heads() * head_k_dim;
-  const int64_t value_dim = spec.linear_num_value_heads() * head_v_dim;
+  const DeltaRuleWidths widths = DeltaRuleWidthsOf(spec);
+  const int64_t head_k_dim = widths.key_dim, head_v_dim = widths.value_dim;
+  const int64_t key_dim = widths.keys(), value_dim = widths.values();
   ZPLAN_CHECK(x.dim() == 3 && x.size(2) == spec.hidden_size());
   ZPLAN_CHECK(spec.linear_num_key_heads() > 0 && spec.linear_num_value_heads() % spec.linear_num_key_heads() == 0);
   const int64_t batch_size = x.size(0), seq_len = x.size(1);
@@ -277,7 +277,7 @@ at::Tensor GatedDeltaNetForward(const at::Tensor& x, const ModelSpec& spec, cons
   at::Tensor a = linear(x, kInProjA);
 
   const at::Tensor& conv_weight = param(kConv1dWeight);
-  ZPLAN_CHECK(conv_weight.dim() == 3 && conv_weight.size(0) == 2 * key_dim + value_dim &&
+  ZPLAN_CHECK(conv_weight.dim() == 3 && conv_weight.size(0) == widths.conv_channels() &&
               conv_weight.size(2) == spec.conv_kernel_size());
   mixed_qkv = CausalConv1d(mixed_qkv, conv_weight.squeeze(1));
 

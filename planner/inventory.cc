@@ -1,8 +1,8 @@
 #include "planner/inventory.h"
 
 #include <algorithm>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -858,7 +858,9 @@ MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t b, int64_
   // input, z and silu(z) in fp32; the normalized, weighted and gated ones in the working dtype; rstd)
   // were.
   const int64_t normed = val - (3 * val32 + 3 * val + head32);
-  std::vector<int64_t> moments = {val, (fp32 ? 2 : 3) * val32};  // out_proj's input gradient; the gated multiply
+  // out_proj's input gradient; the gated multiply.
+  int64_t peak = std::max(val, (fp32 ? 2 : 3) * val32);
+  auto moment = [&](int64_t bytes) { peak = std::max(peak, bytes); };
   int64_t loop_adjust = 0, solve_adjust = 0;
   if (aligned32 && (chunks >= 2 || copies)) solve_adjust -= pk;
   if (copies && chunks >= 2) {
@@ -868,21 +870,21 @@ MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t b, int64_
   if (chunks >= 3) {  // the second chunk processed, beside the last one's whole-size gradients
     for (int64_t m : {3 * pv + pc + 3 * pk + 2 * cv + decay, 2 * pv + 2 * pc + 3 * pk + c64 + decay,
                       2 * pv + pc + 4 * pk + ck - cv + decay, 2 * pv + pc + 3 * pk + 2 * state + per_head}) {
-      moments.push_back(normed + m + loop_adjust);
+      moment(normed + m + loop_adjust);
     }
   } else if (chunks == 2) {
     for (int64_t m : {3 * pv + pc + pk + cv + decay - state, pv + pc + pk + c64 + 2 * cv + decay - state,
                       2 * pv + pc + pk + state + per_head}) {
-      moments.push_back(normed + m + loop_adjust);
+      moment(normed + m + loop_adjust);
     }
   } else {
-    for (int64_t m : {2 * pv + cv, pv + cv + c64, pv + pk + ck}) moments.push_back(normed + m);
+    for (int64_t m : {2 * pv + cv, pv + cv + c64, pv + pk + ck}) moment(normed + m);
   }
   // The triangular solves' backward, once the chunks' v_new and states are gone.
   const int64_t solved = chunks >= 2 ? -pd - decay - chunks * state : pk - state;
-  moments.push_back(normed + 2 * pc + 2 * pk + solved + solve_adjust);
-  moments.push_back(normed + pv + 3 * pc + solved + solve_adjust);
-  t.backward_bytes = *std::max_element(moments.begin(), moments.end());
+  moment(normed + 2 * pc + 2 * pk + solved + solve_adjust);
+  moment(normed + pv + 3 * pc + solved + solve_adjust);
+  t.backward_bytes = peak;
 
   // Under no_grad, beside the norm's output: every local of the chunk function at the loop.
   const int64_t module = val + 3 * head + conv + head32;

@@ -42,6 +42,8 @@ constexpr double kGemma2FinalLogitSoftcap = 30.0;
 // Qwen3_5TextConfig's head_dim default, and __post_init__'s partial_rotary_factor.
 constexpr int64_t kQwen3_5DefaultHeadDim = 256;
 constexpr double kQwen3_5PartialRotaryFactor = 0.25;
+// Qwen3_5TextConfig.__post_init__: full_attention_interval 4, linear attention between.
+constexpr int64_t kQwen3_5FullAttentionInterval = 4;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
 constexpr int64_t kSmolLm3NoRopeLayerInterval = 4;
 
@@ -311,6 +313,8 @@ std::vector<ModelFamily> BuildFamilies() {
     f.default_partial_rotary_factor = kQwen3_5PartialRotaryFactor;
     f.norm_weight_in_fp32 = true;
     f.norm_unit_offset = true;
+    f.full_attention_interval = kQwen3_5FullAttentionInterval;
+    f.full_attention_interval_key = "full_attention_interval";
     f.delta_rule_layers = true;
     f.rope_tables_per_sequence = true;  // Qwen3_5TextModel.forward: position_ids expanded to the batch
   }

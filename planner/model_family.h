@@ -134,8 +134,9 @@ struct ModelFamily {
   bool rope_in_fp32 = false;
   // > 0: the config has layer_types (ModelSpec.layer_types), by default
   // "full_attention" every this many layers and "sliding_attention" between
-  // (Olmo3Config.__post_init__: (i + 1) % 4 != 0 slides), with
-  // sliding_window_key's window defaulting to default_sliding_window.
+  // (Olmo3Config.__post_init__: (i + 1) % 4 != 0 slides; "linear_attention"
+  // with delta_rule_layers), with sliding_window_key's window defaulting to
+  // default_sliding_window.
   int64_t full_attention_interval = 0;
   int64_t default_sliding_window = 0;
   // > 0: the config has no_rope_layers (ModelSpec.rope_layers), by default
@@ -169,9 +170,8 @@ struct ModelFamily {
   // block_ff_dim) by block_auto_adjust_ff_dim, block_ffn_dim_multiplier and
   // block_multiple_of.
   bool short_conv_layers = false;
-  // Qwen3_5TextConfig's layers: layer_types of "full_attention" and
-  // "linear_attention" (LAYER_LINEAR_ATTENTION), by default full attention
-  // every full_attention_interval (4) layers; the Gated DeltaNet's
+  // Qwen3_5TextConfig's layers: "linear_attention" (LAYER_LINEAR_ATTENTION)
+  // between the full_attention_interval's full ones; the Gated DeltaNet's
   // linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
   // linear_value_head_dim and linear_conv_kernel_dim; and the full layers'
   // gated attention (ModelSpec.attention_output_gate).

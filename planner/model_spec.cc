@@ -175,7 +175,8 @@ absl::Status ReadLayerTypesOf(const JsonObject& config, const ModelFamily& famil
 }
 
 // config.layer_types, or the family's pattern: full attention every
-// full_attention_interval layers, sliding between.
+// full_attention_interval layers, sliding (with delta_rule_layers: linear
+// attention) between.
 absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
   int64_t interval = family.full_attention_interval;
   if (!family.full_attention_interval_key.empty()) {
@@ -184,22 +185,17 @@ absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family,
       return config.Error(family.full_attention_interval_key, "must be a positive number of layers");
     }
   }
-  return ReadLayerTypesOf(config, family, "sliding_attention", LAYER_SLIDING_ATTENTION,
+  const bool linear = family.delta_rule_layers;
+  return ReadLayerTypesOf(config, family, linear ? "linear_attention" : "sliding_attention",
+                          linear ? LAYER_LINEAR_ATTENTION : LAYER_SLIDING_ATTENTION,
                           [&](int64_t i) { return (i + 1) % interval == 0; }, spec);
 }
 
-// Qwen3_5TextConfig's layers (ModelFamily::delta_rule_layers): its
-// layer_types, or full attention every full_attention_interval layers and
-// linear attention between (Qwen3_5TextConfig.__post_init__); the Gated
-// DeltaNet's widths and conv; the full layers' gated attention.
-absl::Status ReadDeltaRuleConfig(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+// The Gated DeltaNet's widths and conv (ModelFamily::delta_rule_layers;
+// its layer_types are ReadLayerTypes'), the full layers' gated attention.
+absl::Status ReadDeltaRuleConfig(const JsonObject& config, ModelSpec* spec) {
   // Qwen3_5TextConfig's defaults.
-  constexpr int64_t kFullAttentionInterval = 4, kConvKernel = 4, kKeyHeads = 16, kValueHeads = 32, kHeadDim = 128;
-  int64_t interval = kFullAttentionInterval;
-  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "full_attention_interval", &interval));
-  if (interval <= 0) return config.Error("full_attention_interval", "must be a positive number of layers");
-  ZPLAN_RETURN_IF_ERROR(ReadLayerTypesOf(config, family, "linear_attention", LAYER_LINEAR_ATTENTION,
-                                         [&](int64_t i) { return (i + 1) % interval == 0; }, spec));
+  constexpr int64_t kConvKernel = 4, kKeyHeads = 16, kValueHeads = 32, kHeadDim = 128;
   int64_t kernel = kConvKernel, key_heads = kKeyHeads, value_heads = kValueHeads, key_dim = kHeadDim,
           value_dim = kHeadDim;
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "linear_conv_kernel_dim", &kernel));
@@ -388,7 +384,7 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   if (family.full_attention_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadLayerTypes(config, family, spec));
   if (family.no_rope_layer_interval > 0) ZPLAN_RETURN_IF_ERROR(ReadRopeLayers(config, family, spec));
   if (family.short_conv_layers) ZPLAN_RETURN_IF_ERROR(ReadShortConvConfig(config, family, spec));
-  if (family.delta_rule_layers) ZPLAN_RETURN_IF_ERROR(ReadDeltaRuleConfig(config, family, spec));
+  if (family.delta_rule_layers) ZPLAN_RETURN_IF_ERROR(ReadDeltaRuleConfig(config, spec));
   if (family.granite_hybrid_layers) ZPLAN_RETURN_IF_ERROR(ReadGraniteHybridLayers(config, family, spec));
   for (absl::string_view key : family.unmodelled_keys) {
     const google::protobuf::Value* given = config.Find(key);
