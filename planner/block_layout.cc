@@ -13,7 +13,8 @@ namespace zplan {
 // before the add; GraniteDecoderLayer scales it (residual + x * residual_multiplier);
 // Phi3DecoderLayer runs Llama's halves with one qkv_proj and one gate_up_proj;
 // Olmo2DecoderLayer normalizes each half's output instead of its input;
-// Glm4DecoderLayer both. Lfm2DecoderLayer's conv layers run
+// Glm4DecoderLayer both, and Gemma4TextDecoderLayer ends with a third half
+// for its per-layer input. Lfm2DecoderLayer's conv layers run
 // Lfm2ShortConv where the others attend, Qwen3_5DecoderLayer's linear
 // attention layers Qwen3_5GatedDeltaNet.
 std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer) {
@@ -44,13 +45,20 @@ std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer) {
   if (pre) ops.push_back({BlockOpKind::kNorm, "mlp_norm"});
   ops.push_back({BlockOpKind::kMlp, "mlp"});
   half_end("mlp", "mlp_post_norm");
+  if (spec.per_layer_input_size() > 0) {
+    // Gemma4TextDecoderLayer's third half: no norm before, post_per_layer_input_norm after.
+    ops.push_back({BlockOpKind::kPerLayerInput, "per_layer"});
+    ops.push_back({BlockOpKind::kNorm, "per_layer_norm"});
+    ops.push_back({BlockOpKind::kResidualAdd, ""});
+  }
+  for (BlockOp& op : ops) op.layer = layer;
   return ops;
 }
 
 std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
-  const int64_t h = spec.hidden_size(), f = spec.ffn_hidden_size();
-  const int64_t q_width = spec.num_attention_heads() * spec.head_dim();
-  const int64_t kv_width = spec.num_kv_heads() * spec.head_dim();
+  const int64_t h = spec.hidden_size(), f = spec.ffn_hidden_size(), d = HeadDimOf(spec, op.layer);
+  const int64_t q_width = spec.num_attention_heads() * d;
+  const int64_t kv_width = spec.num_kv_heads() * d;
   switch (op.kind) {
     case BlockOpKind::kQkvProjection: {
       const bool bias = spec.attention_qkv_bias();
@@ -70,6 +78,10 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
     }
     case BlockOpKind::kOutProjection: return {{"o_proj", q_width, h, spec.attention_out_bias()}};
     case BlockOpKind::kShortConv: return {{"in_proj", h, 3 * h, spec.conv_bias()}, {"out_proj", h, h, spec.conv_bias()}};
+    case BlockOpKind::kPerLayerInput: {
+      const int64_t p = spec.per_layer_input_size();
+      return {{kPerLayerInputGate, h, p, false}, {kPerLayerProjection, p, h, false}};
+    }
     case BlockOpKind::kMlp: {
       std::vector<BlockLinear> linears;
       if (GatedMlp(spec) && spec.fused_gate_up_projection()) {
@@ -144,8 +156,10 @@ bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved) {
   const absl::string_view module = ModuleOf(saved.name(), &rest);
   bool tail = false;  // past the half's output, before its residual add
   for (const BlockOp& op : layout) {
+    // Gemma 4's per-layer-input half comes after the MLP's: its backward runs first, all of it.
+    if (op.kind == BlockOpKind::kPerLayerInput) tail = true;
     if (tail && op.module == module) {
-      if (op.kind == BlockOpKind::kNorm) return true;
+      if (op.kind == BlockOpKind::kNorm || op.kind == BlockOpKind::kPerLayerInput) return true;
       // The dropout shares its half's module: its tensor is the mask.
       if (op.kind == BlockOpKind::kResidualDropout && rest == "resid_dropout_mask") return true;
     }
@@ -166,7 +180,8 @@ bool IsPreNormTensor(const std::vector<BlockOp>& layout, const TensorSpec& saved
     // Its ".output" is what the projections after it keep.
     if (op.kind == BlockOpKind::kNorm && before_main && op.module == module) return rest != "output";
     if (op.kind == BlockOpKind::kQkvProjection || op.kind == BlockOpKind::kShortConv ||
-        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp) {
+        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp ||
+        op.kind == BlockOpKind::kPerLayerInput) {
       before_main = false;
     }
     if (op.kind == BlockOpKind::kResidualAdd) before_main = true;

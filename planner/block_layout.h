@@ -49,11 +49,17 @@ enum class BlockOpKind {
   // gated delta rule (linear_attention_impl), "<module>.norm" gated by z,
   // "<module>.out_proj"; its own "<module>.dt_bias" and "A_log" [value heads].
   kGatedDeltaNet,
+  // Gemma 4's per-layer input (ModelSpec.per_layer_input_size p):
+  // "<module>.per_layer_input_gate" [h -> p] of the current tensor, the
+  // activation (ffn_type's), times the layer's [b, s, p] slice of the
+  // model's per-layer inputs, "<module>.per_layer_projection" [p -> h].
+  kPerLayerInput,
 };
 
 struct BlockOp {
   BlockOpKind kind;
   std::string module;  // the parameter and activation names' prefix within the block, e.g. "attn_norm", "mlp"
+  int layer = -1;      // the layer it is of
 };
 
 // Layer `layer`'s ops in forward order. Blocks differ only in the op that
@@ -74,9 +80,15 @@ inline bool LayerAttends(const ModelSpec& spec, int layer) {
   return !LayerMixesByConv(spec, layer) && !LayerMixesByDeltaRule(spec, layer);
 }
 
+// Layer `layer`'s head width: layer_head_dims' entry, or head_dim (also
+// for layer -1, outside the blocks).
+inline int64_t HeadDimOf(const ModelSpec& spec, int layer) {
+  return layer >= 0 && layer < spec.layer_head_dims_size() ? spec.layer_head_dims(layer) : spec.head_dim();
+}
+
 // The dims of each head RoPE rotates: rotary_dim, or the whole head when 0.
-inline int64_t RotaryDims(const ModelSpec& spec) {
-  return spec.rotary_dim() > 0 ? spec.rotary_dim() : spec.head_dim();
+inline int64_t RotaryDims(const ModelSpec& spec, int layer = -1) {
+  return spec.rotary_dim() > 0 ? spec.rotary_dim() : HeadDimOf(spec, layer);
 }
 
 // A linear an op owns: its name within the op's module, its widths and
@@ -98,6 +110,9 @@ inline bool GatedMlp(const ModelSpec& spec) {
   return spec.ffn_type() == FFN_SWIGLU || spec.ffn_type() == FFN_GEGLU;
 }
 
+// kPerLayerInput's linears (Gemma4TextDecoderLayer's names).
+inline constexpr char kPerLayerInputGate[] = "per_layer_input_gate";
+inline constexpr char kPerLayerProjection[] = "per_layer_projection";
 // The MLP's last linear, whose gradient hooks are the first of a block's backward.
 inline constexpr char kDownProj[] = "down_proj";
 // The fused projections (ModelSpec.fused_qkv_projection, fused_gate_up_projection).
@@ -106,6 +121,7 @@ inline constexpr char kGateUpProj[] = "gate_up_proj";
 // kQkNorm's two norms, "<module>.q_norm" and "<module>.k_norm".
 inline constexpr char kQNorm[] = "q_norm";
 inline constexpr char kKNorm[] = "k_norm";
+inline constexpr char kVNorm[] = "v_norm";  // ModelSpec.value_norm: no weight
 // kShortConv's depthwise conv, "<module>.conv.weight" [h, 1, conv_kernel_size].
 inline constexpr char kConv[] = "conv";
 // kGatedDeltaNet's parameters as Qwen3_5GatedDeltaNet.__init__ names them:

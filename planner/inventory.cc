@@ -103,8 +103,8 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
       // One RMSNorm weight over head_dim each, shared by all heads, or over the whole projection.
       const bool whole = spec.qk_norm_over_projection();
       for (const auto& [norm, heads] : {std::pair{kQNorm, spec.num_attention_heads()}, {kKNorm, spec.num_kv_heads()}}) {
-        out.push_back(Param(absl::StrCat(p, ".", module, norm, ".weight"), {(whole ? heads : 1) * spec.head_dim()},
-                            layer));
+        out.push_back(Param(absl::StrCat(p, ".", module, norm, ".weight"),
+                            {(whole ? heads : 1) * HeadDimOf(spec, layer)}, layer));
       }
     }
     if (op.kind == BlockOpKind::kGatedDeltaNet) {
@@ -135,6 +135,15 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   std::vector<TensorSpec> out;
   const int64_t h = spec.hidden_size();
   if (spec.vocab_size() > 0) AddVocabWeight(spec, "embed_tokens", &out);
+  if (const int64_t p = spec.per_layer_input_size(); p > 0) {
+    // Gemma4TextModel's per-layer embeddings, named here as embedding parts
+    // (their backward runs with the embedding's, after block 0's), though
+    // transformers registers them after the final norm.
+    const int64_t width = spec.num_layers() * p;
+    out.push_back(Param(absl::StrCat(kPerLayerEmbedding, ".weight"), {spec.per_layer_input_vocab_size(), width}, -1));
+    out.push_back(Param(absl::StrCat(kPerLayerModelProjection, ".weight"), {width, h}, -1));
+    out.push_back(Param(absl::StrCat(kPerLayerProjectionNorm, ".weight"), {p}, -1));
+  }
   if (spec.has_vision()) {
     const VisionSpec& v = spec.vision();
     out.push_back(Param("embed_patches.cls_token", {1, 1, h}, -1));
@@ -231,6 +240,13 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
         stream = stream || current;
         current = stream;
         break;
+      case BlockOpKind::kPerLayerInput:
+        // at.gate: the gate's output; at.up: the product, which the trained
+        // per-layer inputs make require grad whatever the stream does.
+        at.gate = current || IsLoraTarget(spec, kPerLayerInputGate);
+        at.up = at.gate || !spec.has_lora();
+        current = at.up || IsLoraTarget(spec, kPerLayerProjection);
+        break;
       case BlockOpKind::kMlp:
         at.up = current || IsLoraTarget(spec, "up_proj");
         at.gate = GatedMlp(spec) && (current || IsLoraTarget(spec, "gate_proj"));
@@ -302,7 +318,7 @@ bool BaseWeightsTrain(const ModelSpec& spec) { return !spec.has_lora(); }
 // its input requires grad; RMSNorm's `weight * normalized` keeps the
 // normalized input only for a weight that trains.
 void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::vector<int64_t>& shape, DType dtype,
-                     KernelDevice device, int layer, std::vector<TensorSpec>* out) {
+                     KernelDevice device, int layer, std::vector<TensorSpec>* out, bool weighted = true) {
   const std::vector<int64_t> rows(shape.begin(), shape.end() - 1);
   auto act = [&](const std::string& suffix, const std::vector<int64_t>& dims, DType t) {
     out->push_back(Make(name + suffix, dims, t, ROLE_ACTIVATION, layer));
@@ -316,8 +332,10 @@ void AppendNormSaved(const ModelSpec& spec, const std::string& name, const std::
     act(".rstd", rows, stats);
   } else {
     act(".input_fp32", shape, DTYPE_FP32);
-    if (BaseWeightsTrain(spec)) act(".normalized", shape, spec.norm_weight_in_fp32() ? DTYPE_FP32 : dtype);
+    if (weighted && BaseWeightsTrain(spec)) act(".normalized", shape, spec.norm_weight_in_fp32() ? DTYPE_FP32 : dtype);
     act(".rstd", rows, DTYPE_FP32);  // HF RMSNorm computes it in fp32
+    // Gemma4RMSNorm's torch.pow(mean_squared, -0.5) keeps its input too.
+    if (spec.norm_pow_mean_square()) act(".mean_square", rows, DTYPE_FP32);
   }
 }
 
@@ -423,6 +441,16 @@ bool SdpaSlidingMaskAt(const ModelSpec& spec, int64_t seq_length) {
   return spec.attention_impl() == ATTENTION_SDPA && spec.sliding_window() > 0 && seq_length >= spec.sliding_window();
 }
 
+bool SdpaRepeatsKvAt(const ModelSpec& spec, int64_t head_dim, bool masked) {
+  const int64_t kv = spec.num_kv_heads();
+  return spec.attention_impl() == ATTENTION_SDPA && kv != spec.num_attention_heads() &&
+         (masked || head_dim > kSdpaGqaMaxHeadDim);
+}
+
+bool SdpaRepeatsKv(const ModelSpec& spec, int layer, bool masked) {
+  return SdpaRepeatsKvAt(spec, HeadDimOf(spec, layer), masked);
+}
+
 bool LayerSlides(const ModelSpec& spec, int layer) {
   return spec.sliding_window() > 0 &&
          (spec.layer_types().empty() || spec.layer_types(layer) == LAYER_SLIDING_ATTENTION);
@@ -476,7 +504,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
   const std::string p = absl::StrCat("layers.", layer);
   const int64_t h = spec.hidden_size();
   const int64_t a = spec.num_attention_heads();
-  const int64_t d = spec.head_dim();
+  const int64_t d = HeadDimOf(spec, layer);
   const int64_t kv = spec.num_kv_heads();
   const int64_t f = spec.ffn_hidden_size();
   auto act = [&](const std::string& name, std::vector<int64_t> shape, DType t) {
@@ -551,6 +579,10 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           }
           if (k_grad) norm(m + kKNorm, {b, s, kv, d});
         }
+        // Gemma 4's v_norm, without a weight.
+        if (spec.value_norm() && v_grad) {
+          AppendNormSaved(spec, p + "." + m + kVNorm, {b, s, kv, d}, dtype, device, layer, &out, /*weighted=*/false);
+        }
         break;
       case BlockOpKind::kAttention: {
         const bool attention_dropout = spec.attention_dropout() > 0;
@@ -585,21 +617,23 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           act(m + "probs_fp32", {b, a, s, s}, DTYPE_FP32);
           act(m + "probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(DTYPE_FP32, device));
           act(m + "probs_dropped", {b, a, s, s}, DTYPE_FP32);
-        } else if (saves.sdpa_sliding_mask && LayerSlides(spec, layer)) {
-          // With a mask, sdpa_attention_forward repeats k and v to every
-          // query head (use_gqa_in_sdpa is false): the kernel keeps those
-          // copies, and the projections' outputs go. ATen's
-          // convert_boolean_attn_mask turns the bool mask into an additive
-          // one [b, 1, s, s] in the working dtype, which the kernel keeps.
+        } else if (const bool masked = saves.sdpa_sliding_mask && LayerSlides(spec, layer);
+                   masked || SdpaRepeatsKv(spec, layer, masked)) {
+          // With a mask (or heads wider than 256), sdpa_attention_forward
+          // repeats k and v to every query head (use_gqa_in_sdpa is false):
+          // the kernel keeps those copies (a view of one key head), and the
+          // projections' outputs go. ATen's convert_boolean_attn_mask turns
+          // the bool mask into an additive one [b, 1, s, s] in the working
+          // dtype, which the kernel keeps.
           act(m + "q", {b, a, s, d}, dtype);
-          const bool repeated = kv != a;
-          act(m + (repeated ? "k_repeated" : "k"), {b, a, s, d}, dtype);
+          const bool repeated = SdpaCopiesKv(spec, SdpaRepeatsKv(spec, layer, masked));
+          act(m + (repeated ? "k_repeated" : "k"), {b, repeated ? a : kv, s, d}, dtype);
           if (repeated || !spec.fused_qkv_projection()) {
-            act(m + (repeated ? "v_repeated" : "v"), {b, a, s, d}, dtype);
+            act(m + (repeated ? "v_repeated" : "v"), {b, repeated ? a : kv, s, d}, dtype);
           } else {
             act(m + "qkv", {b, s, (a + 2 * kv) * d}, dtype);
           }
-          act(m + "sliding_mask", {b, 1, s, s}, dtype);
+          if (masked) act(m + "sliding_mask", {b, 1, s, s}, dtype);
           act(m + "logsumexp", {b, a, s}, DTYPE_FP32);
         } else {
           act(m + "q", {b, a, s, d}, dtype);
@@ -671,6 +705,21 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         const int64_t values = DeltaRuleWidthsOf(spec).values();
         if (saves_input(kOutProj, attention_grad)) act(m + "output", {b, s, values}, dtype);
         adapters(m + kOutProj, values, attention_grad);
+        current.clear();
+        break;
+      }
+      case BlockOpKind::kPerLayerInput: {
+        // Gemma4TextDecoderLayer: per_layer_input_gate keeps the stream, the
+        // activation its output, the product act and (a view of the model's
+        // per-layer inputs, no bytes of its own) the layer's slice,
+        // per_layer_projection the product.
+        const int64_t ple = spec.per_layer_input_size();
+        if (saves_input(kPerLayerInputGate, current_grad)) act(read_name(), {b, s, h}, dtype);
+        adapters(m + kPerLayerInputGate, h, current_grad);
+        if (grad.gate) act(m + "gate", {b, s, ple}, dtype);
+        if (BaseWeightsTrain(spec)) act(m + "act", {b, s, ple}, dtype);  // for the per-layer inputs' gradient
+        if (saves_input(kPerLayerProjection, grad.up)) act(m + "product", {b, s, ple}, dtype);
+        adapters(m + kPerLayerProjection, ple, grad.up);
         current.clear();
         break;
       }
@@ -746,6 +795,19 @@ std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t
     out.push_back(Make("embed_patches.pixels", {b, v.num_channels(), v.image_size(), v.image_size()}, dtype,
                        ROLE_ACTIVATION, -1));
   }
+  if (const int64_t p = spec.per_layer_input_size(); p > 0) {
+    // Gemma4TextModel.project_per_layer_inputs: per_layer_model_projection
+    // keeps the embedding's output, per_layer_projection_norm (over p) its
+    // tensors; the per-layer inputs [b, s, layers, p] the layers' products
+    // keep slices of. Trained or frozen alike, BaseWeightsTrain aside.
+    const int64_t layers = spec.num_layers();
+    if (BaseWeightsTrain(spec)) {
+      out.push_back(Make(absl::StrCat(kPerLayerModelProjection, ".input"), {b, s, spec.hidden_size()}, dtype,
+                         ROLE_ACTIVATION, -1));
+      AppendNormSaved(spec, kPerLayerProjectionNorm, {b, s, layers, p}, dtype, device, -1, &out);
+    }
+    out.push_back(Make(kPerLayerInputs, {b, s, layers, p}, dtype, ROLE_ACTIVATION, -1));
+  }
   // Dropout keeps its mask only when its input requires grad.
   if (spec.embedding_dropout() > 0 && EmbeddingOutputRequiresGrad(spec, saves)) {
     out.push_back(Make("embed.dropout_mask", {b, s, spec.hidden_size()}, DropoutSavedDType(dtype, device),
@@ -770,7 +832,7 @@ int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, 
 }
 
 BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
-                                                    KernelDevice device, bool down_input_saved) {
+                                                    KernelDevice device, bool down_input_saved, int64_t head_dim) {
   const int64_t w = DTypeBytes(dtype);
   const int64_t bs = b * s;
   // Gradient w.r.t. the half's output and input are both alive at its end.
@@ -783,20 +845,35 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   t.mlp_bytes = (1 + branches - (down_input_saved ? 1 : 0)) * bs * spec.ffn_hidden_size() * w;
   const int64_t scores = b * spec.num_attention_heads() * s * s;
   // At the half's end: the gradients of q, k, v.
-  const int64_t qkv_end =
-      residual_grads + bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * spec.head_dim() * w;
+  const int64_t qkv_end = residual_grads + bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * head_dim * w;
   if (SdpaRunsMath(spec, device)) {
     // The math path (attention.cpp, _scaled_dot_product_attention_math)
     // peaks in its second matmul's backward, before softmax's: the fp32
     // gradients of the dropped probabilities [b,a,s,s] and of v (expanded
     // to every head), beside the output's gradient upcast to fp32, whose
     // 16-bit original is then freed. The saved tensors go after it.
-    const int64_t heads_tokens = bs * spec.num_attention_heads() * spec.head_dim();
+    const int64_t heads_tokens = bs * spec.num_attention_heads() * head_dim;
     t.attention_bytes = std::max(scores * 4 + heads_tokens * 4 + (w < 4 ? heads_tokens * (4 - w) : 0), qkv_end);
   } else if (spec.attention_impl() == ATTENTION_EAGER) {
     t.attention_bytes = residual_grads + 2 * scores * w;
   } else {
     t.attention_bytes = qkv_end;
+  }
+  // q_norm's backward, beside q's gradient and the half's input gradient:
+  // RMSNorm's fp32 temporaries over q (Gemma 4's full layers: wider than the
+  // hidden state). Autograd runs the later-made paths first: by then SDPA's
+  // saved q, k, v, logsumexp and output are freed, and v's and k's paths
+  // (their norms' saved tensors, their gradients) are done.
+  if (spec.qk_norm() && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device)) {
+    const int64_t a = spec.num_attention_heads(), kv = spec.num_kv_heads(), d = head_dim;
+    const int64_t kv_saved = SdpaCopiesKv(spec, SdpaRepeatsKvAt(spec, d, /*masked=*/false)) ? a : kv;
+    const int64_t sdpa_saved = bs * ((2 * a + 2 * kv_saved) * d * w + 4 * a);
+    const int64_t stats = spec.norm_pow_mean_square() ? 8 : 4;  // per row, fp32
+    const int64_t k_norm_saved = bs * kv * ((4 + (spec.norm_weight_in_fp32() ? 4 : w)) * d + stats);
+    const int64_t v_norm_saved = spec.value_norm() ? bs * kv * (4 * d + stats) : 0;
+    const int64_t q_path = residual_grads + bs * spec.hidden_size() * w + bs * a * d * w;
+    t.qk_norm_bytes = q_path + RmsNormBackwardTransientBytes(spec, bs * a * d, dtype, !spec.has_lora()) -
+                      sdpa_saved - k_norm_saved - v_norm_saved;
   }
   return t;
 }

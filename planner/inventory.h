@@ -159,6 +159,24 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device);
 bool SdpaSlidingMaskAt(const ModelSpec& spec, int64_t seq_length);
 // Whether layer `layer` attends through that mask (LayerSlides; saves.sdpa_sliding_mask).
 bool LayerSlides(const ModelSpec& spec, int layer);
+// Whether sdpa_attention_forward repeats k and v to every query head at
+// layer `layer` (`masked`: it gets the sliding mask): use_gqa_in_sdpa
+// (integrations/sdpa_attention.py) is false with a mask or heads wider
+// than 256, and there are fewer key heads than query heads. repeat_kv of
+// one key head is an expand's view (SdpaCopiesKv: new tensors only from two
+// on); the kernel's gradients are repeated either way.
+inline constexpr int64_t kSdpaGqaMaxHeadDim = 256;
+inline bool SdpaCopiesKv(const ModelSpec& spec, bool repeats) { return repeats && spec.num_kv_heads() > 1; }
+bool SdpaRepeatsKvAt(const ModelSpec& spec, int64_t head_dim, bool masked);
+bool SdpaRepeatsKv(const ModelSpec& spec, int layer, bool masked);
+
+// Gemma 4's per-layer embeddings (ModelSpec.per_layer_input_size): the
+// parameters' modules (embedding parts: "embed..."), and the per-layer
+// inputs [b, s, layers, p] the blocks read.
+inline constexpr char kPerLayerEmbedding[] = "embed_tokens_per_layer";
+inline constexpr char kPerLayerModelProjection[] = "embed_per_layer_projection";
+inline constexpr char kPerLayerProjectionNorm[] = "embed_per_layer_norm";
+inline constexpr char kPerLayerInputs[] = "embed_per_layer.inputs";
 
 
 // torch_chunk_gated_delta_rule's chunk (modeling_qwen3_5.py, its chunk_size
@@ -198,8 +216,9 @@ inline constexpr char kFinalNormOutput[] = "final_norm.output";
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                   DType dtype, KernelDevice device, const SavePolicy& saves = {});
 
-// What the embedding output saves until the embedding's backward: the
-// embedding dropout's mask (GPT-2's embd_pdrop; a ViT's hidden_dropout_prob)
+// What the embedding output saves until the embedding's backward: Gemma 4's
+// per-layer embedding tensors, the embedding dropout's mask (GPT-2's
+// embd_pdrop; a ViT's hidden_dropout_prob)
 // and, for a ViT whose patch projection trains, the pixels cast to the
 // working dtype that the Conv2d keeps (ViTModel.forward casts them; fp32
 // keeps the input itself, counted with the step's inputs); layer -1.
@@ -227,13 +246,19 @@ int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t micro_batch,
 // first (gradients of the FFN intermediates, less down_proj's saved input
 // when `down_input_saved`: it is freed before the activation's backward),
 // then attention's (of the probabilities when materialized, else of q, k,
-// v, with the gradients w.r.t. the half's input and output).
+// v, with the gradients w.r.t. the half's input and output), its heads
+// `head_dim` wide (HeadDimOf).
 struct BlockBackwardTransients {
   int64_t mlp_bytes = 0;
   int64_t attention_bytes = 0;
+  // Later in the attention's backward, q_norm's (qk_norm under SDPA's
+  // kernels): its fp32 temporaries beside the gradients of q, k and v, net
+  // of what SDPA saved, freed by then (0: no such moment).
+  int64_t qk_norm_bytes = 0;
 };
 BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
-                                                    DType dtype, KernelDevice device, bool down_input_saved);
+                                                    DType dtype, KernelDevice device, bool down_input_saved,
+                                                    int64_t head_dim);
 
 // A short-conv half's (kShortConv; transformers' causal_conv1d_fn fallback,
 // F.conv1d on the CPU) temporaries, in the terms of the attention half's

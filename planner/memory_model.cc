@@ -246,11 +246,11 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   // A layer's saved tensors depend on it only through being block 0, whether
   // its input requires grad, its mixer and whether it slides (under the
   // mask): one fit per such signature.
-  std::map<std::tuple<bool, bool, int, bool, bool>, int> fit_of;
+  std::map<std::tuple<bool, bool, int, bool, bool, int64_t>, int> fit_of;
   auto fit_index = [&](int layer, bool masked) {
     const auto key = std::make_tuple(layer == 0, BlockInputRequiresGrad(model, layer, saves),
                                      model.layer_types_size() > layer ? model.layer_types(layer) : 0,
-                                     LayerSlides(model, layer), masked);
+                                     LayerSlides(model, layer), masked, HeadDimOf(model, layer));
     auto [it, inserted] = fit_of.try_emplace(key, static_cast<int>(sizer.fits_.size()));
     if (inserted) {
       SavePolicy policy = saves;
@@ -263,6 +263,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     LayerStatics& l = statics[layer];
     l.conv = LayerMixesByConv(model, layer);
     l.delta_rule = LayerMixesByDeltaRule(model, layer);
+    l.head_dim = HeadDimOf(model, layer);
     l.fit = fit_index(layer, false);
     if (LayerSlides(model, layer) && model.attention_impl() == ATTENTION_SDPA) l.masked_fit = fit_index(layer, true);
   }
@@ -405,29 +406,43 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
                                : model.ffn_type() == FFN_GELU_NEW ? 4
                                                                   : 2;
   const int64_t ffn_live = ffn_branches * tokens * model.ffn_hidden_size() * w;
-  // Eager: the scores (working dtype) and softmax's fp32 output, or that and
-  // its cast; with dropout the cast, the mask and the dropped probabilities.
-  // SDPA's math path: fp32 q, k, v, then probabilities, mask and dropped.
   const int64_t scores = b * model.num_attention_heads() * seq * seq;
-  int64_t attn_live = tokens * (model.num_attention_heads() + 2 * model.num_kv_heads()) * model.head_dim() * w;
-  if (SdpaRunsMath(model, device)) {
-    attn_live += 3 * tokens * model.num_attention_heads() * model.head_dim() * 4 + 3 * scores * 4;
-  } else if (model.attention_impl() == ATTENTION_EAGER) {
-    const int64_t softmax = model.eager_softmax_in_working_dtype() ? w : 4;
-    const int64_t dropped = model.attention_dropout() > 0 ? w + DTypeBytes(DropoutSavedDType(dtype, device)) : 0;
-    attn_live += scores * std::max(w + softmax, w + dropped);
-  }
-  // A sliding layer under SDPA's mask (SdpaSlidingMaskAt) repeats k and v to
-  // every head: the copies beside the unrepeated ones while the attention
-  // module runs, and their gradients in backward; under no_grad also the mask.
   const bool masked = SdpaSlidingMaskAt(model, seq);
-  const int64_t a = model.num_attention_heads(), kv = model.num_kv_heads(), d = model.head_dim();
-  const int64_t unrepeated = a != kv ? 2 * tokens * kv * d * w : 0, repeated = a != kv ? 2 * tokens * a * d * w : 0;
-  const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_);
   const int64_t fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
   const MixerTransients conv = ShortConvTransientBytes(model, b, seq, dtype);
   const MixerTransients delta_rule = DeltaRuleTransientBytes(model, b, seq, dtype);
   const int64_t pre_norm_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, !model.has_lora());
+  // An attention layer's live tensors with heads `d` wide (Gemma 4's full
+  // layers are wider), where SDPA gets the sliding mask or not.
+  struct AttentionSizes {
+    int64_t live = 0, fwd_transient = 0, bwd_transient = 0;
+  };
+  auto attention_sizes = [&](int64_t d, bool masked_here) {
+    AttentionSizes z;
+    const int64_t a = model.num_attention_heads(), kv = model.num_kv_heads();
+    // Eager: the scores (working dtype) and softmax's fp32 output, or that and
+    // its cast; with dropout the cast, the mask and the dropped probabilities.
+    // SDPA's math path: fp32 q, k, v, then probabilities, mask and dropped.
+    z.live = tokens * (a + 2 * kv) * d * w;
+    if (SdpaRunsMath(model, device)) {
+      z.live += 3 * tokens * a * d * 4 + 3 * scores * 4;
+    } else if (model.attention_impl() == ATTENTION_EAGER) {
+      const int64_t softmax = model.eager_softmax_in_working_dtype() ? w : 4;
+      const int64_t dropped = model.attention_dropout() > 0 ? w + DTypeBytes(DropoutSavedDType(dtype, device)) : 0;
+      z.live += scores * std::max(w + softmax, w + dropped);
+    }
+    // Where SDPA repeats k and v to every head (SdpaRepeatsKvAt): the copies
+    // beside the unrepeated ones while the attention module runs (a view of
+    // one key head: SdpaCopiesKv), and their gradients in backward; under
+    // no_grad also the mask.
+    const bool repeats = SdpaRepeatsKvAt(model, d, masked_here), copies = SdpaCopiesKv(model, repeats);
+    const int64_t unrepeated = 2 * tokens * kv * d * w, repeated = 2 * tokens * a * d * w;
+    z.fwd_transient = fwd_transient + (copies ? unrepeated : 0);
+    z.live += (copies ? repeated : 0) + (masked_here ? b * seq * seq * w : 0);
+    const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_, d);
+    z.bwd_transient = std::max(bwd.attention_bytes + (repeats ? repeated - unrepeated : 0), bwd.qk_norm_bytes);
+    return z;
+  };
   s.block_kinds.resize(kinds_.size());
   bool any_masked = false;
   for (size_t kind = 0; kind < kinds_.size(); ++kind) {
@@ -456,9 +471,10 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
       k.nograd_peak = s.block_input + std::max(ffn_live, mixer.nograd_bytes);
       k.bwd_attn_transient = mixer.backward_bytes;
     } else {
-      k.fwd_transient = fwd_transient + (masked_here ? unrepeated : 0);
-      k.nograd_peak = s.block_input + std::max(ffn_live, attn_live + (masked_here ? repeated + b * seq * seq * w : 0));
-      k.bwd_attn_transient = bwd.attention_bytes + (masked_here ? repeated - unrepeated : 0);
+      const AttentionSizes z = attention_sizes(l.head_dim, masked_here);
+      k.fwd_transient = z.fwd_transient;
+      k.nograd_peak = s.block_input + std::max(ffn_live, z.live);
+      k.bwd_attn_transient = z.bwd_transient;
     }
     k.grads_attn = l.grads_attn;
     k.max_attn_grad = l.max_attn_grad;
@@ -471,7 +487,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   // row 41), a gated one's after it.
   const int64_t output_grad = s.Block(model.num_layers() - 1).mlp_tail_saved > 0 ? tokens * h * w : 0;
   s.block_mlp_output_grad = GatedMlp(model) ? 0 : output_grad;
-  s.block_bwd_mlp_transient = bwd.mlp_bytes + s.block_mlp_output_grad;
+  s.block_bwd_mlp_transient =
+      BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_, model.head_dim()).mlp_bytes +
+      s.block_mlp_output_grad;
   // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
   // its linear's input gradient (down_proj: the FFN-wide one, and the
   // gradient of its output when ops after the MLP made one: a residual
@@ -493,15 +511,18 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     layer_types.erase(LAYER_LINEAR_ATTENTION);
     const int64_t rope_pairs = std::max<int64_t>(1, layer_types.size());
     if (model.position_embedding() == POSITION_ROPE) {
-      const int64_t rotary_dim = RotaryDims(model);
-      const int64_t pair =
-          2 * (model.rope_tables_per_sequence() ? b : 1) * seq * rotary_dim * (model.rope_in_fp32() ? 4 : w);
-      s.rope_tables = rope_pairs * pair;
+      // A pair as wide as its layers' rotated dims (Gemma 4's full layers: their wider heads).
+      auto pair = [&](int layer) {
+        return 2 * (model.rope_tables_per_sequence() ? b : 1) * seq * RotaryDims(model, layer) *
+               (model.rope_in_fp32() ? 4 : w);
+      };
+      s.rope_tables = pair(0);
       s.rope_tables_unsaved = model.rope_interleaved();
       for (int layer = 1; layer < model.num_layers() && rope_pairs > 1; ++layer) {
         if (model.layer_types(layer) != model.layer_types(0)) {  // no conv layers here: rope_pairs > 1
-          s.rope_late_pair = pair;
+          s.rope_late_pair = pair(layer);
           s.rope_late_pair_layer = layer;
+          s.rope_tables += s.rope_late_pair;
           break;
         }
       }

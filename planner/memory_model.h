@@ -136,9 +136,11 @@ class StepSizer {
     int masked_fit = -1;  // -1: never masked
     bool conv = false;        // LayerMixesByConv
     bool delta_rule = false;  // LayerMixesByDeltaRule
+    int64_t head_dim = 0;     // HeadDimOf
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
     bool operator==(const LayerStatics& o) const {
       return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && delta_rule == o.delta_rule &&
+             head_dim == o.head_dim &&
              grads_attn == o.grads_attn &&
              max_attn_grad == o.max_attn_grad && gather == o.gather && gather_kept == o.gather_kept;
     }

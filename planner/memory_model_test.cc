@@ -258,9 +258,17 @@ TEST(MemoryModelTest, SlidingLayersPastTheWindowKeepSdpasMaskAndRepeatedKeysAndV
   }
   EXPECT_EQ(s.block_period, 6);
   const int64_t b = 2, seq = 512, w = 2, heads = 4, kv_heads = 1, d = 256;
-  // The additive bf16 mask [b, 1, s, s], and k and v repeated from one head to four.
-  EXPECT_EQ(sliding.saved - full.saved, b * seq * seq * w + 2 * b * (heads - kv_heads) * seq * d * w);
-  EXPECT_EQ(sliding.bwd_attn_transient - full.bwd_attn_transient, 2 * b * (heads - kv_heads) * seq * d * w);
+  // The additive bf16 mask [b, 1, s, s]; k and v repeated from one head to
+  // four are views (an expand), but their gradients are not.
+  EXPECT_EQ(sliding.saved - full.saved, b * seq * seq * w);
+  // In backward SDPA's moment has the repeated gradients; q_norm's later
+  // one (its fp32 temporaries over q) is the wider one of both here.
+  const BlockBackwardTransients t =
+      BlockBackwardTransientBytes(*model, b, seq, DTYPE_BF16, KernelDevice::kCuda, /*down_input_saved=*/true, d);
+  EXPECT_EQ(full.bwd_attn_transient, std::max(t.attention_bytes, t.qk_norm_bytes));
+  EXPECT_EQ(sliding.bwd_attn_transient,
+            std::max(t.attention_bytes + 2 * b * (heads - kv_heads) * seq * d * w, t.qk_norm_bytes));
+  EXPECT_GT(t.qk_norm_bytes, t.attention_bytes + 2 * b * (heads - kv_heads) * seq * d * w);
   EXPECT_EQ(s.attention_mask, seq * seq) << "the bool mask, expanded to the batch";
   // The full layers' RoPE tables go at the first full layer's backward.
   EXPECT_EQ(s.rope_late_pair_layer, 5);

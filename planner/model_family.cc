@@ -39,6 +39,9 @@ constexpr int64_t kGemma3SlidingWindowPattern = 6;
 constexpr int64_t kGemma2SlidingPattern = 2;
 constexpr double kGemma2AttnLogitSoftcap = 50.0;
 constexpr double kGemma2FinalLogitSoftcap = 30.0;
+// Gemma4TextConfig's sliding_window; Gemma4TextAttention's scaling.
+constexpr int64_t kGemma4DefaultSlidingWindow = 512;
+constexpr double kGemma4AttentionScale = 1.0;
 // Qwen3_5TextConfig's head_dim default, and __post_init__'s partial_rotary_factor.
 constexpr int64_t kQwen3_5DefaultHeadDim = 256;
 constexpr double kQwen3_5PartialRotaryFactor = 0.25;
@@ -268,6 +271,29 @@ std::vector<ModelFamily> BuildFamilies() {
     f.default_final_softcap = kGemma2FinalLogitSoftcap;
     f.supports_sdpa = false;
     f.parameterless.rotary_per_layer_type = false;
+    families.push_back(f);
+    // Gemma 3's blocks with Gemma4RMSNorm (weight init ones, no 1 +), a
+    // weightless v_norm, scale 1, wider heads on the full layers and the
+    // per-layer embeddings' third half.
+    f = families[families.size() - 2];
+    f.model_type = "gemma4_text";
+    f.read_from = "models/gemma4/configuration_gemma4.py (Gemma4TextConfig: sliding_window 512, layer_types 5 sliding "
+                  "to 1 full with the last full, global_head_dim 512 in per_layer_config, "
+                  "hidden_size_per_layer_input 256, vocab_size_per_layer_input 262144), modeling_gemma4.py "
+                  "(Gemma4RMSNorm: x * torch.pow(mean(x^2) + eps, -0.5) * weight.float(); Gemma4TextAttention: q_norm, "
+                  "k_norm, v_norm (no weight), scaling 1.0; Gemma4TextDecoderLayer: four norms, the per-layer input "
+                  "gate, projection and post_per_layer_input_norm, layer_scalar; Gemma4TextModel: "
+                  "embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm)";
+    f.norm_unit_offset = false;
+    f.attention_scalar_key = "";
+    f.attention_scale = kGemma4AttentionScale;
+    f.default_sliding_window = kGemma4DefaultSlidingWindow;
+    f.full_attention_interval_key = "";
+    f.gemma4_layers = true;
+    // Not modelled: bidirectional attention, keys as values, layers reusing
+    // another's keys and values, the mixture-of-experts block.
+    f.unmodelled_keys = {"use_bidirectional_attention", "attention_k_eq_v", "num_kv_shared_layers",
+                         "enable_moe_block"};
     families.push_back(f);
   }
   {

@@ -2,14 +2,15 @@
 // The transformers model types zplan plans, as data: one ModelFamily per
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite,
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
-// smollm3, glm4, gemma3_text, gemma2, lfm2, qwen3_5_text, gpt2, vit -- holding what that
+// smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
 // embedding, the dropout sites, the dtype of eager attention's softmax,
 // Granite's multipliers, Phi3's fused projections and sliding window, OLMo's
 // layer types, SmolLM3's layers without RoPE, GLM-4's partial interleaved
-// RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, LFM2's
+// RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, Gemma 4's
+// per-layer head widths and embeddings, LFM2's
 // short-conv layers, Qwen3.5's Gated DeltaNet layers and gated attention,
 // and the transformers source (5.23.0, planner/version.h)
 // it was read from.
@@ -178,6 +179,14 @@ struct ModelFamily {
   bool delta_rule_layers = false;
   // Qwen3.5's RoPE tables, one per sequence (ModelSpec.rope_tables_per_sequence).
   bool rope_tables_per_sequence = false;
+  // Gemma4TextConfig's layers: per-layer head widths (per_layer_config, or
+  // global_head_dim on the full layers: ModelSpec.layer_head_dims), the
+  // per-layer embeddings (hidden_size_per_layer_input,
+  // vocab_size_per_layer_input), the last layer forced to full attention,
+  // Gemma4RMSNorm (norm_pow_mean_square) and v_norm.
+  bool gemma4_layers = false;
+  // The attention's fixed scale (Gemma4TextAttention: 1.0; 0: none fixed).
+  double attention_scale = 0;
   // GraniteMoeHybridConfig's layers, of which zplan plans the attention-only,
   // dense ones: layer_types all "attention" (absent: every layer a Mamba-2
   // layer), position_embedding_type "rope" (null: no positions at all) and
@@ -197,7 +206,7 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// lfm2, qwen3_5_text, gpt2, vit".
+// gemma4_text, lfm2, qwen3_5_text, gpt2, vit".
 std::string SupportedModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

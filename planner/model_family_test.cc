@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, lfm2, qwen3_5_text, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -125,7 +125,7 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
     if (f.model_type != "phi3") {
       EXPECT_TRUE(f.residual_dropout.key.empty()) << f.model_type;
     }
-    if (!f.norm_unit_offset) {
+    if (!f.norm_unit_offset && !f.gemma4_layers) {
       EXPECT_EQ(f.default_activation, "silu") << f.model_type;
     }
     EXPECT_EQ(f.norm, NORM_RMSNORM) << f.model_type;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/block_layout.h"
@@ -186,9 +187,68 @@ absl::Status ReadLayerTypes(const JsonObject& config, const ModelFamily& family,
     }
   }
   const bool linear = family.delta_rule_layers;
-  return ReadLayerTypesOf(config, family, linear ? "linear_attention" : "sliding_attention",
-                          linear ? LAYER_LINEAR_ATTENTION : LAYER_SLIDING_ATTENTION,
-                          [&](int64_t i) { return (i + 1) % interval == 0; }, spec);
+  ZPLAN_RETURN_IF_ERROR(ReadLayerTypesOf(config, family, linear ? "linear_attention" : "sliding_attention",
+                                         linear ? LAYER_LINEAR_ATTENTION : LAYER_SLIDING_ATTENTION,
+                                         [&](int64_t i) { return (i + 1) % interval == 0; }, spec));
+  // Gemma4TextConfig.__post_init__ forces the last layer to full attention (with a warning).
+  if (family.gemma4_layers && spec->layer_types_size() > 0) {
+    spec->set_layer_types(spec->layer_types_size() - 1, LAYER_FULL_ATTENTION);
+  }
+  return absl::OkStatus();
+}
+
+// Gemma4TextConfig's per-layer shapes (ModelFamily::gemma4_layers): each
+// layer's head width from per_layer_config (a config.json's, keyed by the
+// layer's index), or as __post_init__ makes it, global_head_dim on every
+// full layer; and the per-layer embeddings' widths.
+absl::Status ReadGemma4Layers(const JsonObject& config, ModelSpec* spec) {
+  constexpr int64_t kGlobalHeadDim = 512, kPerLayerInputSize = 256, kPerLayerVocab = 262144;  // its defaults
+  int64_t global_head_dim = kGlobalHeadDim, per_layer = kPerLayerInputSize, per_layer_vocab = kPerLayerVocab;
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "global_head_dim", &global_head_dim));
+  if (const google::protobuf::Value* given = config.Find("hidden_size_per_layer_input");
+      given != nullptr && given->has_null_value()) {
+    per_layer = 0;  // null: no per-layer embeddings
+  }
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "hidden_size_per_layer_input", &per_layer));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "vocab_size_per_layer_input", &per_layer_vocab));
+  if (per_layer < 0) return config.Error("hidden_size_per_layer_input", "must be a width >= 0 (0: none)");
+  spec->set_per_layer_input_size(per_layer);
+  spec->set_per_layer_input_vocab_size(per_layer > 0 ? per_layer_vocab : 0);
+  std::vector<int64_t> head_dims(spec->num_layers(), spec->head_dim());
+  const google::protobuf::Value* overrides = config.Find("per_layer_config");
+  if (overrides != nullptr && !overrides->has_null_value() && !overrides->has_struct_value()) {
+    return config.Error("per_layer_config", absl::StrCat("expected an object of layer indices, got a ",
+                                                         JsonTypeName(*overrides)));
+  }
+  if (overrides != nullptr && overrides->has_struct_value()) {
+    for (const auto& [key, value] : overrides->struct_value().fields()) {
+      int64_t layer = -1;
+      if (!absl::SimpleAtoi(key, &layer) || layer < 0 || layer >= spec->num_layers() || !value.has_struct_value()) {
+        return config.Error("per_layer_config", absl::StrCat(QuoteInput(key), ": expected a layer index below ",
+                                                             spec->num_layers(), " holding {\"head_dim\": ...}"));
+      }
+      for (const auto& [field, v] : value.struct_value().fields()) {
+        if (field != "head_dim" || !v.has_number_value() || v.number_value() != static_cast<int64_t>(v.number_value())) {
+          return config.Error("per_layer_config", absl::StrCat("layer ", layer, "'s ", QuoteInput(field),
+                                                               " is not modelled; zplan plans a head_dim per layer "
+                                                               "(other keys, e.g. num_key_value_heads, come with "
+                                                               "attention_k_eq_v, which is not modelled)"));
+        }
+        head_dims[layer] = static_cast<int64_t>(v.number_value());
+      }
+    }
+  } else {
+    for (int layer = 0; layer < spec->layer_types_size(); ++layer) {
+      if (spec->layer_types(layer) == LAYER_FULL_ATTENTION) head_dims[layer] = global_head_dim;
+    }
+  }
+  spec->clear_layer_head_dims();
+  if (std::any_of(head_dims.begin(), head_dims.end(), [&](int64_t d) { return d != spec->head_dim(); })) {
+    for (int64_t d : head_dims) spec->add_layer_head_dims(d);
+  }
+  spec->set_norm_pow_mean_square(true);
+  spec->set_value_norm(true);
+  return absl::OkStatus();
 }
 
 // The Gated DeltaNet's widths and conv (ModelFamily::delta_rule_layers;
@@ -386,9 +446,13 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   if (family.short_conv_layers) ZPLAN_RETURN_IF_ERROR(ReadShortConvConfig(config, family, spec));
   if (family.delta_rule_layers) ZPLAN_RETURN_IF_ERROR(ReadDeltaRuleConfig(config, spec));
   if (family.granite_hybrid_layers) ZPLAN_RETURN_IF_ERROR(ReadGraniteHybridLayers(config, family, spec));
+  if (family.gemma4_layers) ZPLAN_RETURN_IF_ERROR(ReadGemma4Layers(config, spec));
   for (absl::string_view key : family.unmodelled_keys) {
     const google::protobuf::Value* given = config.Find(key);
-    if (given == nullptr || given->has_null_value() || (given->has_bool_value() && !given->bool_value())) continue;
+    if (given == nullptr || given->has_null_value() || (given->has_bool_value() && !given->bool_value()) ||
+        (given->has_number_value() && given->number_value() == 0)) {
+      continue;
+    }
     const std::string shown = given->has_number_value() ? absl::StrCat(given->number_value())
                               : given->has_bool_value() ? "true"
                                                         : JsonTypeName(*given);
@@ -440,6 +504,7 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   if (family.embedding_scaled_by_sqrt_hidden) {
     spec->set_embedding_multiplier(std::sqrt(static_cast<double>(spec->hidden_size())));
   }
+  if (family.attention_scale > 0) spec->set_attention_multiplier(family.attention_scale);
   if (!family.attention_scalar_key.empty()) {
     double scalar = family.default_attention_scalar;
     ZPLAN_RETURN_IF_ERROR(ReadDouble(config, family.attention_scalar_key, &scalar));
@@ -907,6 +972,25 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
           "model.linear_attention_impl: unset; LINEAR_ATTENTION_TORCH (transformers' torch fallback) is the one "
           "modelled");
     }
+  }
+  if (spec.layer_head_dims_size() != 0 && spec.layer_head_dims_size() != spec.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.layer_head_dims: ", spec.layer_head_dims_size(),
+                                                   " entries for num_layers ", spec.num_layers(),
+                                                   "; give one per layer, or none"));
+  }
+  for (int64_t d : spec.layer_head_dims()) {
+    ZPLAN_RETURN_IF_ERROR(CheckRange("model.layer_head_dims", d, 1, kMaxHeadDim, "elements per head"));
+  }
+  ZPLAN_RETURN_IF_ERROR(CheckRange("model.per_layer_input_size", spec.per_layer_input_size(), 0, kMaxHiddenSize,
+                                   "hidden_size_per_layer_input; 0 = no per-layer embeddings"));
+  if (spec.per_layer_input_size() > 0) {
+    ZPLAN_RETURN_IF_ERROR(CheckRange("model.per_layer_input_vocab_size", spec.per_layer_input_vocab_size(), 1,
+                                     kMaxVocabSize, "vocab_size_per_layer_input"));
+  }
+  if (spec.norm_pow_mean_square() && (!spec.norm_weight_in_fp32() || spec.norm_unit_offset())) {
+    return absl::InvalidArgumentError(
+        "model.norm_pow_mean_square: Gemma4RMSNorm multiplies by its weight in fp32, without 1 +; set "
+        "norm_weight_in_fp32 and clear norm_unit_offset");
   }
   if (spec.norm_unit_offset() && !spec.norm_weight_in_fp32()) {
     return absl::InvalidArgumentError(
