@@ -57,9 +57,15 @@ at::Tensor InitialValueOf(const std::string& name, at::IntArrayRef shape, uint64
 // to fp32, the fp32 rstd and the normalized input cast back; or
 // Olmo2RMSNorm's (norm_weight_in_fp32), which multiplies by the weight in
 // fp32 and casts the product, keeping the normalized input in fp32; or
-// Gemma3RMSNorm's (norm_unit_offset), the same with 1 + weight.
+// Gemma3RMSNorm's (norm_unit_offset), the same with 1 + weight; or
+// Gemma4RMSNorm's (norm_pow_mean_square): torch.pow(mean + eps, -0.5), times
+// the weight's fp32 copy, or (an undefined weight: v_norm) no weight.
 at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& weight, const ModelSpec& spec) {
   const at::Tensor x32 = x.to(at::kFloat);
+  if (spec.norm_pow_mean_square()) {
+    const at::Tensor normalized = x32 * at::pow(x32.pow(2).mean(-1, /*keepdim=*/true) + kNormEps, -0.5);
+    return (weight.defined() ? normalized * weight.to(at::kFloat) : normalized).to(x.scalar_type());
+  }
   const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
   const at::Tensor normalized = x32 * at::rsqrt(variance + kNormEps);
   // Gemma3RMSNorm: normalized * (1.0 + weight.float()), cast back.
@@ -180,8 +186,8 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   // keeps it (Checkpointing).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
                             const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
-                            const std::optional<at::Tensor>& mask, const BlockHooks* hooks,
-                            const Checkpointing* checkpointing) {
+                            const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& per_layer_input,
+                            const BlockHooks* hooks, const Checkpointing* checkpointing) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["layer"] = layer;
@@ -224,13 +230,16 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
       ctx->saved_data["device"] = static_cast<int64_t>(x.device().index());
       ctx->saved_data["non_blocking"] = checkpointing->offload;
     }
-    ctx->save_for_backward({kept, cos.value_or(none), sin.value_or(none), mask.value_or(none)});
-    return BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none), mask.value_or(none));
+    // Gemma 4's per-layer input: a view of the model's per-layer inputs, no bytes of its own.
+    ctx->save_for_backward(
+        {kept, cos.value_or(none), sin.value_or(none), mask.value_or(none), per_layer_input.value_or(none)});
+    return BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none), mask.value_or(none),
+                        per_layer_input.value_or(none));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 
   static at::Tensor BlockForward(const Transformer* model, int layer, const at::Tensor& x, const at::Tensor& cos,
-                                 const at::Tensor& sin, const at::Tensor& mask);
+                                 const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input);
 };
 
 }  // namespace
@@ -238,16 +247,17 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 // Friend-free access to the private Block through a small bridge.
 struct TransformerBridge {
   static at::Tensor Block(const Transformer* m, int layer, const at::Tensor& x, const at::Tensor& cos,
-                          const at::Tensor& sin, const at::Tensor& mask) {
-    return m->Block(layer, x, cos, sin, mask);
+                          const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input) {
+    return m->Block(layer, x, cos, sin, mask, per_layer_input);
   }
 };
 
 namespace {
 
 at::Tensor CheckpointedBlock::BlockForward(const Transformer* model, int layer, const at::Tensor& x,
-                                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask) {
-  return TransformerBridge::Block(model, layer, x, cos, sin, mask);
+                                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
+                                           const at::Tensor& per_layer_input) {
+  return TransformerBridge::Block(model, layer, x, cos, sin, mask, per_layer_input);
 }
 
 variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list grads) {
@@ -265,13 +275,18 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
                      : saved[0].to(at::Device(at::kCUDA, static_cast<at::DeviceIndex>(offloaded->second.toInt())),
                                    ctx->saved_data["non_blocking"].toBool());
   x.requires_grad_(true);
+  // The per-layer input recomputes from a detached view of the same storage, its gradient returned.
+  at::Tensor per_layer_input = saved[4];
+  if (per_layer_input.defined() && per_layer_input.requires_grad()) {
+    per_layer_input = per_layer_input.detach().requires_grad_(true);
+  }
   if (hooks != nullptr && hooks->active()) hooks->before_backward(layer);
   at::Tensor y;
   {
     at::AutoGradMode enable(true);
     auto stashed = ctx->saved_data.find("rng_state");
     if (stashed == ctx->saved_data.end()) {
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3]);
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input);
     } else {
       // Replay the forward's random stream, then continue the current one
       // (the lock only around the swaps: dropout takes it too).
@@ -282,7 +297,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
         current = generator.get_state();
         generator.set_state(stashed->second.toTensor());
       }
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3]);
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(current);
     }
@@ -295,7 +310,9 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   torch::autograd::Engine::get_default_engine().execute({root}, {grads[0]}, /*keep_graph=*/false,
                                                         /*create_graph=*/false, /*accumulate_grad=*/true);
   if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
-  return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  const at::Tensor per_layer_grad = per_layer_input.defined() ? per_layer_input.grad() : at::Tensor();
+  return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), per_layer_grad, at::Tensor(),
+          at::Tensor()};
 }
 
 }  // namespace
@@ -399,32 +416,33 @@ at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, boo
 }
 
 at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                              const at::Tensor& mask) const {
+                              const at::Tensor& mask, const at::Tensor& per_layer_input) const {
   const std::string p = absl::StrCat("layers.", layer, ".");
   const int64_t b = x.size(0), s = x.size(1);
-  const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = spec_.head_dim();
+  const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = HeadDimOf(spec_, layer);
   auto norm = [&](const at::Tensor& in, const std::string& name) {
     if (spec_.norm_type() == NORM_LAYERNORM) {
       return at::layer_norm(in, {in.size(-1)}, Param(name + ".weight"), Param(name + ".bias"), kNormEps);
     }
     return HfRmsNorm(in, Param(name + ".weight"), spec_);
   };
+  // A gated MLP's activation: SiLU, or (Gemma3MLP) GELU's tanh form; each
+  // keeps its input. Gemma 4's per-layer input gate has it too.
+  auto gate_activation = [&](const at::Tensor& gate) {
+    return spec_.ffn_type() == FFN_GEGLU ? at::gelu(gate, "tanh") : at::silu(gate);
+  };
   // The MLP's intermediates live until down_proj has run.
   auto mlp = [&](const at::Tensor& in, const std::string& m) {
     const bool bias = spec_.mlp_bias();
-    // A gated MLP's activation: SiLU, or (Gemma3MLP) GELU's tanh form; each keeps its input.
-    auto gate_act = [&](const at::Tensor& gate) {
-      return spec_.ffn_type() == FFN_GEGLU ? at::gelu(gate, "tanh") : at::silu(gate);
-    };
     if (GatedMlp(spec_) && spec_.fused_gate_up_projection()) {
       // Phi3MLP: gate and up are views of one output, which the activation and the product keep.
       const std::vector<at::Tensor> gate_up = Linear(in, m + kGateUpProj, bias).chunk(2, -1);
-      return Linear(gate_up[1] * gate_act(gate_up[0]), m + "down_proj", bias);
+      return Linear(gate_up[1] * gate_activation(gate_up[0]), m + "down_proj", bias);
     }
     if (GatedMlp(spec_)) {
       const at::Tensor gate = Linear(in, m + "gate_proj", bias);
       const at::Tensor up = Linear(in, m + "up_proj", bias);
-      return Linear(gate_act(gate) * up, m + "down_proj", bias);
+      return Linear(gate_activation(gate) * up, m + "down_proj", bias);
     }
     const at::Tensor up = Linear(in, m + "up_proj", bias);
     at::Tensor act;
@@ -489,6 +507,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           q = HfRmsNorm(q, q_weight, spec_);
           k = HfRmsNorm(k, k_weight, spec_);
         }
+        if (spec_.value_norm()) v = HfRmsNorm(v, at::Tensor(), spec_);  // Gemma4TextAttention's v_norm
         break;
       }
       case BlockOpKind::kAttention: {
@@ -544,6 +563,10 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           // repeats k and v to every head and passes the bool mask, which ATen makes additive.
           attn = at::scaled_dot_product_attention(q, RepeatKv(k, a / kv), RepeatKv(v, a / kv), mask, dropout,
                                                   /*is_causal=*/false, /*scale=*/scale);
+        } else if (SdpaRepeatsKv(spec_, layer, /*masked=*/false)) {
+          // Heads wider than 256: sdpa_attention_forward repeats k and v (use_gqa_in_sdpa is false).
+          attn = at::scaled_dot_product_attention(q, RepeatKv(k, a / kv), RepeatKv(v, a / kv), /*attn_mask=*/{},
+                                                  dropout, /*is_causal=*/true, /*scale=*/scale);
         } else {
           attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout,
                                                   /*is_causal=*/!spec_.has_vision(), /*scale=*/scale,
@@ -581,6 +604,11 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         break;
       case BlockOpKind::kMlp:
         current = mlp(current, m);
+        break;
+      case BlockOpKind::kPerLayerInput:
+        // Gemma4TextDecoderLayer: gate, activation, times the layer's input, projection.
+        current = Linear(gate_activation(Linear(current, m + kPerLayerInputGate, false)) * per_layer_input,
+                         m + kPerLayerProjection, false);
         break;
       case BlockOpKind::kShortConv: {
         // Lfm2ShortConv.forward with causal_conv1d_fn's fallback: B, C and
@@ -623,14 +651,18 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   std::vector<at::Tensor> cos_by_type(LayerType_ARRAYSIZE), sin_by_type(LayerType_ARRAYSIZE);
   if (spec_.position_embedding() == POSITION_ROPE) {
     at::NoGradGuard no_grad;
-    // Over the rotated dims only (partial RoPE: rotary_dim).
-    const int64_t r = RotaryDims(spec_);
-    const at::Tensor inv_freq =
-        at::pow(kRopeTheta, at::arange(0, r, 2, options.dtype(at::kFloat)).div(static_cast<double>(r))).reciprocal();
-    const at::Tensor angles = at::outer(at::arange(s, options.dtype(at::kFloat)), inv_freq);
-    const at::Tensor emb = at::cat({angles, angles}, -1);
     const at::ScalarType table_dtype = spec_.rope_in_fp32() ? at::kFloat : dtype_;
     for (int type : types) {
+      // Over the rotated dims only (partial RoPE: rotary_dim) of the type's
+      // heads (Gemma 4's full layers: wider; its "proportional" frequencies
+      // past a quarter of them are zero there, the same memory).
+      int first = 0;
+      while (type_of(first) != type || !LayerAttends(spec_, first)) ++first;
+      const int64_t r = RotaryDims(spec_, first);
+      const at::Tensor inv_freq =
+          at::pow(kRopeTheta, at::arange(0, r, 2, options.dtype(at::kFloat)).div(static_cast<double>(r))).reciprocal();
+      const at::Tensor angles = at::outer(at::arange(s, options.dtype(at::kFloat)), inv_freq);
+      const at::Tensor emb = at::cat({angles, angles}, -1);
       cos_by_type[type] = emb.cos().to(table_dtype);
       sin_by_type[type] = emb.sin().to(table_dtype);
       if (spec_.rope_tables_per_sequence()) {
@@ -664,6 +696,24 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     x = x + at::embedding(Param("embed_positions.weight"), at::arange(s, options.dtype(at::kLong)));
   }
   if (spec_.embedding_dropout() > 0) x = at::dropout(x, spec_.embedding_dropout(), /*train=*/true);
+  // Gemma4TextModel's per-layer inputs [b, s, layers, p], from the scaled
+  // embedding (Gemma4TextScaledWordEmbedding scales inside the module) and
+  // the tokens' per-layer embeddings: (norm(projection x h^-0.5) + embedded x
+  // sqrt(p)) x 2^-0.5, each layer reading its slice.
+  at::Tensor per_layer_inputs;
+  bool scaled = false;
+  if (const int64_t ple = spec_.per_layer_input_size(); ple > 0) {
+    const int64_t layers = spec_.num_layers();
+    x = x * spec_.embedding_multiplier();
+    scaled = true;
+    const at::Tensor embedded =
+        at::embedding(Param(absl::StrCat(kPerLayerEmbedding, ".weight")), inputs) * std::sqrt(static_cast<double>(ple));
+    const at::Tensor projected =
+        Linear(x, kPerLayerModelProjection, false) * (1.0 / std::sqrt(static_cast<double>(h)));
+    const at::Tensor normed =
+        HfRmsNorm(projected.view({b, s, layers, ple}), Param(absl::StrCat(kPerLayerProjectionNorm, ".weight")), spec_);
+    per_layer_inputs = (normed + embedded.view({b, s, layers, ple})) * (1.0 / std::sqrt(2.0));
+  }
   // Eager attention's additive causal mask [b, 1, s, s] in the working dtype
   // (transformers' eager_mask), alive until the blocks and final norm are
   // done, or, with checkpointing, until the last recomputation; with layer
@@ -705,27 +755,30 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (hooks.active()) {
     hooks.after_forward(-1);
     x = BeforeBackward::apply(x, &hooks, -1);
+    // The per-layer embeddings' backward runs once block 0's is done: gathered then.
+    if (per_layer_inputs.defined()) per_layer_inputs = BeforeBackward::apply(per_layer_inputs, &hooks, -1);
   }
   // transformers' activation_checkpointing_enable: a frozen embedding's
   // output is made to require grad (enable_input_require_grads), or
   // checkpointed blocks would give their LoRA adapters no gradient.
   if (checkpointing.every > 0 && !x.requires_grad()) x.requires_grad_(true);
   // GraniteModel scales the embedding module's output (a new tensor, nothing saved).
-  if (spec_.embedding_multiplier() != 0) x = x * spec_.embedding_multiplier();
+  if (spec_.embedding_multiplier() != 0 && !scaled) x = x * spec_.embedding_multiplier();
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     const at::Tensor& cos = cos_by_type[type_of(layer)];
     const at::Tensor& sin = sin_by_type[type_of(layer)];
     const at::Tensor& mask = masks[type_of(layer)];
+    const at::Tensor per_layer_input = per_layer_inputs.defined() ? per_layer_inputs.select(2, layer) : at::Tensor();
     if (hooks.active()) hooks.before_forward(layer);
     if (checkpointing.Checkpoints(layer)) {
       auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), given(cos), given(sin), given(mask), &hooks,
-                                   &checkpointing);
+      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), given(cos), given(sin), given(mask),
+                                   given(per_layer_input), &hooks, &checkpointing);
     } else if (hooks.active()) {
       x = AfterBackward::apply(x, &hooks, layer);
-      x = BeforeBackward::apply(Block(layer, x, cos, sin, mask), &hooks, layer);
+      x = BeforeBackward::apply(Block(layer, x, cos, sin, mask, per_layer_input), &hooks, layer);
     } else {
-      x = Block(layer, x, cos, sin, mask);
+      x = Block(layer, x, cos, sin, mask, per_layer_input);
     }
     if (hooks.active()) hooks.after_forward(layer);
   }
@@ -740,6 +793,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
           ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
           : HfRmsNorm(x, Param("final_norm.weight"), spec_);
   x.reset();
+  per_layer_inputs.reset();
   // The model's forward returns: its masks and tables go, but what autograd
   // or a checkpoint keeps (Glm4's layers keep copies of the tables, not them).
   for (at::Tensor& mask : masks) mask.reset();

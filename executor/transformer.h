@@ -146,8 +146,9 @@ class Transformer {
   // x W^T (+ b) of the linear `name`, plus its LoRA adapters' update.
   at::Tensor Linear(const at::Tensor& x, const std::string& name, bool bias) const;
   // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
+  // `per_layer_input`: Gemma 4's [b, s, p] slice (undefined without per-layer embeddings).
   at::Tensor Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                   const at::Tensor& mask) const;
+                   const at::Tensor& mask, const at::Tensor& per_layer_input) const;
 
   ModelSpec spec_;
   uint64_t seed_ = 0;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "executor/counting_allocator.h"
 #include "gtest/gtest.h"
+#include "planner/block_layout.h"
 #include "planner/inventory.h"
 #include "planner/memory_model.h"
 #include "planner/model_spec.h"
@@ -371,6 +372,53 @@ TEST(TransformerTest, VitSavedActivationsMatchThePlannerInventory) {
                 c10::toString(c.dtype), c.dropout, static_cast<long long>(kept), static_cast<long long>(planned),
                 100.0 * (kept - planned) / planned);
     EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);
+  }
+}
+
+// Gemma 4's dense text model: Gemma4RMSNorm everywhere, v_norm, a full
+// layer of heads wider than 256 (SDPA repeats k and v), the per-layer
+// embeddings (the model's [b, s, layers, p] inputs and each block's third
+// half); RoPE tables one pair per layer type, each its heads' width.
+TEST(TransformerTest, Gemma4SavedActivationsMatchThePlannerInventory) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  constexpr char kGemma4[] = R"({"model_type": "gemma4_text", "hidden_size": 64, "intermediate_size": 96,
+      "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "global_head_dim": 288, "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128,
+      "vocab_size": 128, "sliding_window": 128})";
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    auto spec = ModelSpecFromHfConfig(kGemma4, "gemma4.json");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ASSERT_EQ(HeadDimOf(*spec, 2), 288);
+    auto model = Transformer::Create(*spec, dtype, 1, at::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE(model->CheckAgainstInventory(ParameterInventory(*spec)).ok());
+    const int64_t b = 2, s = 64, w = dtype == at::kFloat ? 4 : 2;
+    const DType planned_dtype = dtype == at::kFloat ? DTYPE_FP32 : DTYPE_BF16;
+    const Batch batch = MakeBatch(*spec, b, s);
+    const int64_t before = GetCpuMemoryStats().current_bytes;
+    at::Tensor loss = model->Loss(batch.ids, batch.targets, {});
+    const int64_t kept = GetCpuMemoryStats().current_bytes - before;
+    int64_t planned = b * s * spec->vocab_size() * 4 + 2 * s * (16 + 288) * w;  // log-softmax; two RoPE pairs
+    // Each norm's multiply keeps its weight's fp32 copy (a cast in bf16), which the planner leaves out.
+    for (const auto& [name, param] : model->parameters()) {
+      if (dtype != at::kFloat && absl::StrContains(name, "norm")) planned += param.numel() * 4;
+    }
+    for (int layer = 0; layer < spec->num_layers(); ++layer) {
+      for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, planned_dtype, layer, KernelDevice::kCpu, {})) {
+        planned += TensorBytes(t);
+      }
+    }
+    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, planned_dtype, KernelDevice::kCpu)) {
+      planned += TensorBytes(t);
+    }
+    for (const TensorSpec& t : EmbeddingSavedActivations(*spec, b, s, planned_dtype, KernelDevice::kCpu)) {
+      planned += TensorBytes(t);
+    }
+    std::printf("gemma4_text %s: kept %lld bytes, planner %lld (%.2f%%)\n", c10::toString(dtype),
+                static_cast<long long>(kept), static_cast<long long>(planned), 100.0 * (kept - planned) / planned);
+    EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);
+    loss.backward();
+    for (const auto& [name, param] : model->parameters()) EXPECT_TRUE(param.grad().defined()) << name;
   }
 }
 

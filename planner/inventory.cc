@@ -802,8 +802,11 @@ std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t
     // keep slices of. Trained or frozen alike, BaseWeightsTrain aside.
     const int64_t layers = spec.num_layers();
     if (BaseWeightsTrain(spec)) {
-      out.push_back(Make(absl::StrCat(kPerLayerModelProjection, ".input"), {b, s, spec.hidden_size()}, dtype,
-                         ROLE_ACTIVATION, -1));
+      // In fp32 that input is block 0's, which its first norm keeps (x.to(float32) aliases it).
+      if (dtype != DTYPE_FP32) {
+        out.push_back(Make(absl::StrCat(kPerLayerModelProjection, ".input"), {b, s, spec.hidden_size()}, dtype,
+                           ROLE_ACTIVATION, -1));
+      }
       AppendNormSaved(spec, kPerLayerProjectionNorm, {b, s, layers, p}, dtype, device, -1, &out);
     }
     out.push_back(Make(kPerLayerInputs, {b, s, layers, p}, dtype, ROLE_ACTIVATION, -1));

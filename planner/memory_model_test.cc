@@ -235,6 +235,41 @@ TEST(MemoryModelTest, EagerAttentionKeepsQuadraticScores) {
   EXPECT_EQ(Sizes(eager, config).Block(1).saved - sdpa, 12 * 1024 * 1024 * (4 + 2) - 12 * 1024 * 4);
 }
 
+// Gemma 4's layers against what transformers 5.23's modules keep, measured
+// with tools/saved_tensors.py on five tiny configs (docs/family_sources.md,
+// gemma4_text item 10), in bf16: a sliding layer keeps (36 + 10P) N h +
+// (32 + 8P) N + 8 N f + 6 N p P + 12 N a d + 12 N a + 12 N kv d + 16 N kv +
+// 4 N d kv' + m 2 b s^2, where N = b s, P = 1 with per-layer embeddings, m = 1
+// past the window and kv' = a when SDPA repeats k and v; a full layer the
+// same with its own head width and no mask. Less what the planner leaves
+// out: the norms' fp32 weight copies ((16 + 4P) h + 8 d) and layer_scalar (2).
+TEST(MemoryModelTest, Gemma4LayersSaveWhatTransformersSaves) {
+  auto spec = ModelSpecFromHfConfig(R"({"model_type": "gemma4_text", "hidden_size": 128, "intermediate_size": 352,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+      "global_head_dim": 64, "hidden_size_per_layer_input": 16, "vocab_size": 512, "sliding_window": 64})",
+                                    "gemma4.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const int64_t h = 128, f = 352, a = 4, kv = 2, p = 16;
+  for (const auto& [b, s] : {std::pair<int64_t, int64_t>{2, 50}, {3, 77}, {1, 200}}) {
+    const int64_t n = b * s;
+    const bool masked = s >= 64;
+    for (int layer : {0, 3}) {
+      const bool sliding = layer != 3;
+      const int64_t d = sliding ? 32 : 64, m = sliding && masked ? 1 : 0;
+      const int64_t kv_kept = m == 1 ? a : kv;
+      const int64_t want = 46 * n * h + 40 * n + 8 * n * f + 6 * n * p + 12 * n * a * d + 12 * n * a +
+                           12 * n * kv * d + 16 * n * kv + 4 * n * d * kv_kept + m * 2 * b * s * s;
+      SavePolicy saves;
+      saves.sdpa_sliding_mask = masked;
+      int64_t planned = 0;
+      for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, DTYPE_BF16, layer, KernelDevice::kCpu, saves)) {
+        planned += TensorBytes(t);
+      }
+      EXPECT_EQ(planned, want) << "b " << b << " s " << s << " layer " << layer;
+    }
+  }
+}
+
 TEST(MemoryModelTest, SlidingLayersPastTheWindowKeepSdpasMaskAndRepeatedKeysAndValues) {
   // A Gemma 3 shape: 4 query heads, 1 key/value head of 256, a 512-token
   // window on five layers of six.

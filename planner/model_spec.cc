@@ -984,8 +984,10 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   ZPLAN_RETURN_IF_ERROR(CheckRange("model.per_layer_input_size", spec.per_layer_input_size(), 0, kMaxHiddenSize,
                                    "hidden_size_per_layer_input; 0 = no per-layer embeddings"));
   if (spec.per_layer_input_size() > 0) {
-    ZPLAN_RETURN_IF_ERROR(CheckRange("model.per_layer_input_vocab_size", spec.per_layer_input_vocab_size(), 1,
-                                     kMaxVocabSize, "vocab_size_per_layer_input"));
+    // embed_tokens_per_layer looks up every token id (Gemma4TextModel.get_per_layer_inputs).
+    ZPLAN_RETURN_IF_ERROR(CheckRange("model.per_layer_input_vocab_size", spec.per_layer_input_vocab_size(),
+                                     std::max<int64_t>(1, spec.vocab_size()), kMaxVocabSize,
+                                     "vocab_size_per_layer_input, at least vocab_size: every token id is looked up"));
   }
   if (spec.norm_pow_mean_square() && (!spec.norm_weight_in_fp32() || spec.norm_unit_offset())) {
     return absl::InvalidArgumentError(

@@ -399,6 +399,44 @@ TEST(ModelSpecTest, Lfm2ReadsItsConvLayersAndAdjustsItsMlpWidth) {
       << bad.status();
 }
 
+TEST(ModelSpecTest, Gemma4ReadsItsPerLayerShapesAndRefusesWhatItDoesNotModel) {
+  const std::string shape = R"("model_type": "gemma4_text", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  // Gemma4TextConfig.__post_init__: five sliding to one full, the last forced full, global_head_dim
+  // (512) on the full ones; per-layer embeddings of 256; Gemma4RMSNorm and v_norm; scale 1.
+  auto g = ModelSpecFromHfConfig(absl::StrCat("{", shape, "}"), "gemma4.json");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(g->layer_types(), ElementsAre(LAYER_SLIDING_ATTENTION, LAYER_SLIDING_ATTENTION, LAYER_SLIDING_ATTENTION,
+                                            LAYER_SLIDING_ATTENTION, LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION,
+                                            LAYER_FULL_ATTENTION));
+  EXPECT_THAT(g->layer_head_dims(), ElementsAre(256, 256, 256, 256, 256, 512, 512));
+  EXPECT_EQ(g->sliding_window(), 512);
+  EXPECT_EQ(g->per_layer_input_size(), 256);
+  EXPECT_TRUE(g->norm_pow_mean_square() && g->norm_weight_in_fp32() && !g->norm_unit_offset() && g->value_norm());
+  EXPECT_EQ(g->attention_multiplier(), 1.0);
+  EXPECT_EQ(g->ffn_type(), FFN_GEGLU);
+  EXPECT_TRUE(g->tie_word_embeddings());
+  // A saved config's per_layer_config (keys are layer indices) instead; no per-layer embeddings.
+  auto saved = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "head_dim": 16, "hidden_size_per_layer_input": 0,
+      "per_layer_config": {"05": {"head_dim": 32}, "6": {"head_dim": 32}}, "num_kv_shared_layers": 0})"),
+                                     "gemma4.json");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_THAT(saved->layer_head_dims(), ElementsAre(16, 16, 16, 16, 16, 32, 32));
+  EXPECT_EQ(saved->per_layer_input_size(), 0);
+  for (const auto& [extra, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"("attention_k_eq_v": true)", "attention_k_eq_v: true is not modelled in gemma4_text"},
+           {R"("num_kv_shared_layers": 2)", "num_kv_shared_layers: 2 is not modelled in gemma4_text"},
+           {R"("enable_moe_block": true)", "enable_moe_block: true is not modelled in gemma4_text"},
+           {R"("per_layer_config": {"5": {"num_key_value_heads": 1}})",
+            "per_layer_config: layer 5's \"num_key_value_heads\" is not modelled"},
+           {R"("per_layer_config": {"9": {"head_dim": 32}})", "per_layer_config: \"9\": expected a layer index below 7"},
+           {R"("vocab_size_per_layer_input": 50)", "model.per_layer_input_vocab_size: 50"}}) {
+    auto refused = ModelSpecFromHfConfig(absl::StrCat("{", shape, ", ", extra, "}"), "gemma4.json");
+    ASSERT_FALSE(refused.ok()) << extra;
+    EXPECT_NE(refused.status().message().find(message), std::string::npos) << refused.status();
+  }
+}
+
 TEST(ModelSpecTest, GraniteMoeHybridPlansItsDenseAttentionModelsOnly) {
   const std::string shape = R"("model_type": "granitemoehybrid", "hidden_size": 64, "shared_intermediate_size": 96,
       "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -58,6 +58,9 @@ const std::vector<std::string> kGemma3 = {"--hf-config", "configs/hf/tiny/gemma3
 // transformers' Gemma2ForCausalLM (tied, eager only): Gemma 3's blocks without q/k norms, the attention
 // scores and the logits softcapped, one sliding layer to one full past a 64-token window.
 const std::vector<std::string> kGemma2 = {"--hf-config", "configs/hf/tiny/gemma2.json"};
+// transformers' Gemma4ForCausalLM (dense, tied): Gemma4RMSNorm, v_norm, a full layer of wider heads, and
+// the per-layer embeddings' third half.
+const std::vector<std::string> kGemma4 = {"--hf-config", "configs/hf/tiny/gemma4.json"};
 const std::vector<std::string> kLfm2 = {"--hf-config", "configs/hf/tiny/lfm2.json"};
 const std::vector<std::string> kQwen3_5 = {"--hf-config", "configs/hf/tiny/qwen3_5.json"};
 const std::vector<std::string> kGraniteHybrid = {"--hf-config", "configs/hf/tiny/granitemoehybrid.json"};
@@ -351,6 +354,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("gemma3-z3-bf16-w2", kGemma3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("gemma2-z2-bf16-w2-ckpt-eager", kGemma2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
       Case("gemma2-z3-bf16-w2-eager", kGemma2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      Case("gemma4-z2-bf16-w2-ckpt", kGemma4, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("gemma4-z3-bf16-w2", kGemma4, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "128"}),
       Case("lfm2-z2-bf16-w2-ckpt", kLfm2, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("lfm2-z3-bf16-w2", kLfm2, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("qwen3_5-z2-bf16-w2-ckpt", kQwen3_5, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
@@ -469,6 +474,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     gemma2 = "configs/hf/tiny/gemma2.json", gemma2_wide = "configs/hf/tiny/gemma2-wide.json",
                     lfm2 = "configs/hf/tiny/lfm2.json", lfm2_wide = "configs/hf/tiny/lfm2-wide.json",
                     qwen3_5 = "configs/hf/tiny/qwen3_5.json", qwen3_5_wide = "configs/hf/tiny/qwen3_5-wide.json",
+                    gemma4 = "configs/hf/tiny/gemma4.json", gemma4_wide = "configs/hf/tiny/gemma4-wide.json",
                     granite_hybrid = "configs/hf/tiny/granitemoehybrid.json",
                     granite_hybrid_wide = "configs/hf/tiny/granitemoehybrid-wide.json";
   // transformers' ViTForImageClassification: 64x64 images in 8x8 patches
@@ -711,6 +717,12 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("gemma2-z2-bf16-ckpt-eager", gemma2, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 128, "eager", true),
       DeepSpeedCase("gemma2-z3-bf16-eager", gemma2, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 128, "eager"),
       DeepSpeedCase("gemma2-wide-z1-fp32-eager", gemma2_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256, "eager"),
+      // Gemma 4 (dense): Gemma4RMSNorm's mean square, v_norm, a full layer of heads twice as wide, the
+      // per-layer embeddings (a [b, s, layers, p] input, a third half per layer); then a wider untied one
+      // whose full layer's heads (288) make SDPA repeat k and v, at another stage, in fp32.
+      DeepSpeedCase("gemma4-z2-bf16-ckpt", gemma4, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+      DeepSpeedCase("gemma4-z3-bf16", gemma4, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+      DeepSpeedCase("gemma4-wide-z1-fp32", gemma4_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
       // LFM2: short-conv layers (in_proj's output, B x, the conv's padded output kept) beside attention layers
       // with q/k norms; then a wider one with two attention layers of six (full_attn_idxs) at another stage,
       // in fp32.
