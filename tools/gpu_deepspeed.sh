@@ -45,7 +45,7 @@ if (( dry_run )); then
   qwen3=$root/configs/hf/tiny/qwen3.json llama1b=$root/configs/hf/tiny/llama.json vit=$root/configs/hf/tiny/vit.json
   granite=$root/configs/hf/tiny/granite.json gemma3=$root/configs/hf/tiny/gemma3.json
   granite4=$root/configs/hf/tiny/granitemoehybrid.json lfm2=$root/configs/hf/tiny/lfm2.json
-  qwen35=$root/configs/hf/tiny/qwen3_5.json
+  qwen35=$root/configs/hf/tiny/qwen3_5.json gemma4=$root/configs/hf/tiny/gemma4.json
   vit_seq=65 vit_batch=4
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
   buckets3='"reduce_bucket_size": 200000, "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 10000'
@@ -65,6 +65,11 @@ else
   "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4
 c["layer_types"] = c["layer_types"][:4]; json.dump(c, open(sys.argv[2], "w"), indent=2)' \
     "$root/configs/hf/qwen3.5-9b-text.json" "$qwen35"
+  # Gemma 4's dense text model at transformers' defaults cut to four layers (three sliding, the last full
+  # with 512-wide heads), its per-layer embeddings on.
+  gemma4=$out/gemma4-text-4-layers.json
+  "$PY" -c 'import sys, transformers
+transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_file(sys.argv[1])' "$gemma4"
   # Seed 000's Granite 4.0 1B with its script's 28,683 added tokens (configs/seeds/000_*.textproto).
   granite4=$out/granite-4.0-1b-seed000.json
   sed 's/"vocab_size": 100352/"vocab_size": 129035/' "$root/configs/hf/granite-4.0-1b.json" > "$granite4"
@@ -205,6 +210,10 @@ ds_row "LFM2, ZeRO-2 + ckpt, world 1" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch
 # Qwen3.5: Gated DeltaNet through transformers' torch fallbacks (the bundle has no flash-linear-attention
 # or causal-conv1d), what it saves planned as the CPU's measured tensors (the logits' backward is the peak).
 ds_row "Qwen3.5 (4 layers), ZeRO-2, rank 7 of 8" "$qwen35" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")"
+# Gemma 4: per-layer embeddings, and a full layer whose 512-wide heads CUDA's flash kernel cannot take
+# (SDPA gets k and v repeated; which kernel runs is what this row measures).
+ds_row "Gemma 4 (4 layers), ZeRO-2 + ckpt, rank 7 of 8" "$gemma4" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")" \
+  --checkpointing
 
 {
   echo "device: $gpu  DeepSpeed steps: $steps (the first is the warm-up)"
