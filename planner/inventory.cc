@@ -872,7 +872,8 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
     const int64_t kv_saved = SdpaCopiesKv(spec, SdpaRepeatsKvAt(spec, d, /*masked=*/false)) ? a : kv;
     const int64_t sdpa_saved = bs * ((2 * a + 2 * kv_saved) * d * w + 4 * a);
     const int64_t stats = spec.norm_pow_mean_square() ? 8 : 4;  // per row, fp32
-    const int64_t k_norm_saved = bs * kv * ((4 + (spec.norm_weight_in_fp32() ? 4 : w)) * d + stats);
+    const int64_t normalized = spec.has_lora() ? 0 : spec.norm_weight_in_fp32() ? 4 : w;  // for the weight's gradient
+    const int64_t k_norm_saved = bs * kv * ((4 + normalized) * d + stats);
     const int64_t v_norm_saved = spec.value_norm() ? bs * kv * (4 * d + stats) : 0;
     const int64_t q_path = residual_grads + bs * spec.hidden_size() * w + bs * a * d * w;
     t.qk_norm_bytes = q_path + RmsNormBackwardTransientBytes(spec, bs * a * d, dtype, !spec.has_lora()) -

@@ -41,12 +41,12 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
   return total;
 }
 
-KernelDevice KernelDeviceOf(const StepSizes& s) { return s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda; }
 
 // A BlockKind's fields, to find equal kinds.
 auto BlockKindTie(const StepSizes::BlockKind& k) {
   return std::tie(k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved, k.mlp_pre_norm_bwd,
-                  k.attn_pre_norm_bwd, k.fwd_transient, k.nograd_peak, k.bwd_attn_transient, k.grads_attn,
+                  k.attn_pre_norm_bwd, k.fwd_transient, k.nograd_peak, k.bwd_attn_transient,
+                  k.bwd_qk_norm_transient, k.grads_attn,
                   k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp, k.retained_attn);
 }
 
@@ -340,6 +340,7 @@ void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
   s->grad_partition = v.grad_partition;
   s->grad_partition_from = v.grad_partition_from;
   s->grad_partition_at_attention = v.grad_partition_at_attention;
+  s->grad_partition_at_qk_norm = v.grad_partition_at_qk_norm;
   s->grad_partition_at_down_proj_hook = v.grad_partition_at_down_proj_hook;
   s->step_norm_copy = v.step_norm_copy;
   s->host_grad_accumulation = v.host_grad_accumulation;
@@ -415,7 +416,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   // An attention layer's live tensors with heads `d` wide (Gemma 4's full
   // layers are wider), where SDPA gets the sliding mask or not.
   struct AttentionSizes {
-    int64_t live = 0, fwd_transient = 0, bwd_transient = 0;
+    int64_t live = 0, fwd_transient = 0, bwd_transient = 0, bwd_qk_norm_transient = 0;
   };
   auto attention_sizes = [&](int64_t d, bool masked_here) {
     AttentionSizes z;
@@ -440,7 +441,12 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     z.fwd_transient = fwd_transient + (copies ? unrepeated : 0);
     z.live += (copies ? repeated : 0) + (masked_here ? b * seq * seq * w : 0);
     const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_, d);
-    z.bwd_transient = std::max(bwd.attention_bytes + (repeats ? repeated - unrepeated : 0), bwd.qk_norm_bytes);
+    z.bwd_transient = bwd.attention_bytes + (repeats ? repeated - unrepeated : 0);
+    // By q_norm's backward SDPA's saved tensors are freed, under the mask its copies and the mask too.
+    const bool copies_unmasked = SdpaCopiesKv(model, SdpaRepeatsKvAt(model, d, /*masked=*/false));
+    const int64_t masked_saved =
+        (masked_here ? b * seq * seq * w : 0) + (copies && !copies_unmasked ? repeated - unrepeated : 0);
+    z.bwd_qk_norm_transient = bwd.qk_norm_bytes > 0 ? std::max<int64_t>(0, bwd.qk_norm_bytes - masked_saved) : 0;
     return z;
   };
   s.block_kinds.resize(kinds_.size());
@@ -475,6 +481,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
       k.fwd_transient = z.fwd_transient;
       k.nograd_peak = s.block_input + std::max(ffn_live, z.live);
       k.bwd_attn_transient = z.bwd_transient;
+      k.bwd_qk_norm_transient = z.bwd_qk_norm_transient;
     }
     k.grads_attn = l.grads_attn;
     k.max_attn_grad = l.max_attn_grad;

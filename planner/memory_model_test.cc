@@ -296,14 +296,13 @@ TEST(MemoryModelTest, SlidingLayersPastTheWindowKeepSdpasMaskAndRepeatedKeysAndV
   // The additive bf16 mask [b, 1, s, s]; k and v repeated from one head to
   // four are views (an expand), but their gradients are not.
   EXPECT_EQ(sliding.saved - full.saved, b * seq * seq * w);
-  // In backward SDPA's moment has the repeated gradients; q_norm's later
-  // one (its fp32 temporaries over q) is the wider one of both here.
+  // In backward SDPA's moment has the repeated gradients; by q_norm's
+  // later one (its fp32 temporaries over q) the mask SDPA kept is freed.
+  EXPECT_EQ(sliding.bwd_attn_transient - full.bwd_attn_transient, 2 * b * (heads - kv_heads) * seq * d * w);
   const BlockBackwardTransients t =
       BlockBackwardTransientBytes(*model, b, seq, DTYPE_BF16, KernelDevice::kCuda, /*down_input_saved=*/true, d);
-  EXPECT_EQ(full.bwd_attn_transient, std::max(t.attention_bytes, t.qk_norm_bytes));
-  EXPECT_EQ(sliding.bwd_attn_transient,
-            std::max(t.attention_bytes + 2 * b * (heads - kv_heads) * seq * d * w, t.qk_norm_bytes));
-  EXPECT_GT(t.qk_norm_bytes, t.attention_bytes + 2 * b * (heads - kv_heads) * seq * d * w);
+  EXPECT_EQ(full.bwd_qk_norm_transient, t.qk_norm_bytes);
+  EXPECT_EQ(sliding.bwd_qk_norm_transient, t.qk_norm_bytes - b * seq * seq * w);
   EXPECT_EQ(s.attention_mask, seq * seq) << "the bool mask, expanded to the batch";
   // The full layers' RoPE tables go at the first full layer's backward.
   EXPECT_EQ(s.rope_late_pair_layer, 5);

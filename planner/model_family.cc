@@ -39,9 +39,9 @@ constexpr int64_t kGemma3SlidingWindowPattern = 6;
 constexpr int64_t kGemma2SlidingPattern = 2;
 constexpr double kGemma2AttnLogitSoftcap = 50.0;
 constexpr double kGemma2FinalLogitSoftcap = 30.0;
-// Gemma4TextConfig's sliding_window; Gemma4TextAttention's scaling.
+// Gemma4TextConfig's sliding_window; Gemma4TextAttention's scaling 1.0, as a scalar^-0.5.
 constexpr int64_t kGemma4DefaultSlidingWindow = 512;
-constexpr double kGemma4AttentionScale = 1.0;
+constexpr double kGemma4AttentionScalar = 1.0;
 // Qwen3_5TextConfig's head_dim default, and __post_init__'s partial_rotary_factor.
 constexpr int64_t kQwen3_5DefaultHeadDim = 256;
 constexpr double kQwen3_5PartialRotaryFactor = 0.25;
@@ -286,7 +286,7 @@ std::vector<ModelFamily> BuildFamilies() {
                   "embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm)";
     f.norm_unit_offset = false;
     f.attention_scalar_key = "";
-    f.attention_scale = kGemma4AttentionScale;
+    f.default_attention_scalar = kGemma4AttentionScalar;
     f.default_sliding_window = kGemma4DefaultSlidingWindow;
     f.full_attention_interval_key = "";
     f.gemma4_layers = true;

@@ -150,7 +150,8 @@ struct ModelFamily {
   bool norm_unit_offset = false;
   // Gemma's embedding times sqrt(hidden_size) (an embedding_multiplier) and
   // attention scale attention_scalar_key^-0.5 (an attention_multiplier),
-  // default_attention_scalar when absent; empty key: head_dim^-0.5.
+  // default_attention_scalar when absent; with an empty key that one
+  // (Gemma4TextAttention's scaling 1.0: 1^-0.5), or without one head_dim^-0.5.
   bool embedding_scaled_by_sqrt_hidden = false;
   absl::string_view attention_scalar_key;
   double default_attention_scalar = 0;
@@ -185,8 +186,6 @@ struct ModelFamily {
   // vocab_size_per_layer_input), the last layer forced to full attention,
   // Gemma4RMSNorm (norm_pow_mean_square) and v_norm.
   bool gemma4_layers = false;
-  // The attention's fixed scale (Gemma4TextAttention: 1.0; 0: none fixed).
-  double attention_scale = 0;
   // GraniteMoeHybridConfig's layers, of which zplan plans the attention-only,
   // dense ones: layer_types all "attention" (absent: every layer a Mamba-2
   // layer), position_embedding_type "rope" (null: no positions at all) and

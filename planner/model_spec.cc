@@ -67,6 +67,14 @@ absl::Status ValidateLora(const ModelSpec& spec) {
                                                    "'s fused qkv_proj and gate_up_proj is not modelled yet; plan "
                                                    "full fine-tuning (drop --lora-config)"));
   }
+  if (spec.per_layer_input_size() > 0) {
+    // peft's all-linear adapts the model-level per_layer_model_projection too, and a frozen one's norm
+    // keeps more once the embedding's output requires grad: neither is modelled or checked.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.lora: LoRA on ", QuoteInput(spec.model_type()), " with per-layer embeddings "
+        "(hidden_size_per_layer_input ", spec.per_layer_input_size(), ") is not modelled yet; plan full fine-tuning "
+        "(drop --lora-config)"));
+  }
   ZPLAN_RETURN_IF_ERROR(CheckRange("model.lora.rank", lora.rank(), 1, spec.hidden_size(),
                                    "LoRA r; at most the model width"));
   ZPLAN_RETURN_IF_ERROR(CheckFinite("model.lora.alpha", lora.alpha(), -1e9, 1e9, "lora_alpha"));
@@ -504,10 +512,9 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   if (family.embedding_scaled_by_sqrt_hidden) {
     spec->set_embedding_multiplier(std::sqrt(static_cast<double>(spec->hidden_size())));
   }
-  if (family.attention_scale > 0) spec->set_attention_multiplier(family.attention_scale);
-  if (!family.attention_scalar_key.empty()) {
+  if (!family.attention_scalar_key.empty() || family.default_attention_scalar > 0) {
     double scalar = family.default_attention_scalar;
-    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, family.attention_scalar_key, &scalar));
+    if (!family.attention_scalar_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadDouble(config, family.attention_scalar_key, &scalar));
     if (!(scalar > 0)) return config.Error(family.attention_scalar_key, "must be positive: the scale is its -0.5 power");
     spec->set_attention_multiplier(1.0 / std::sqrt(scalar));
   }

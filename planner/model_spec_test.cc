@@ -423,6 +423,14 @@ TEST(ModelSpecTest, Gemma4ReadsItsPerLayerShapesAndRefusesWhatItDoesNotModel) {
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_THAT(saved->layer_head_dims(), ElementsAre(16, 16, 16, 16, 16, 32, 32));
   EXPECT_EQ(saved->per_layer_input_size(), 0);
+  // LoRA: without per-layer embeddings as any model; with them refused.
+  EXPECT_TRUE(ApplyLoraConfig(R"({"r": 4, "target_modules": ["q_proj", "v_proj"]})", "adapter_config.json",
+                              &*saved).ok());
+  const absl::Status lora = ApplyLoraConfig(R"({"r": 4})", "adapter_config.json", &*g);
+  EXPECT_NE(lora.message().find("model.lora: LoRA on \"gemma4_text\" with per-layer embeddings "
+                                "(hidden_size_per_layer_input 256) is not modelled yet"),
+            std::string::npos)
+      << lora;
   for (const auto& [extra, message] : std::vector<std::pair<std::string, std::string>>{
            {R"("attention_k_eq_v": true)", "attention_k_eq_v: true is not modelled in gemma4_text"},
            {R"("num_kv_shared_layers": 2)", "num_kv_shared_layers: 2 is not modelled in gemma4_text"},

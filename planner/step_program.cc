@@ -274,8 +274,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 32 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 32 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 33 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 33 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -584,6 +584,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
             mlp_transient_past_hooks = per_block(), mlp_weight_grad = per_block(), waiting = per_block(),
             kept_down = per_block(), kept_mlp_rest = per_block(), attn_transient = per_block(),
             attn_weight_grad = per_block(), kept_attn = per_block(), mlp_pre_norm = per_block(),
+            qk_norm_transient = per_block(),
             attn_pre_norm = per_block(), retained_mlp = per_block(), retained_attn = per_block();
   // A post-norm's backward, first in its half: its fp32 temporaries beside
   // everything the half saved.
@@ -597,7 +598,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, norm done");
   };
   r.Blocks(/*forward=*/false, [&](int i) {
-    if (!s.grad_partition_at_attention && !s.grad_partition_at_down_proj_hook) partition_from(i, PHASE_BACKWARD);
+    if (!s.grad_partition_at_attention && !s.grad_partition_at_qk_norm && !s.grad_partition_at_down_proj_hook) {
+      partition_from(i, PHASE_BACKWARD);
+    }
     // A kept block is still gathered (DeepSpeed prefetches past it while
     // anything below is partitioned); another is gathered again.
     const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
@@ -699,6 +702,11 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
              "backward, layer #, attention weight gradients into reduce bucket");
     }
     r.Free(Ref{attn_transient, i}, PHASE_BACKWARD, i, "backward, layer #, attention activation gradients freed");
+    // q_norm's backward, after the hooks of o_proj and of the k and v paths.
+    if (s.grad_partition_at_qk_norm) partition_from(i, PHASE_BACKWARD);
+    r.Alloc(Ref{qk_norm_transient, i}, COMPONENT_TEMPORARIES, k.bwd_qk_norm_transient, PHASE_BACKWARD, i,
+            "backward, layer #, q_norm");
+    r.Free(Ref{qk_norm_transient, i}, PHASE_BACKWARD, i, "backward, layer #, q_norm temporaries freed");
     norm_copy(i, true, false, i);
     retain(Ref{retained_attn, i}, k.retained_attn, "backward, layer #, attention weight gradients kept to the epilogue");
     if (recompute) {

@@ -106,6 +106,8 @@ struct StepSizes {
   int64_t grad_partition = 0;
   int grad_partition_from = kAtEpilogue;
   bool grad_partition_at_attention = false;  // in that block's attention half, not its MLP's
+  // In that block's attention half at a hook before q_norm's backward (past SDPA's moment).
+  bool grad_partition_at_qk_norm = false;
   // In its MLP half at down_proj's hook, past a GELU MLP's widest moment:
   // down_proj's saved input is freed by then, its weight gradient not yet.
   bool grad_partition_at_down_proj_hook = false;
@@ -149,6 +151,9 @@ struct StepSizes {
     int64_t fwd_transient = 0;       // extra inside forward with grad
     int64_t nograd_peak = 0;         // checkpointed forward: live intermediates
     int64_t bwd_attn_transient = 0;  // the attention (or conv) half's backward temporaries
+    // Later in that half, once they are freed and the hooks of o_proj and the
+    // k and v paths have run: q_norm's backward (BlockBackwardTransients::qk_norm_bytes; 0: none).
+    int64_t bwd_qk_norm_transient = 0;
     int64_t grads_attn = 0;          // that half's trainable parameters, working dtype
     int64_t max_attn_grad = 0;       // its largest single parameter
     int64_t gather = 0;              // stage 3: the gathered block + prefetch

@@ -23,6 +23,7 @@ namespace {
 struct PartitionStart {
   int part = StepSizes::kAtEpilogue;
   bool at_attention = false;       // a block's attention half
+  bool at_qk_norm = false;         // StepSizes::grad_partition_at_qk_norm
   bool at_down_proj_hook = false;  // StepSizes::grad_partition_at_down_proj_hook
 };
 // With optimizer offload, each rank's reduction whose fp64 norm copy of a
@@ -56,7 +57,29 @@ class LargestPieces {
   int64_t shard_ = 0;
   std::vector<StepSizes::OffloadNormCopy> by_rank_;
 };
-std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<BlockOp>& layout,
+// Whether an attention-half parameter's gradient hook fires before q_norm's
+// backward (BlockBackwardTransients::qk_norm_bytes): autograd runs the
+// later-made paths first, so o_proj's, v's and k's hooks do, q_norm's,
+// q_proj's and the pre-norm's do not.
+bool BeforeQkNormMoment(const ModelSpec& model, KernelDevice device, const std::vector<BlockOp>& layout,
+                        const TensorSpec& t) {
+  if (!model.qk_norm() || model.attention_impl() != ATTENTION_SDPA || SdpaRunsMath(model, device) ||
+      !LayerAttends(model, t.layer())) {
+    return false;
+  }
+  absl::string_view rest;
+  const int op = OpOfParameter(model, layout, t.name(), &rest);
+  if (op < 0) return false;
+  switch (layout[op].kind) {
+    case BlockOpKind::kQkvProjection: return !absl::StartsWith(rest, "q_proj") && !absl::StartsWith(rest, kQkvProj);
+    case BlockOpKind::kQkNorm: return !absl::StartsWith(rest, kQNorm);
+    case BlockOpKind::kOutProjection: return true;
+    default: return false;
+  }
+}
+
+std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, KernelDevice device,
+                                                     const std::vector<BlockOp>& layout,
                                                      const std::vector<TensorSpec>& params,
                                                      const std::vector<FlatPartition>& partitions, int num_layers,
                                                      int64_t bucket_elements, bool gelu_mlp,
@@ -84,6 +107,9 @@ std::vector<PartitionStart> FirstReductionPartByRank(const std::vector<BlockOp>&
     if (t.layer() >= 0 && !before_moment) {
       if (!start.at_attention) {
         start.at_attention = true;
+      } else if (BeforeQkNormMoment(model, device, layout, t)) {
+        start.at_attention = false;
+        start.at_qk_norm = true;
       } else {
         start.part = t.layer() - 1;  // the previous block's MLP half, or the embedding (-1)
         start.at_attention = false;
@@ -237,7 +263,7 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
     if (stage1_epilogue) {
       NoteEpilogueReductions(trainable, partitions, zero.reduce_bucket_elements(), w, &largest);
     } else {
-      FirstReductionPartByRank(BlockLayout(model, 0), trainable, partitions, s.num_layers,
+      FirstReductionPartByRank(model, KernelDeviceOf(s), BlockLayout(model, 0), trainable, partitions, s.num_layers,
                                zero.reduce_bucket_elements(), false, &largest);
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
@@ -266,7 +292,7 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
     } else {
       // Every down_proj keeps its input unless LoRA freezes it. The MLP half,
       // all FirstReductionPartByRank reads of a layout, is alike in every layer.
-      from = FirstReductionPartByRank(BlockLayout(model, 0), trainable, partitions, s.num_layers,
+      from = FirstReductionPartByRank(model, KernelDeviceOf(s), BlockLayout(model, 0), trainable, partitions, s.num_layers,
                                       zero.reduce_bucket_elements(), model.ffn_type() == FFN_GELU && !model.has_lora());
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
@@ -274,6 +300,7 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
       v.grad_partition = partitions[r].params_elements * w;
       v.grad_partition_from = from[r].part;
       v.grad_partition_at_attention = from[r].at_attention;
+      v.grad_partition_at_qk_norm = from[r].at_qk_norm;
       v.grad_partition_at_down_proj_hook = from[r].at_down_proj_hook;
       v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
       if (s.stage == 1 && zero.overlap_comm()) RetainOversizedGradients(in, partitions[r], s.num_layers, &v);

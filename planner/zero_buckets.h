@@ -29,6 +29,7 @@ struct RankVariant {
   int64_t grad_partition = 0;
   int grad_partition_from = StepSizes::kAtEpilogue;
   bool grad_partition_at_attention = false;
+  bool grad_partition_at_qk_norm = false;
   bool grad_partition_at_down_proj_hook = false;
   int64_t step_norm_copy = 0;
   int64_t host_grad_accumulation = 0;
@@ -41,6 +42,7 @@ struct RankVariant {
   bool operator==(const RankVariant& o) const {
     return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
            grad_partition_at_attention == o.grad_partition_at_attention &&
+           grad_partition_at_qk_norm == o.grad_partition_at_qk_norm &&
            grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook &&
            step_norm_copy == o.step_norm_copy && host_grad_accumulation == o.host_grad_accumulation &&
            host_grad_accumulation_pinned == o.host_grad_accumulation_pinned && retained_mlp == o.retained_mlp &&

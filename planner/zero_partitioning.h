@@ -35,6 +35,11 @@ inline constexpr int64_t kAdamStateBytesPerParam = 8;  // m + v, fp32
 // DeepSpeed's CPU Adam keeps an fp32 gradient partition beside master, m, v.
 inline constexpr int64_t kOffloadGradBytesPerParam = 4;
 
+// Where the step's kernels run (CPU ranks or CUDA devices).
+inline KernelDevice KernelDeviceOf(const StepSizes& s) {
+  return s.cpu_ranks ? KernelDevice::kCpu : KernelDevice::kCuda;
+}
+
 // What every concern's sizing reads, worked out once by StepSizer::Create;
 // the configuration fields of StepSizes (stage, world_size, offload_*,
 // shards, ...) are set before any concern runs.
