@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/json.h"
+#include "planner/status_macros.h"
 
 namespace zplan {
 namespace {
@@ -42,6 +43,8 @@ constexpr double kGemma2FinalLogitSoftcap = 30.0;
 // Gemma4TextConfig's sliding_window; Gemma4TextAttention's scaling 1.0, as a scalar^-0.5.
 constexpr int64_t kGemma4DefaultSlidingWindow = 512;
 constexpr double kGemma4AttentionScalar = 1.0;
+// Where BuildFamilies puts qwen3 (after llama, mistral, qwen2).
+constexpr size_t kQwen3Entry = 3;
 // Qwen3_5TextConfig's head_dim default, and __post_init__'s partial_rotary_factor.
 constexpr int64_t kQwen3_5DefaultHeadDim = 256;
 constexpr double kQwen3_5PartialRotaryFactor = 0.25;
@@ -316,7 +319,10 @@ std::vector<ModelFamily> BuildFamilies() {
     f.parameterless.mlp_activation = false;  // Lfm2MLP: F.silu
   }
   {
-    ModelFamily& f = families.emplace_back();
+    // Qwen3's attention (per-head q/k norms, attention_bias on all four
+    // projections) and MLP, with linear attention layers between the full ones.
+    ModelFamily f = families[kQwen3Entry];
+    ZPLAN_CHECK(f.model_type == "qwen3");
     f.model_type = "qwen3_5_text";
     f.read_from = "models/qwen3_5/configuration_qwen3_5.py (Qwen3_5TextConfig: head_dim 256, partial_rotary_factor "
                   "0.25, layer_types from full_attention_interval 4, linear_* widths), modeling_qwen3_5.py "
@@ -324,17 +330,8 @@ std::vector<ModelFamily> BuildFamilies() {
                   "q_norm and k_norm per head, attn_output * sigmoid(gate); Qwen3_5GatedDeltaNet with "
                   "causal_conv1d_fn's and torch_chunk_gated_delta_rule's fallbacks, Qwen3_5RMSNormGated; "
                   "Qwen3_5MLP)";
-    f.ffn_key = "intermediate_size";
     f.default_head_dim = kQwen3_5DefaultHeadDim;
-    f.norm = NORM_RMSNORM;
-    f.mlp = MlpKind::kGated;
-    f.activation_key = "hidden_act";
-    f.default_activation = "silu";
-    f.qkv_bias_key = "attention_bias";  // q, k, v and o_proj alike
-    f.out_bias = OutProjectionBias::kAsQkv;
-    f.qk_norm = true;
-    f.position = POSITION_ROPE;
-    f.attention_dropout = kAttentionDropoutOnly;
+    f.unmodelled_keys.clear();  // Qwen3_5TextConfig has no use_sliding_window
     f.partial_rotary = true;
     f.default_partial_rotary_factor = kQwen3_5PartialRotaryFactor;
     f.norm_weight_in_fp32 = true;
@@ -343,6 +340,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.full_attention_interval_key = "full_attention_interval";
     f.delta_rule_layers = true;
     f.rope_tables_per_sequence = true;  // Qwen3_5TextModel.forward: position_ids expanded to the batch
+    families.push_back(f);
   }
   {
     ModelFamily& f = families.emplace_back();
