@@ -404,6 +404,22 @@ std::string FormatReport(const Plan& plan, const Report& report) {
 // so a step does not map its transients anew (counting_allocator.h).
 constexpr int kMmapThresholdBytes = 1 << 20;
 
+// zrun trains transformers' torch fallbacks only (executor/linear_attention.h): LibTorch cannot run
+// fla's Triton kernels or causal-conv1d's CUDA extension.
+absl::Status RefuseFusedKernels(const ModelSpec& model) {
+  if (model.linear_attention_impl() == LINEAR_ATTENTION_FLA) {
+    return absl::InvalidArgumentError(
+        "model.linear_attention_impl: LINEAR_ATTENTION_FLA (fla's Triton kernels) cannot run under LibTorch; zrun "
+        "trains transformers' torch fallback: plan without --kernels fla");
+  }
+  if (model.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D) {
+    return absl::InvalidArgumentError(
+        "model.short_conv_impl: SHORT_CONV_CAUSAL_CONV1D (causal-conv1d's CUDA extension) cannot run under "
+        "LibTorch; zrun trains transformers' torch fallback: plan without --kernels causal_conv1d");
+  }
+  return absl::OkStatus();
+}
+
 int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
   // Blocks of 2 MiB or more 2 MiB-aligned and madvise(MADV_HUGEPAGE)
@@ -417,6 +433,7 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   absl::Status status = ValidateZrunOptions(options);
   if (status.ok()) status = ReadProtoFile(options.plan_path, &plan);
   if (status.ok()) status = ValidatePlan(plan, options.plan_path);
+  if (status.ok()) status = RefuseFusedKernels(plan.model());
   if (!status.ok()) {
     err << "zrun: " << status.message() << "\n";
     return kExitBadInput;

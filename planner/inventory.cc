@@ -353,6 +353,25 @@ int64_t DeltaRuleAlignedFp32Bytes(const ModelSpec& spec, int64_t b, int64_t s, D
 
 namespace {
 
+// Qwen3_5RMSNormGated over [b s hv, dv] (torch in every environment: it is
+// a Hub kernel only): its fp32 input, rstd, the normalized input cast back
+// (for a weight that trains), z in fp32, silu(z), the weighted normalized
+// input.
+void AppendGatedNormSaved(const ModelSpec& spec, const std::string& module, int64_t b, int64_t s, DType dtype,
+                          int layer, std::vector<TensorSpec>* out) {
+  const DeltaRuleWidths w = DeltaRuleWidthsOf(spec);
+  const int64_t hv = w.value_heads, dv = w.value_dim;
+  auto act = [&](const std::string& name, std::vector<int64_t> shape, DType t) {
+    out->push_back(Make(module + name, std::move(shape), t, ROLE_ACTIVATION, layer));
+  };
+  act("norm_input_fp32", {b, s, hv, dv}, DTYPE_FP32);
+  act("norm_rstd", {b, s, hv}, DTYPE_FP32);
+  if (BaseWeightsTrain(spec)) act("norm_normalized", {b, s, hv, dv}, dtype);  // kept for the weight's gradient
+  act("z_fp32", {b, s, hv, dv}, DTYPE_FP32);
+  act("z_silu", {b, s, hv, dv}, DTYPE_FP32);
+  act("norm_weighted", {b, s, hv, dv}, dtype);
+}
+
 // What Qwen3_5GatedDeltaNet keeps between its input projections and
 // out_proj, through transformers' torch fallbacks (LINEAR_ATTENTION_TORCH;
 // modeling_qwen3_5.py: causal_conv1d_fn, torch_chunk_gated_delta_rule,
@@ -373,11 +392,33 @@ void AppendDeltaRuleSaved(const ModelSpec& spec, const std::string& module, int6
     act(absl::StrCat(kDeltaRuleChunks, name), std::move(shape), DTYPE_FP32);
   };
   // The conv: its input (in_proj_qkv's output, transposed), its padded
-  // output (silu keeps a slice of it); sigmoid(b); the decay's
-  // -exp(A_log) and softplus(a + dt_bias), in fp32.
+  // output (the fallback's silu keeps a slice of it; causal-conv1d's kernel
+  // fuses silu); sigmoid(b); the decay's -exp(A_log) and softplus(a +
+  // dt_bias), in fp32.
   act("conv_input", {b, s, w.conv_channels()}, dtype);
-  act("conv_output", {b, w.conv_channels(), s + kernel - 1}, dtype);
+  if (spec.short_conv_impl() != SHORT_CONV_CAUSAL_CONV1D) {
+    act("conv_output", {b, w.conv_channels(), s + kernel - 1}, dtype);
+  }
   act("beta", {b, s, hv}, dtype);
+  if (spec.linear_attention_impl() == LINEAR_ATTENTION_FLA) {
+    // ChunkGatedDeltaRuleFunction.forward's save_for_backward: q and k
+    // l2-normalized in the kernel, unrepeated, with fp32 rstds; v made
+    // contiguous by input_guard; g's chunk-local cumsum (fp32); beta (the
+    // module's, above); A, the solved intra-chunk matrix [b, s, hv, 64] in
+    // k's dtype. w, u, h and v_new are recomputed in backward.
+    act("softplus_input", {b, s, hv}, DTYPE_FP32);
+    act("softplus", {b, s, hv}, DTYPE_FP32);
+    chunked("decay_rate", {2, hv});  // a constant: the fits take it with the chunks'
+    for (const char* t : {"q", "k"}) {
+      act(absl::StrCat(t, "_normalized"), {b, s, w.key_heads, dk}, dtype);
+      act(absl::StrCat(t, "_rstd"), {b, s, w.key_heads}, DTYPE_FP32);
+    }
+    act("v", {b, s, hv, dv}, dtype);
+    act("g_cumsum", {b, s, hv}, DTYPE_FP32);
+    act("intra_chunk_solved", {b, s, hv, c}, dtype);
+    AppendGatedNormSaved(spec, module, b, s, dtype, layer, out);
+    return;
+  }
   // In fp32 with as many key heads as value heads (nothing repeats them),
   // one [b, s, hv, dv] more (measured; the value's .to(float32) aliasing).
   if (dtype == DTYPE_FP32 && w.key_heads == hv) act("value_fp32", {b, s, hv, dv}, DTYPE_FP32);
@@ -416,15 +457,7 @@ void AppendDeltaRuleSaved(const ModelSpec& spec, const std::string& module, int6
     act("aligned_fp32_copies", {aligned / 4}, DTYPE_FP32);  // not "chunks.": the fits leave it to StepSizer
   }
   chunked("v_new", {b, hv, padded, dv});
-  // The gated norm over [b s hv, dv]: its fp32 input, rstd, the normalized
-  // input cast back (for a weight that trains), z in fp32, silu(z), the
-  // weighted normalized input.
-  act("norm_input_fp32", {b, s, hv, dv}, DTYPE_FP32);
-  act("norm_rstd", {b, s, hv}, DTYPE_FP32);
-  if (BaseWeightsTrain(spec)) act("norm_normalized", {b, s, hv, dv}, dtype);  // kept for the weight's gradient
-  act("z_fp32", {b, s, hv, dv}, DTYPE_FP32);
-  act("z_silu", {b, s, hv, dv}, DTYPE_FP32);
-  act("norm_weighted", {b, s, hv, dv}, dtype);
+  AppendGatedNormSaved(spec, module, b, s, dtype, layer, out);
 }
 
 }  // namespace
@@ -680,14 +713,15 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // which keeps it whole (C's product keeps C, a view too); the conv
         // keeps its input B x; the product C y keeps the conv's output, a
         // view of the padded [b, h, s + kernel - 1] F.conv1d made; out_proj
-        // keeps the product's contiguous [b, s, h] copy.
+        // keeps the product's contiguous [b, s, h] copy. causal-conv1d's
+        // CausalConv1dFn keeps the same input, and its output is unpadded.
         const int64_t kernel = spec.conv_kernel_size();
         if (saves_input("in_proj", current_grad)) act(read_name(), {b, s, h}, dtype);
         adapters(m + "in_proj", h, current_grad);
         if (attention_grad) {
           act(m + "bcx", {b, s, 3 * h}, dtype);
           act(m + "conv_input", {b, h, s}, dtype);
-          act(m + "conv_output", {b, h, s + kernel - 1}, dtype);
+          act(m + "conv_output", {b, h, spec.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D ? s : s + kernel - 1}, dtype);
         }
         if (saves_input("out_proj", attention_grad)) act(m + "output", {b, s, h}, dtype);
         adapters(m + "out_proj", h, attention_grad);
@@ -887,6 +921,18 @@ MixerTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t b, int64_
   const int64_t bsh = b * s * spec.hidden_size() * w;
   const int64_t padding = b * spec.hidden_size() * (spec.conv_kernel_size() - 1) * w;  // per side of the conv
   MixerTransients t;
+  if (spec.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D) {
+    // CausalConv1dFn writes its output in B x's channel-last layout, so C y
+    // is one too and out_proj's contiguous input is the product itself:
+    // forward, out_proj's output; backward, C's and the conv output's
+    // gradients and dx (causal_conv1d_bwd_function), the conv's saved
+    // output freed; under no_grad the norm's output, in_proj's [b, s, 3h],
+    // B x, the conv's output, then C y and out_proj's output.
+    t.forward_bytes = bsh;
+    t.nograd_bytes = 7 * bsh;
+    t.backward_bytes = 2 * bsh;
+    return t;
+  }
   // The conv's own temporaries (2 bsh + padding) less out_proj's saved input, which comes after.
   t.forward_bytes = bsh + padding;
   // The norm's output, in_proj's [b, s, 3h], B x, the conv's output and its temporaries.
@@ -895,6 +941,56 @@ MixerTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t b, int64_
   t.backward_bytes = 3 * bsh + padding;
   return t;
 }
+
+namespace {
+
+// fla's chunk_gated_delta_rule (LINEAR_ATTENTION_FLA), read from fla 0.6.0's
+// source (chunk.py) and measured on CPU ranks with its kernel launches
+// emptied (tools/shadow_kernels/): the same moments around the module's
+// torch ops as the fallback's below (the gated norm's product and multiply,
+// Qwen3_5RMSNormGated being torch in every environment), and the kernel's
+// own: forward in chunk_fwd_o, beside w, u, h [b, chunks, hv, dk, dv],
+// v_new and input_guard's contiguous q and k; backward in
+// prepare_wy_repr_bwd, beside the recomputed w, u, h, v_new and dh, dq, dk,
+// dw, dg (chunk_bwd_dqkwg: per value head, summed to the key heads), and in
+// chunk_bwd_dqkwg itself.
+MixerTransients FlaDeltaRuleTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  MixerTransients t;
+  const DeltaRuleWidths widths = DeltaRuleWidthsOf(spec);
+  const int64_t w = DTypeBytes(dtype), hv = widths.value_heads, tokens = b * s;
+  const bool fp32 = dtype == DTYPE_FP32;
+  const int64_t val = tokens * hv * widths.value_dim * w, val32 = 4 * tokens * hv * widths.value_dim;
+  const int64_t head = tokens * hv * w, head32 = 4 * tokens * hv, conv = tokens * widths.conv_channels() * w;
+  const int64_t qk = tokens * widths.keys() * w;           // q or k, unrepeated
+  const int64_t wk = tokens * hv * widths.key_dim * w;     // a key-wide tensor per value head
+  const int64_t state = b * DeltaRuleChunks(s) * hv * widths.key_dim * widths.value_dim * w;  // h or dh
+  // chunk_bwd_dqkwg's dg: one fp32 [b, s, hv] per block of 64 key elements (its tiling on an H100).
+  const int64_t dg_blocks = (widths.key_dim + 63) / 64 * head32;
+
+  // Forward: the module's locals dead at its end (z, a, b, the conv's output, g), less the gated norm's
+  // tensors, saved after the kernel.
+  const int64_t dead = fp32 ? 2 * head + head32 + conv : val + 2 * head + conv + head32;
+  const int64_t later = fp32 ? 5 * val32 + head32 : 3 * val32 + 3 * val + head32;
+  t.forward_bytes = std::max(fp32 ? dead + head32 : dead + head32 + 2 * val32,  // the gated norm's product
+                             dead + 2 * qk + wk + 3 * val + state - later);    // chunk_fwd_o
+  // Backward: the gated norm's (out_proj's input gradient; the gated multiply), then the kernel's with
+  // z's gradient and the output's standing where the norm's saved tensors and out_proj's input were.
+  const int64_t base = 2 * val - (3 * val32 + 3 * val + head32);
+  const int64_t dqkwg = base + 4 * wk + 3 * val + 2 * state + dg_blocks + (hv != widths.key_heads ? qk : 0);
+  const int64_t wy = base + 3 * wk + 4 * val + 2 * state + 2 * qk + head + 2 * head32 +
+                     (hv != widths.key_heads ? qk : 0);
+  t.backward_bytes = std::max({val, (fp32 ? 2 : 3) * val32, dqkwg, wy});
+  // Under no_grad, beside the norm's output: the module's locals, then the kernel's tensors at
+  // chunk_fwd_o (nothing kept for backward, but alive until it returns).
+  const int64_t module = val + 3 * head + conv + head32;
+  const int64_t kernel = 4 * qk + 8 * tokens * widths.key_heads + val + head32 + tokens * hv * kDeltaRuleChunkTokens * w +
+                         wk + 3 * val + state;
+  t.nograd_bytes = tokens * spec.hidden_size() * w +
+                   std::max(module + 2 * val + head32 + 3 * val32, module + kernel);
+  return t;
+}
+
+}  // namespace
 
 // Each pass peaks at one of a few moments, each a sum of the tensors alive
 // there (measured to the byte with the counting allocator over 600 shapes,
@@ -908,6 +1004,7 @@ MixerTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t b, int64_
 MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
   MixerTransients t;
   if (spec.linear_num_value_heads() == 0) return t;
+  if (spec.linear_attention_impl() == LINEAR_ATTENTION_FLA) return FlaDeltaRuleTransientBytes(spec, b, s, dtype);
   const DeltaRuleWidths widths = DeltaRuleWidthsOf(spec);
   const int64_t w = DTypeBytes(dtype), hv = widths.value_heads, dk = widths.key_dim, dv = widths.value_dim;
   const int64_t c = kDeltaRuleChunkTokens, chunks = DeltaRuleChunks(s), tokens = b * s, padded = b * chunks * c;

@@ -61,6 +61,10 @@ ABSL_FLAG(std::string, checkpoint_function, "",
           "with --checkpointing: torch (transformers' torch.utils.checkpoint, default) or deepspeed (the blocks call "
           "deepspeed.checkpointing.checkpoint, which applies the DeepSpeed config's activation_checkpointing block)");
 ABSL_FLAG(std::string, attention, "", "sdpa (default) or eager");
+ABSL_FLAG(std::string, kernels, "",
+          "the packages transformers finds for linear attention and short convolutions: none (default: its torch "
+          "fallbacks, what CPU ranks run) or a list of fla (flash-linear-attention 0.6.0) and causal_conv1d "
+          "(causal-conv1d 1.7.0), modelled from their source");
 ABSL_FLAG(std::string, loss, "",
           "full (default: transformers' loss over b x s x V logits) or liger-fused (Liger's fused linear "
           "cross-entropy, as use_liger_kernel applies it: chunked, no logits; ZeRO stages 0-2)");
@@ -134,6 +138,7 @@ int main(int argc, char** argv) {
   o.checkpoint_offload = absl::GetFlag(FLAGS_checkpoint_offload);
   o.checkpoint_function = absl::GetFlag(FLAGS_checkpoint_function);
   o.attention = absl::GetFlag(FLAGS_attention);
+  o.kernels = absl::GetFlag(FLAGS_kernels);
   o.loss = absl::GetFlag(FLAGS_loss);
   o.gpu = absl::GetFlag(FLAGS_gpu);
   o.host_ram_gib = absl::GetFlag(FLAGS_host_ram_gib);

@@ -276,7 +276,6 @@ absl::Status ReadDeltaRuleConfig(const JsonObject& config, ModelSpec* spec) {
   spec->set_linear_num_value_heads(value_heads);
   spec->set_linear_key_head_dim(key_dim);
   spec->set_linear_value_head_dim(value_dim);
-  spec->set_linear_attention_impl(LINEAR_ATTENTION_TORCH);
   spec->set_attention_output_gate(true);
   return absl::OkStatus();
 }
@@ -875,6 +874,17 @@ ModelSpec ResolveModelSpec(ModelSpec spec) {
   if (spec.ffn_type() == FFN_TYPE_UNSPECIFIED) spec.set_ffn_type(FFN_SWIGLU);
   if (spec.norm_type() == NORM_TYPE_UNSPECIFIED) spec.set_norm_type(NORM_RMSNORM);
   if (spec.attention_impl() == ATTENTION_IMPL_UNSPECIFIED) spec.set_attention_impl(ATTENTION_SDPA);
+  // transformers' torch fallbacks unless a plan names the kernels (--kernels).
+  const auto has_layers = [&spec](LayerType type) {
+    return std::count(spec.layer_types().begin(), spec.layer_types().end(), type) > 0;
+  };
+  if (has_layers(LAYER_LINEAR_ATTENTION) && spec.linear_attention_impl() == LINEAR_ATTENTION_IMPL_UNSPECIFIED) {
+    spec.set_linear_attention_impl(LINEAR_ATTENTION_TORCH);
+  }
+  if ((has_layers(LAYER_LINEAR_ATTENTION) || has_layers(LAYER_CONV)) &&
+      spec.short_conv_impl() == SHORT_CONV_IMPL_UNSPECIFIED) {
+    spec.set_short_conv_impl(SHORT_CONV_TORCH);
+  }
   if (spec.position_embedding() == POSITION_EMBEDDING_UNSPECIFIED) {
     spec.set_position_embedding(POSITION_ROPE);
   }
@@ -974,11 +984,48 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
           "model.linear_num_value_heads: ", spec.linear_num_value_heads(), " is not a multiple of linear_num_key_heads ",
           spec.linear_num_key_heads(), "; torch_chunk_gated_delta_rule repeats each key head to whole value heads"));
     }
-    if (spec.linear_attention_impl() != LINEAR_ATTENTION_TORCH) {
-      return absl::InvalidArgumentError(
-          "model.linear_attention_impl: unset; LINEAR_ATTENTION_TORCH (transformers' torch fallback) is the one "
-          "modelled");
+  }
+  // Each kernel choice is set exactly where the model has the layers it runs in.
+  const auto has_layers = [&spec](LayerType type) {
+    return std::count(spec.layer_types().begin(), spec.layer_types().end(), type) > 0;
+  };
+  const auto check_impl = [](absl::string_view field, bool has, bool set, bool valid, absl::string_view choices,
+                             absl::string_view layers) -> absl::Status {
+    if (has && (!set || !valid)) {
+      return absl::InvalidArgumentError(absl::StrCat("model.", field, ": ", set ? "not a known value" : "unset",
+                                                     " for a model with ", layers, " layers; give ", choices));
     }
+    if (!has && set) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.", field, ": set for a model without ", layers, " layers; leave it unset"));
+    }
+    return absl::OkStatus();
+  };
+  const bool delta_rule = has_layers(LAYER_LINEAR_ATTENTION), conv = delta_rule || has_layers(LAYER_CONV);
+  ZPLAN_RETURN_IF_ERROR(check_impl("linear_attention_impl", delta_rule,
+                                   spec.linear_attention_impl() != LINEAR_ATTENTION_IMPL_UNSPECIFIED,
+                                   LinearAttentionImpl_IsValid(spec.linear_attention_impl()),
+                                   "LINEAR_ATTENTION_TORCH or LINEAR_ATTENTION_FLA", "LAYER_LINEAR_ATTENTION"));
+  ZPLAN_RETURN_IF_ERROR(check_impl("short_conv_impl", conv, spec.short_conv_impl() != SHORT_CONV_IMPL_UNSPECIFIED,
+                                   ShortConvImpl_IsValid(spec.short_conv_impl()),
+                                   "SHORT_CONV_TORCH or SHORT_CONV_CAUSAL_CONV1D",
+                                   "LAYER_CONV or LAYER_LINEAR_ATTENTION"));
+  // What the packages' kernels refuse at run time.
+  constexpr int64_t kFlaMaxKeyHeadDim = 256;  // fla/ops/common/chunk_delta_h.py, chunk_gated_delta_rule_fwd_h
+  if (spec.linear_attention_impl() == LINEAR_ATTENTION_FLA && spec.linear_key_head_dim() > kFlaMaxKeyHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.linear_key_head_dim: ", spec.linear_key_head_dim(), " with LINEAR_ATTENTION_FLA; fla's "
+        "chunk_gated_delta_rule takes key heads up to ", kFlaMaxKeyHeadDim, " wide (chunk_delta_h.py asserts it)"));
+  }
+  // csrc/causal_conv1d.cpp, causal_conv1d_fwd: its input is a transposed view (channel-last), whose strides
+  // must be multiples of 8 -- the conv's channels.
+  constexpr int64_t kCausalConv1dStrideMultiple = 8;
+  const int64_t conv_channels = delta_rule ? DeltaRuleWidthsOf(spec).conv_channels() : spec.hidden_size();
+  if (spec.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D && conv_channels % kCausalConv1dStrideMultiple != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.short_conv_impl: SHORT_CONV_CAUSAL_CONV1D with ", conv_channels, " conv channels; causal-conv1d "
+        "refuses a channel-last input whose strides are not multiples of ", kCausalConv1dStrideMultiple,
+        " (transformers then fails): plan the torch fallback"));
   }
   if (spec.layer_head_dims_size() != 0 && spec.layer_head_dims_size() != spec.num_layers()) {
     return absl::InvalidArgumentError(absl::StrCat("model.layer_head_dims: ", spec.layer_head_dims_size(),

@@ -14,6 +14,7 @@ namespace {
 
 using ::testing::Each;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 struct ExactCount {
   const char* preset;
@@ -359,6 +360,43 @@ TEST(ModelSpecTest, Qwen3_5ReadsItsLinearAttentionLayersAndGatedAttention) {
                                            "linear_num_key_heads 4"),
             std::string::npos)
       << uneven.status();
+}
+
+TEST(ModelSpecTest, KernelChoicesStandWhereTheirLayersAreAndWithinThePackagesLimits) {
+  auto qwen = ModelSpecFromHfConfig(R"({"model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+      "full_attention_interval": 2})", "qwen3_5.json");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  // transformers' torch fallbacks unless a plan says otherwise (--kernels).
+  EXPECT_EQ(qwen->linear_attention_impl(), LINEAR_ATTENTION_TORCH);
+  EXPECT_EQ(qwen->short_conv_impl(), SHORT_CONV_TORCH);
+  auto refusal = [](ModelSpec spec) { return std::string(ValidateModelSpec(spec).message()); };
+  ModelSpec fla = *qwen;
+  fla.set_linear_attention_impl(LINEAR_ATTENTION_FLA);
+  fla.set_short_conv_impl(SHORT_CONV_CAUSAL_CONV1D);
+  EXPECT_TRUE(ValidateModelSpec(fla).ok()) << ValidateModelSpec(fla);
+  ModelSpec unset = *qwen;
+  unset.clear_short_conv_impl();
+  EXPECT_THAT(refusal(unset), HasSubstr("model.short_conv_impl: unset for a model with LAYER_CONV or "
+                                        "LAYER_LINEAR_ATTENTION layers; give SHORT_CONV_TORCH or "
+                                        "SHORT_CONV_CAUSAL_CONV1D"));
+  ModelSpec wide = fla;
+  wide.set_linear_key_head_dim(512);
+  EXPECT_THAT(refusal(wide), HasSubstr("model.linear_key_head_dim: 512 with LINEAR_ATTENTION_FLA; fla's "
+                                       "chunk_gated_delta_rule takes key heads up to 256"));
+  ModelSpec odd = fla;
+  odd.set_linear_num_key_heads(1);
+  odd.set_linear_num_value_heads(3);
+  odd.set_linear_value_head_dim(127);  // channels 2 x 128 + 3 x 127
+  EXPECT_THAT(refusal(odd), HasSubstr("SHORT_CONV_CAUSAL_CONV1D with 637 conv channels; causal-conv1d refuses"));
+  auto llama = ModelSpecFromHfConfig(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100})", "llama.json");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->linear_attention_impl(), LINEAR_ATTENTION_IMPL_UNSPECIFIED);
+  EXPECT_EQ(llama->short_conv_impl(), SHORT_CONV_IMPL_UNSPECIFIED);
+  llama->set_linear_attention_impl(LINEAR_ATTENTION_FLA);
+  EXPECT_THAT(refusal(*llama), HasSubstr("model.linear_attention_impl: set for a model without "
+                                         "LAYER_LINEAR_ATTENTION layers; leave it unset"));
 }
 
 TEST(ModelSpecTest, Lfm2ReadsItsConvLayersAndAdjustsItsMlpWidth) {

@@ -36,6 +36,30 @@ absl::Status FlagError(absl::string_view flag, absl::string_view value, absl::st
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", value, "\" is not ", want));
 }
 
+// --kernels: which of transformers' use_kernel_func_from_hub_with_fallback
+// packages import (integrations/hub_kernels.py), each choosing one kernel
+// of the model's layers.
+absl::Status ApplyKernels(absl::string_view text, ModelSpec* model) {
+  const bool delta_rule = std::count(model->layer_types().begin(), model->layer_types().end(), LAYER_LINEAR_ATTENTION) > 0;
+  const bool conv = delta_rule || std::count(model->layer_types().begin(), model->layer_types().end(), LAYER_CONV) > 0;
+  if (delta_rule) model->set_linear_attention_impl(LINEAR_ATTENTION_TORCH);
+  if (conv) model->set_short_conv_impl(SHORT_CONV_TORCH);
+  for (absl::string_view name : absl::StrSplit(absl::AsciiStrToLower(text), ',', absl::SkipWhitespace())) {
+    name = absl::StripAsciiWhitespace(name);
+    if (name == "none") continue;
+    if (name != "fla" && name != "causal_conv1d") return FlagError("kernels", text, "none, or fla and causal_conv1d");
+    if (name == "fla" ? !delta_rule : !conv) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kernels ", name, ": ", model->name(), " has no ",
+          name == "fla" ? "linear-attention layers (Qwen3.5's Gated DeltaNet)" : "short-convolution layers (LFM2's, Qwen3.5's)",
+          " for it to run; drop it"));
+    }
+    if (name == "fla") model->set_linear_attention_impl(LINEAR_ATTENTION_FLA);
+    else model->set_short_conv_impl(SHORT_CONV_CAUSAL_CONV1D);
+  }
+  return absl::OkStatus();
+}
+
 // Integers accept "8192" and "5e8" ("1,000" is not accepted: lists use
 // commas), within [min_value, max_value] (limits.h).
 absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view text, int64_t min_value,
@@ -291,6 +315,7 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     else if (a == "eager") r.model.set_attention_impl(ATTENTION_EAGER);
     else return FlagError("attention", o.attention, "sdpa or eager");
   }
+  if (!o.kernels.empty()) ZPLAN_RETURN_IF_ERROR(ApplyKernels(o.kernels, &r.model));
   // A ViT's image fixes its sequence (ValidateSizes refuses another).
   if (r.model.has_vision() && o.seq.empty()) c.set_seq_length(VisionTokens(r.model));
   if (r.micro_batches.empty()) r.micro_batches = {ResolveRunConfig(c).micro_batch_size()};
@@ -326,9 +351,15 @@ std::string Header(const Plan& plan) {
     }
   }
   if (c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) absl::StrAppend(&checkpointing, ", Liger fused loss");
-  // Qwen3.5's linear attention: the kernel planned (fla's differ, pending a GPU measurement).
-  if (plan.model().linear_attention_impl() == LINEAR_ATTENTION_TORCH) {
-    absl::StrAppend(&checkpointing, ", linear attention by transformers' torch fallback");
+  // Linear attention and short convolutions: the kernels planned (the packages' pending a GPU measurement).
+  const ModelSpec& m = plan.model();
+  if (m.linear_attention_impl() != LINEAR_ATTENTION_IMPL_UNSPECIFIED) {
+    absl::StrAppend(&checkpointing, ", linear attention by ",
+                    m.linear_attention_impl() == LINEAR_ATTENTION_FLA ? "fla" : "transformers' torch fallback");
+  }
+  if (m.short_conv_impl() != SHORT_CONV_IMPL_UNSPECIFIED) {
+    absl::StrAppend(&checkpointing, ", short conv by ",
+                    m.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D ? "causal-conv1d" : "transformers' torch fallback");
   }
   // An unvalidated approximation, or where a shape without a model_type came from, on its own line.
   const std::string origin = ModelOriginLine(plan.model());

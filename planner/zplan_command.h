@@ -78,6 +78,7 @@ struct ZplanOptions {
   std::string checkpoint_offload; // "true" | "false"
   std::string checkpoint_function;  // "torch" | "deepspeed" (deepspeed.checkpointing.checkpoint)
   std::string attention;        // "sdpa" | "eager"
+  std::string kernels;          // "none" | a list of "fla", "causal_conv1d"
   std::string loss;             // "full" | "liger-fused"
   std::string gpu;              // catalog key; default h100-80gb
   std::string host_ram_gib;     // RAM per node in GiB; empty = not judged

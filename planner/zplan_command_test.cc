@@ -555,6 +555,37 @@ TEST(ZplanCommandTest, FusedLossColumnAndFlag) {
   EXPECT_NE(status.message().find("full or liger-fused"), std::string::npos) << status;
 }
 
+// --kernels picks fla's and causal-conv1d's kernels where the model has
+// their layers, says so in the header, and refuses them elsewhere.
+TEST(ZplanCommandTest, KernelsFlagPlansThePackagesTransformersWouldImport) {
+  ZplanOptions o = Base();
+  o.model.clear();
+  o.hf_config = TempPath("qwen3_5_kernels.json");
+  ASSERT_TRUE(WriteFileAtomically(o.hf_config, R"({"model_type": "qwen3_5_text", "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
+      "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 6, "linear_key_head_dim": 48,
+      "linear_value_head_dim": 32, "vocab_size": 3072})").ok());
+  o.seq = "4096";
+  o.zero_stage = "2";
+  o.format = "textproto";
+  std::string fallback, fused;
+  ASSERT_TRUE(RunCapture(o, &fallback).ok());
+  EXPECT_TRUE(absl::StrContains(fallback, "linear_attention_impl: LINEAR_ATTENTION_TORCH")) << fallback;
+  o.kernels = "fla, causal_conv1d";
+  ASSERT_TRUE(RunCapture(o, &fused).ok());
+  EXPECT_TRUE(absl::StrContains(fused, "linear_attention_impl: LINEAR_ATTENTION_FLA")) << fused;
+  EXPECT_TRUE(absl::StrContains(fused, "short_conv_impl: SHORT_CONV_CAUSAL_CONV1D")) << fused;
+  o.format = "table";
+  ASSERT_TRUE(RunCapture(o, &fused).ok());
+  EXPECT_TRUE(absl::StrContains(fused, "linear attention by fla, short conv by causal-conv1d")) << fused;
+  o.kernels = "flash_attn";
+  EXPECT_TRUE(absl::StrContains(RunCapture(o).message(), "none, or fla and causal_conv1d"));
+  o = Base();
+  o.kernels = "fla";
+  EXPECT_TRUE(absl::StrContains(RunCapture(o).message(), "--kernels fla: 1b has no linear-attention layers"))
+      << RunCapture(o);
+}
+
 // A ViT's image gives its sequence: zplan plans it without --seq, and the
 // max-seq search answers the image's own.
 TEST(ZplanCommandTest, VitTakesItsSequenceFromTheImage) {

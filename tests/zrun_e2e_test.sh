@@ -164,6 +164,11 @@ RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$ZRUN" w2.
 [[ $rc == 2 ]] && grep -q "WORLD_SIZE=3 but the plan has 2" mm.out && pass "world mismatch" || { cat mm.out; fail "world mismatch exit $rc"; }
 "$ZRUN" w64.pb --emulate-rank 64 > er.out 2>&1; rc=$?
 [[ $rc == 2 ]] && pass "emulated rank outside the world" || fail "emulate-rank 64 exit $rc"
+"$ZPLAN" --gpu cpu --hf-config "$TEST_SRCDIR/zplan/configs/hf/tiny/qwen3_5.json" --gpus 1 --zero-stage 2 --seq 64 \
+  --kernels fla --out fla.pb > /dev/null || fail "zplan --kernels fla"
+"$ZRUN" fla.pb > fla.out 2>&1; rc=$?
+[[ $rc == 2 ]] && grep -q "LINEAR_ATTENTION_FLA" fla.out && pass "fla's kernels refused by name" \
+  || { cat fla.out; fail "fla plan exit $rc"; }
 
 # 8. A rank killed mid-run: every process ends, with a clear error, in bounded time.
 plan long.pb 2 1

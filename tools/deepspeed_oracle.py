@@ -96,6 +96,10 @@ def parse_args(argv):
     p.add_argument("--loss", default="full", choices=["full", "liger-fused"],
                    help="full: transformers' loss over the logits; liger-fused: Liger's fused linear "
                         "cross-entropy (chunked, no b x s x V logits), as use_liger_kernel applies it")
+    p.add_argument("--kernels", default="none",
+                   help="none, or a list of fla and causal_conv1d: the packages transformers may import for "
+                        "linear attention and short convolutions (zplan's --kernels); one not listed is hidden, "
+                        "one listed must import")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: Gloo CPU ranks measured by the counting allocator; cuda: this machine's GPU")
     p.add_argument("--emulate-rank", type=int, default=-1,
@@ -115,6 +119,9 @@ def parse_args(argv):
         p.error("--steps must be at least 2: the first step is the warm-up")
     if args.world < 1 or args.seq < 0:
         p.error("--world must be >= 1 and --seq >= 0")
+    args.kernels = {k.strip() for k in args.kernels.lower().split(",") if k.strip() not in ("", "none")}
+    if not args.kernels <= set(KERNEL_PACKAGES):
+        p.error(f"--kernels: {','.join(sorted(args.kernels))}; give none, or fla and causal_conv1d")
     if args.emulate_rank >= args.world:
         p.error(f"--emulate-rank {args.emulate_rank}: a world of {args.world} has ranks 0-{args.world - 1}")
     if args.device == "cpu" and not args.allocator:
@@ -664,6 +671,40 @@ def use_liger_fused_linear_cross_entropy(model, on_gpu):
                                     fused_linear_cross_entropy=True, layer_norm=False, geglu=False)
 
 
+# The packages transformers' use_kernel_func_from_hub_with_fallback tries (integrations/hub_kernels.py).
+KERNEL_PACKAGES = ("fla", "causal_conv1d")
+
+
+def choose_kernels(kernels):
+    """Before transformers imports: the packages not chosen do not import (transformers falls back to
+    torch, as where they are not installed); a chosen one that does not import is an error."""
+    import importlib
+    for package in KERNEL_PACKAGES:
+        if package not in kernels:
+            sys.modules[package] = None
+            continue
+        try:
+            importlib.import_module(package)
+        except Exception as e:  # what transformers catches
+            sys.exit(f"deepspeed_oracle: --kernels {package}: it does not import ({e})")
+        if package == "fla":
+            run_fla_on_hopper()
+
+
+def run_fla_on_hopper():
+    """fla 0.6.0's chunk_bwd_dqkwg raises on Hopper with Triton at least 3.4.0 and below 3.7.1 (wrong
+    gradients there, fla issue #640) unless tilelang is installed; torch 2.11 brings Triton 3.6.0, and
+    tilelang's wheels do not fit the GPU bundle. A memory measurement runs the Triton kernel anyway:
+    tilelang's replacement (fla/ops/common/backends/tilelang/chunk_bwd.py) allocates the same tensors."""
+    import importlib.util
+    import fla.ops.common.chunk_o as chunk_o
+    if (chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0 and not chunk_o.TRITON_ABOVE_3_7_1
+            and importlib.util.find_spec("tilelang") is None):
+        chunk_o.IS_NVIDIA_HOPPER = False  # read only by that guard once imported
+        print("deepspeed_oracle: fla's Hopper guard lifted for a memory measurement (its gradients may be "
+              "wrong here; install tilelang for a real run)", flush=True)
+
+
 def run_rank(args):
     import torch
 
@@ -688,6 +729,7 @@ def run_rank(args):
         weight_dtype = (torch.bfloat16 if ds_config.get("bf16", {}).get("enabled")
                         else torch.float16 if ds_config.get("fp16", {}).get("enabled") else torch.float32)
         fill_fake_collectives(args.emulate_rank, args.world, weight_dtype)
+    choose_kernels(args.kernels)
     import deepspeed
     import transformers
     from transformers.integrations import HfDeepSpeedConfig

@@ -20,7 +20,8 @@
 # (partitioned, to CPU); LoRA; a ViT; Liger's fused loss; Granite; emulated ranks of 8 and 64; seed 000's
 # scenario (Granite 4.0 1B, seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, rank 3 of 4
 # at micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16);
-# Gemma 3 past its sliding window; LFM2's short convolutions.
+# Gemma 3 past its sliding window; LFM2's short convolutions; Qwen3.5 through transformers' fallbacks and
+# through fla's kernels.
 #
 # ROWS and DEADLINE_S (tools/gpu_env.sh) split the rows across a lease's calls; each finished row
 # is appended to $OUT/deepspeed/rows.txt at once.
@@ -47,6 +48,7 @@ if (( dry_run )); then
   granite4=$root/configs/hf/tiny/granitemoehybrid.json lfm2=$root/configs/hf/tiny/lfm2.json
   qwen35=$root/configs/hf/tiny/qwen3_5.json gemma4=$root/configs/hf/tiny/gemma4.json
   vit_seq=65 vit_batch=4
+  fla_kernels=()
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
   buckets3='"reduce_bucket_size": 200000, "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 10000'
 else
@@ -74,6 +76,7 @@ transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_fi
   granite4=$out/granite-4.0-1b-seed000.json
   sed 's/"vocab_size": 100352/"vocab_size": 129035/' "$root/configs/hf/granite-4.0-1b.json" > "$granite4"
   vit=$root/configs/hf/vit-base-patch16-224.json vit_seq=197 vit_batch=64
+  fla_kernels=(--kernels fla)
   buckets='"reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000'  # DeepSpeed's defaults
   buckets3='"reduce_bucket_size": 500000000'
   # DeepSpeed's JIT ops for this GPU, once (FusedAdam's CUDA kernel; CPUAdam for the offload rows),
@@ -210,6 +213,10 @@ ds_row "LFM2, ZeRO-2 + ckpt, world 1" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch
 # Qwen3.5: Gated DeltaNet through transformers' torch fallbacks (the bundle has no flash-linear-attention
 # or causal-conv1d), what it saves planned as the CPU's measured tensors (the logits' backward is the peak).
 ds_row "Qwen3.5 (4 layers), ZeRO-2, rank 7 of 8" "$qwen35" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")"
+# The same with flash-linear-attention's kernels (fla 0.6.0, planned from its source: --kernels fla; zrun
+# refuses it). The dry run has no fla: its row runs the fallback.
+ds_row "Qwen3.5 (4 layers) + fla, ZeRO-2, rank 7 of 8" "$qwen35" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")" \
+  "${fla_kernels[@]}"
 # Gemma 4: per-layer embeddings, and a full layer whose 512-wide heads CUDA's flash kernel cannot take
 # (SDPA gets k and v repeated; which kernel runs is what this row measures).
 ds_row "Gemma 4 (4 layers), ZeRO-2 + ckpt, rank 7 of 8" "$gemma4" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")" \

@@ -24,7 +24,8 @@ import json
 import sys
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+
+from deepspeed_oracle import choose_kernels  # tools/deepspeed_oracle.py, beside this file
 
 
 def main(argv):
@@ -37,7 +38,11 @@ def main(argv):
     p.add_argument("--depth", type=int, default=3, help="attribute to modules at most this many dots deep")
     p.add_argument("--module", default="", help="also list each tensor first saved in modules with this prefix")
     p.add_argument("--allocator", default="", help="libzplan_counting_allocator.so: also the --module modules' peaks")
+    p.add_argument("--kernels", default="none",
+                   help="none, or a list of fla and causal_conv1d: the packages transformers may import "
+                        "(deepspeed_oracle.py --kernels; on CPU through tools/shadow_kernels)")
     args = p.parse_args(argv)
+    choose_kernels({k.strip() for k in args.kernels.lower().split(",") if k.strip() not in ("", "none")})
     counting = None
     if args.allocator:
         counting = ctypes.CDLL(args.allocator)  # before any tensor exists
@@ -45,6 +50,7 @@ def main(argv):
         if not counting.zplan_install():
             sys.exit("saved_tensors: the counting allocator could not be installed")
 
+    from transformers import AutoConfig, AutoModelForCausalLM
     with open(args.hf_config) as f:
         config = AutoConfig.for_model(**json.load(f))
     config._attn_implementation = args.attention
