@@ -715,13 +715,14 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // view of the padded [b, h, s + kernel - 1] F.conv1d made; out_proj
         // keeps the product's contiguous [b, s, h] copy. causal-conv1d's
         // CausalConv1dFn keeps the same input, and its output is unpadded.
-        const int64_t kernel = spec.conv_kernel_size();
+        const int64_t conv_length =
+            spec.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D ? s : s + spec.conv_kernel_size() - 1;
         if (saves_input("in_proj", current_grad)) act(read_name(), {b, s, h}, dtype);
         adapters(m + "in_proj", h, current_grad);
         if (attention_grad) {
           act(m + "bcx", {b, s, 3 * h}, dtype);
           act(m + "conv_input", {b, h, s}, dtype);
-          act(m + "conv_output", {b, h, spec.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D ? s : s + kernel - 1}, dtype);
+          act(m + "conv_output", {b, h, conv_length}, dtype);
         }
         if (saves_input("out_proj", attention_grad)) act(m + "output", {b, s, h}, dtype);
         adapters(m + "out_proj", h, attention_grad);
@@ -983,8 +984,8 @@ MixerTransients FlaDeltaRuleTransientBytes(const ModelSpec& spec, int64_t b, int
   // Under no_grad, beside the norm's output: the module's locals, then the kernel's tensors at
   // chunk_fwd_o (nothing kept for backward, but alive until it returns).
   const int64_t module = val + 3 * head + conv + head32;
-  const int64_t kernel = 4 * qk + 8 * tokens * widths.key_heads + val + head32 + tokens * hv * kDeltaRuleChunkTokens * w +
-                         wk + 3 * val + state;
+  const int64_t solved = tokens * hv * kDeltaRuleChunkTokens * w;  // A
+  const int64_t kernel = 4 * qk + 8 * tokens * widths.key_heads + val + head32 + solved + wk + 3 * val + state;
   t.nograd_bytes = tokens * spec.hidden_size() * w +
                    std::max(module + 2 * val + head32 + 3 * val32, module + kernel);
   return t;

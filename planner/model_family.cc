@@ -306,8 +306,8 @@ std::vector<ModelFamily> BuildFamilies() {
     f.model_type = "lfm2";
     f.read_from = "models/lfm2/configuration_lfm2.py (Lfm2Config: layer_types from full_attn_idxs, conv_L_cache, "
                   "conv_bias, block_ff_dim, tie_embedding), modeling_lfm2.py (Lfm2MLP: block_auto_adjust_ff_dim; "
-                  "Lfm2ShortConv with causal_conv1d_fn's fallback; Lfm2Attention: q_layernorm, k_layernorm, no "
-                  "biases, no dropout; Lfm2DecoderLayer)";
+                  "Lfm2ShortConv with causal_conv1d_fn (its fallback, or causal-conv1d's); Lfm2Attention: "
+                  "q_layernorm, k_layernorm, no biases, no dropout; Lfm2DecoderLayer)";
     f.ffn_key = "intermediate_size";
     f.tie_word_embeddings = true;
     f.norm = NORM_RMSNORM;
@@ -328,7 +328,8 @@ std::vector<ModelFamily> BuildFamilies() {
                   "0.25, layer_types from full_attention_interval 4, linear_* widths), modeling_qwen3_5.py "
                   "(Qwen3_5RMSNorm: x (1 + weight.float()) in fp32; Qwen3_5Attention: q_proj twice as wide, "
                   "q_norm and k_norm per head, attn_output * sigmoid(gate); Qwen3_5GatedDeltaNet with "
-                  "causal_conv1d_fn's and torch_chunk_gated_delta_rule's fallbacks, Qwen3_5RMSNormGated; "
+                  "causal_conv1d_fn and torch_chunk_gated_delta_rule (their fallbacks, or causal-conv1d's and fla's), "
+                  "Qwen3_5RMSNormGated; "
                   "Qwen3_5MLP)";
     f.default_head_dim = kQwen3_5DefaultHeadDim;
     f.unmodelled_keys.clear();  // Qwen3_5TextConfig has no use_sliding_window

@@ -864,6 +864,14 @@ std::string ModelOriginLine(const ModelSpec& spec) {
   return absl::StrCat("model: ", spec.source().empty() ? spec.name() : spec.source());
 }
 
+bool HasLayersOf(const ModelSpec& spec, LayerType type) {
+  return std::find(spec.layer_types().begin(), spec.layer_types().end(), type) != spec.layer_types().end();
+}
+
+bool HasShortConv(const ModelSpec& spec) {
+  return HasLayersOf(spec, LAYER_LINEAR_ATTENTION) || HasLayersOf(spec, LAYER_CONV);
+}
+
 ModelSpec ResolveModelSpec(ModelSpec spec) {
   if (spec.num_kv_heads() == 0) spec.set_num_kv_heads(spec.num_attention_heads());
   // Left unset when heads do not divide hidden, so validation can say so.
@@ -875,14 +883,10 @@ ModelSpec ResolveModelSpec(ModelSpec spec) {
   if (spec.norm_type() == NORM_TYPE_UNSPECIFIED) spec.set_norm_type(NORM_RMSNORM);
   if (spec.attention_impl() == ATTENTION_IMPL_UNSPECIFIED) spec.set_attention_impl(ATTENTION_SDPA);
   // transformers' torch fallbacks unless a plan names the kernels (--kernels).
-  const auto has_layers = [&spec](LayerType type) {
-    return std::count(spec.layer_types().begin(), spec.layer_types().end(), type) > 0;
-  };
-  if (has_layers(LAYER_LINEAR_ATTENTION) && spec.linear_attention_impl() == LINEAR_ATTENTION_IMPL_UNSPECIFIED) {
+  if (HasLayersOf(spec, LAYER_LINEAR_ATTENTION) && spec.linear_attention_impl() == LINEAR_ATTENTION_IMPL_UNSPECIFIED) {
     spec.set_linear_attention_impl(LINEAR_ATTENTION_TORCH);
   }
-  if ((has_layers(LAYER_LINEAR_ATTENTION) || has_layers(LAYER_CONV)) &&
-      spec.short_conv_impl() == SHORT_CONV_IMPL_UNSPECIFIED) {
+  if (HasShortConv(spec) && spec.short_conv_impl() == SHORT_CONV_IMPL_UNSPECIFIED) {
     spec.set_short_conv_impl(SHORT_CONV_TORCH);
   }
   if (spec.position_embedding() == POSITION_EMBEDDING_UNSPECIFIED) {
@@ -972,7 +976,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
                                                      " layers; give the conv's kernel in tokens (>= 1)"));
     }
   }
-  if (std::count(spec.layer_types().begin(), spec.layer_types().end(), LAYER_LINEAR_ATTENTION) > 0) {
+  if (HasLayersOf(spec, LAYER_LINEAR_ATTENTION)) {
     ZPLAN_RETURN_IF_ERROR(CheckFields({
         {"model.linear_num_key_heads", spec.linear_num_key_heads(), 1, kMaxHeads, "Gated DeltaNet key heads"},
         {"model.linear_num_value_heads", spec.linear_num_value_heads(), 1, kMaxHeads, "Gated DeltaNet value heads"},
@@ -986,9 +990,6 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     }
   }
   // Each kernel choice is set exactly where the model has the layers it runs in.
-  const auto has_layers = [&spec](LayerType type) {
-    return std::count(spec.layer_types().begin(), spec.layer_types().end(), type) > 0;
-  };
   const auto check_impl = [](absl::string_view field, bool has, bool set, bool valid, absl::string_view choices,
                              absl::string_view layers) -> absl::Status {
     if (has && (!set || !valid)) {
@@ -1001,7 +1002,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     }
     return absl::OkStatus();
   };
-  const bool delta_rule = has_layers(LAYER_LINEAR_ATTENTION), conv = delta_rule || has_layers(LAYER_CONV);
+  const bool delta_rule = HasLayersOf(spec, LAYER_LINEAR_ATTENTION), conv = HasShortConv(spec);
   ZPLAN_RETURN_IF_ERROR(check_impl("linear_attention_impl", delta_rule,
                                    spec.linear_attention_impl() != LINEAR_ATTENTION_IMPL_UNSPECIFIED,
                                    LinearAttentionImpl_IsValid(spec.linear_attention_impl()),

@@ -89,8 +89,16 @@ inline constexpr const char* kLoraSavableModules[] = {"embed_tokens", "lm_head"}
 absl::Status ApplyLoraConfig(absl::string_view text, absl::string_view source, ModelSpec* spec);
 absl::Status LoadLoraConfig(const std::string& path, ModelSpec* spec);
 
-// Fills num_kv_heads (= heads) and head_dim (= hidden / heads) when unset.
+// Fills num_kv_heads (= heads) and head_dim (= hidden / heads) when unset,
+// and the kernels of linear attention and short convolutions (transformers'
+// torch fallbacks) where the model has those layers.
 ModelSpec ResolveModelSpec(ModelSpec spec);
+
+// Whether some layer is of `type` (layer_types).
+bool HasLayersOf(const ModelSpec& spec, LayerType type);
+// Whether some layer runs transformers' causal_conv1d_fn (short_conv_impl):
+// LFM2's conv layers and Qwen3.5's linear-attention layers.
+bool HasShortConv(const ModelSpec& spec);
 
 // Checks a resolved spec; messages name the field (e.g. "model.num_kv_heads").
 // A model_type without a family needs unvalidated_approximation.

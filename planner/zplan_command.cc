@@ -40,8 +40,7 @@ absl::Status FlagError(absl::string_view flag, absl::string_view value, absl::st
 // packages import (integrations/hub_kernels.py), each choosing one kernel
 // of the model's layers.
 absl::Status ApplyKernels(absl::string_view text, ModelSpec* model) {
-  const bool delta_rule = std::count(model->layer_types().begin(), model->layer_types().end(), LAYER_LINEAR_ATTENTION) > 0;
-  const bool conv = delta_rule || std::count(model->layer_types().begin(), model->layer_types().end(), LAYER_CONV) > 0;
+  const bool delta_rule = HasLayersOf(*model, LAYER_LINEAR_ATTENTION), conv = HasShortConv(*model);
   if (delta_rule) model->set_linear_attention_impl(LINEAR_ATTENTION_TORCH);
   if (conv) model->set_short_conv_impl(SHORT_CONV_TORCH);
   for (absl::string_view name : absl::StrSplit(absl::AsciiStrToLower(text), ',', absl::SkipWhitespace())) {
@@ -49,10 +48,10 @@ absl::Status ApplyKernels(absl::string_view text, ModelSpec* model) {
     if (name == "none") continue;
     if (name != "fla" && name != "causal_conv1d") return FlagError("kernels", text, "none, or fla and causal_conv1d");
     if (name == "fla" ? !delta_rule : !conv) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kernels ", name, ": ", model->name(), " has no ",
-          name == "fla" ? "linear-attention layers (Qwen3.5's Gated DeltaNet)" : "short-convolution layers (LFM2's, Qwen3.5's)",
-          " for it to run; drop it"));
+      const char* layers = name == "fla" ? "linear-attention layers (Qwen3.5's Gated DeltaNet)"
+                                         : "short-convolution layers (LFM2's, Qwen3.5's)";
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kernels ", name, ": ", model->name(), " has no ", layers, " for it to run; drop it"));
     }
     if (name == "fla") model->set_linear_attention_impl(LINEAR_ATTENTION_FLA);
     else model->set_short_conv_impl(SHORT_CONV_CAUSAL_CONV1D);
