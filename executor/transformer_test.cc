@@ -294,6 +294,7 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
       spec->add_layer_types(LAYER_CONV);
       spec->add_layer_types(LAYER_FULL_ATTENTION);
       spec->set_conv_kernel_size(3);
+      spec->set_short_conv_impl(SHORT_CONV_TORCH);
       spec->set_qk_norm(true);
     }
     if (c.lora != nullptr) {

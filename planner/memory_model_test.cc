@@ -636,6 +636,37 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   for (int rank : {0, 1}) EXPECT_FALSE(swiglu->ForRank(2, 128, rank).grad_partition_at_down_proj_hook);
 }
 
+// A reduction at the hook of gate_proj or up_proj comes after the MLP's
+// widest moment and before its pre-norm's backward: the partition it makes
+// stands beside that backward. DeepSpeed, Qwen3.5's tiny config at ZeRO-2,
+// world 2, micro-batch 1, seq 200, 2e5-element buckets: rank 1's partition
+// appears at layer 3's up_proj hook, and its peak is the MLP norm's
+// backward (-0.44% when the partition was counted from the attention half).
+TEST(MemoryModelTest, PartitionMadeAtAnMlpHookStandsBesideItsPreNormsBackward) {
+  auto model = ModelSpecFromHfConfig(R"({"model_type": "qwen3_5_text", "hidden_size": 128,
+      "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 8, "linear_key_head_dim": 32,
+      "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "vocab_size": 512, "tie_word_embeddings": false})",
+                                     "qwen3_5.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  RunConfig config = Config(2, 2);
+  config.mutable_zero()->set_reduce_bucket_elements(200'000);
+  auto gpu = FindGpu("cpu");
+  auto sizer = StepSizer::Create(*model, config, *gpu);
+  ASSERT_TRUE(sizer.ok()) << sizer.status();
+  const StepSizes rank1 = sizer->ForRank(1, 200, 1);
+  EXPECT_EQ(rank1.grad_partition_from, 3);
+  ASSERT_TRUE(rank1.grad_partition_at_mlp_pre_norm);
+  EXPECT_EQ(StepPeak(rank1).peak_event(), "backward, layer 3, MLP norm");
+  EXPECT_EQ(SimulateStep(rank1).peak.peak_bytes(), StepPeakBytes(rank1));
+  // Counted from the attention half, the partition would miss that moment.
+  StepSizes later = rank1;
+  later.grad_partition_at_mlp_pre_norm = false;
+  later.grad_partition_at_attention = true;
+  EXPECT_LT(StepPeakBytes(later), StepPeakBytes(rank1));
+  EXPECT_FALSE(sizer->ForRank(1, 200, 0).grad_partition_at_mlp_pre_norm);
+}
+
 TEST(MemoryModelTest, LogitsDominateLongSequencesWithLargeVocabularies) {
   auto model = LoadPreset("1b");
   RunConfig config = Config(3, 8);

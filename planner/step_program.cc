@@ -598,7 +598,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, norm done");
   };
   r.Blocks(/*forward=*/false, [&](int i) {
-    if (!s.grad_partition_at_attention && !s.grad_partition_at_qk_norm && !s.grad_partition_at_down_proj_hook) {
+    if (!s.grad_partition_at_attention && !s.grad_partition_at_qk_norm && !s.grad_partition_at_down_proj_hook &&
+        !s.grad_partition_at_mlp_pre_norm) {
       partition_from(i, PHASE_BACKWARD);
     }
     // A kept block is still gathered (DeepSpeed prefetches past it while
@@ -682,6 +683,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    if (s.grad_partition_at_mlp_pre_norm) partition_from(i, PHASE_BACKWARD);
     pre_norm_backward(Ref{mlp_pre_norm, i}, k.mlp_pre_norm_bwd, "backward, layer #, MLP norm");
     // Attention half: the ops after o_proj first, as in the MLP half.
     post_norm_backward(Ref{attn_post_norm, i}, "backward, layer #, attention post-norm");

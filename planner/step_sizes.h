@@ -111,6 +111,9 @@ struct StepSizes {
   // In its MLP half at down_proj's hook, past a GELU MLP's widest moment:
   // down_proj's saved input is freed by then, its weight gradient not yet.
   bool grad_partition_at_down_proj_hook = false;
+  // In its MLP half at a hook past the MLP's widest moment (gate's, up's),
+  // so before its pre-norm's backward, which runs beside it.
+  bool grad_partition_at_mlp_pre_norm = false;
   int kBeforeForward() const { return num_layers + 1; }
 
   // The backward part whose gradient hook fires first, where the IPG

@@ -25,6 +25,7 @@ struct PartitionStart {
   bool at_attention = false;       // a block's attention half
   bool at_qk_norm = false;         // StepSizes::grad_partition_at_qk_norm
   bool at_down_proj_hook = false;  // StepSizes::grad_partition_at_down_proj_hook
+  bool at_mlp_pre_norm = false;    // StepSizes::grad_partition_at_mlp_pre_norm
 };
 // With optimizer offload, each rank's reduction whose fp64 norm copy of a
 // piece of one parameter stands highest above what is gone by then
@@ -105,8 +106,10 @@ std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, Ker
     const bool before_moment = first_of_half || IsDownProjTensor(layout, t);
     note_pieces(lo, hi, StepSizes::OffloadNormCopy{0, start.part, start.at_attention, before_moment || t.layer() < 0});
     if (t.layer() >= 0 && !before_moment) {
-      if (!start.at_attention) {
-        start.at_attention = true;
+      if (!start.at_attention && !IsPreNormTensor(layout, t)) {
+        start.at_mlp_pre_norm = true;  // gate's or up's hook: the pre-norm's backward comes after
+      } else if (!start.at_attention) {
+        start.at_attention = true;  // the pre-norm's own hook, after its backward
       } else if (BeforeQkNormMoment(model, device, layout, t)) {
         start.at_attention = false;
         start.at_qk_norm = true;
@@ -302,6 +305,7 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
       v.grad_partition_at_attention = from[r].at_attention;
       v.grad_partition_at_qk_norm = from[r].at_qk_norm;
       v.grad_partition_at_down_proj_hook = from[r].at_down_proj_hook;
+      v.grad_partition_at_mlp_pre_norm = from[r].at_mlp_pre_norm;
       v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
       if (s.stage == 1 && zero.overlap_comm()) RetainOversizedGradients(in, partitions[r], s.num_layers, &v);
       auto it = std::find(variants.begin(), variants.end(), v);

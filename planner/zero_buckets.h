@@ -31,6 +31,7 @@ struct RankVariant {
   bool grad_partition_at_attention = false;
   bool grad_partition_at_qk_norm = false;
   bool grad_partition_at_down_proj_hook = false;
+  bool grad_partition_at_mlp_pre_norm = false;
   int64_t step_norm_copy = 0;
   int64_t host_grad_accumulation = 0;
   int64_t host_grad_accumulation_pinned = 0;
@@ -44,6 +45,7 @@ struct RankVariant {
            grad_partition_at_attention == o.grad_partition_at_attention &&
            grad_partition_at_qk_norm == o.grad_partition_at_qk_norm &&
            grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook &&
+           grad_partition_at_mlp_pre_norm == o.grad_partition_at_mlp_pre_norm &&
            step_norm_copy == o.step_norm_copy && host_grad_accumulation == o.host_grad_accumulation &&
            host_grad_accumulation_pinned == o.host_grad_accumulation_pinned && retained_mlp == o.retained_mlp &&
            retained_attn == o.retained_attn && retained_head == o.retained_head &&
