@@ -733,6 +733,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       // chunks padded to 64 tokens and a state per chunk, the gated norm) beside gated full attention.
       DeepSpeedCase("qwen3_5-z2-bf16-ckpt", qwen3_5, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
       DeepSpeedCase("qwen3_5-z3-bf16", qwen3_5, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+      // Micro-batch 1 at a partial chunk: rank 1's gradient partition appears at layer 3's up_proj hook
+      // and stands beside the MLP pre-norm's backward, its peak (docs/deepspeed_model.md row 52).
+      DeepSpeedCase("qwen3_5-z2-bf16-b1-partition-at-mlp-norm", qwen3_5, DsConfig(2, "bf16", 1, 1, "", kSmall), 2, 200),
       // A wider, tied one in fp32 at a multiple of the chunk: .to(float32) aliases, the chunks copy.
       DeepSpeedCase("qwen3_5-wide-z1-fp32", qwen3_5_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
       // One process as rank r of a world, on torch's fake process group (what a GPU runs for larger
