@@ -20,8 +20,8 @@
 # (partitioned, to CPU); LoRA; a ViT; Liger's fused loss; Granite; emulated ranks of 8 and 64; seed 000's
 # scenario (Granite 4.0 1B, seq 8192, ZeRO-3 + both offloads, checkpointing, accumulation 4, rank 3 of 4
 # at micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16);
-# Gemma 3 past its sliding window; LFM2's short convolutions; Qwen3.5 through transformers' fallbacks and
-# through fla's kernels.
+# Gemma 3 past its sliding window; LFM2's short convolutions, through transformers' fallback and
+# causal-conv1d's kernel; Qwen3.5 through transformers' fallbacks and through fla's kernels.
 #
 # ROWS and DEADLINE_S (tools/gpu_env.sh) split the rows across a lease's calls; each finished row
 # is appended to $OUT/deepspeed/rows.txt at once.
@@ -48,7 +48,7 @@ if (( dry_run )); then
   granite4=$root/configs/hf/tiny/granitemoehybrid.json lfm2=$root/configs/hf/tiny/lfm2.json
   qwen35=$root/configs/hf/tiny/qwen3_5.json gemma4=$root/configs/hf/tiny/gemma4.json
   vit_seq=65 vit_batch=4
-  fla_kernels=()
+  fla_kernels=() conv_kernels=()
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
   buckets3='"reduce_bucket_size": 200000, "stage3_prefetch_bucket_size": 200000, "stage3_param_persistence_threshold": 10000'
 else
@@ -76,7 +76,7 @@ transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_fi
   granite4=$out/granite-4.0-1b-seed000.json
   sed 's/"vocab_size": 100352/"vocab_size": 129035/' "$root/configs/hf/granite-4.0-1b.json" > "$granite4"
   vit=$root/configs/hf/vit-base-patch16-224.json vit_seq=197 vit_batch=64
-  fla_kernels=(--kernels fla)
+  fla_kernels=(--kernels fla) conv_kernels=(--kernels causal_conv1d)
   buckets='"reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000'  # DeepSpeed's defaults
   buckets3='"reduce_bucket_size": 500000000'
   # DeepSpeed's JIT ops for this GPU, once (FusedAdam's CUDA kernel; CPUAdam for the offload rows),
@@ -91,7 +91,12 @@ transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_fi
   for op in FusedAdamBuilder CPUAdamBuilder; do
     "$PY" -c "from deepspeed.ops.op_builder import $op; $op().load()" > "$out/build_$op.txt" 2>&1 &
   done
+  # causal-conv1d's extension for this GPU, beside them; on PYTHONPATH for every row (the oracle hides
+  # it unless a row names it: --kernels).
+  "$PY" "$root/tools/build_causal_conv1d.py" build "$root/dist/wheels" "$TORCH_EXTENSIONS_DIR/causal_conv1d" \
+    > "$out/build_causal_conv1d.txt" 2>&1 &
   wait
+  export PYTHONPATH=$(tail -1 "$out/build_causal_conv1d.txt")${PYTHONPATH:+:$PYTHONPATH}
 fi
 
 # A ds_config: stage, micro-batch, accumulation, then zero_optimization's members after "stage".
@@ -210,6 +215,10 @@ ds_row "Gemma 3 past its window, ZeRO-2" "$gemma3" "$seq" 1 -1 "$(ds_config 2 "$
 # LFM2-1.2B: short-conv layers through transformers' F.conv1d fallback (no causal-conv1d package), whose CUDA
 # temporaries are planned as the CPU's measured ones.
 ds_row "LFM2, ZeRO-2 + ckpt, world 1" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" --checkpointing
+# The same with causal-conv1d's kernel (built above for this GPU; planned from its source: --kernels
+# causal_conv1d; zrun refuses it). The dry run builds nothing: its row runs the fallback.
+ds_row "LFM2 + causal-conv1d, ZeRO-2 + ckpt" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" \
+  --checkpointing "${conv_kernels[@]}"
 # Qwen3.5: Gated DeltaNet through transformers' torch fallbacks (the bundle has no flash-linear-attention
 # or causal-conv1d), what it saves planned as the CPU's measured tensors (the logits' backward is the peak).
 ds_row "Qwen3.5 (4 layers), ZeRO-2, rank 7 of 8" "$qwen35" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")"

@@ -23,6 +23,7 @@ for bin in dist/bin/*; do
     done
 done
 "$root/.venv/bin/python3" tools/gpu_wheels.py copy "$root/.venv/gpu_wheels" dist/wheels --python 3.11 --python 3.12
+"$root/.venv/bin/python3" tools/build_causal_conv1d.py fetch dist/wheels  # from pip's cache after setup
 chmod -R u+w dist
 size_mib=$(( $(du -sb dist | cut -f1) / 1024 / 1024 ))
 echo "dist: $size_mib MiB ($(ls dist/lib | wc -l) libraries; $(ls dist/wheels | wc -l) wheels," \

@@ -89,6 +89,8 @@ if ! compgen -G "$wheels/deepspeed-${deepspeed_pin#deepspeed==}-py3-none-any.whl
   DS_BUILD_OPS=0 "$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
     -w "$wheels" "$deepspeed_pin"
 fi
+# causal-conv1d ships an sdist only (a CUDA extension), built on the GPU machine (tools/build_causal_conv1d.py).
+"$venv/bin/python3" "$root/tools/build_causal_conv1d.py" fetch "$wheels"
 for py in 3.11 3.12; do
   if ! still=$(wheel_pins "$py" missing "$wheels"); then
     echo "setup: no wheel in $wheels for:" $still >&2
