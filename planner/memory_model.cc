@@ -339,10 +339,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
 void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
   s->grad_partition = v.grad_partition;
   s->grad_partition_from = v.grad_partition_from;
-  s->grad_partition_at_attention = v.grad_partition_at_attention;
-  s->grad_partition_at_qk_norm = v.grad_partition_at_qk_norm;
-  s->grad_partition_at_mlp_pre_norm = v.grad_partition_at_mlp_pre_norm;
-  s->grad_partition_at_down_proj_hook = v.grad_partition_at_down_proj_hook;
+  s->grad_partition_moment = v.grad_partition_moment;
   s->step_norm_copy = v.step_norm_copy;
   s->host_grad_accumulation = v.host_grad_accumulation;
   s->host_grad_accumulation_pinned = v.host_grad_accumulation_pinned;

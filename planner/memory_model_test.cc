@@ -608,7 +608,7 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   // until the next reduction: DeepSpeed's ViT wide at ZeRO-1 with
   // overlap_comm, rank 1, docs/deepspeed_model.md row 46.
   const StepSizes waits = rank1_with_bucket(after_down_elements + 1);
-  ASSERT_TRUE(waits.grad_partition_at_down_proj_hook);
+  ASSERT_EQ(waits.grad_partition_moment, StepSizes::PartitionMoment::kDownProjHook);
   EXPECT_EQ(waits.block_down_weight_grad_waiting,
             down_elements * waits.block_grads_down / (down_elements + vit->hidden_size()));
   EXPECT_EQ(SimulateStep(waits).peak.peak_bytes(), StepPeakBytes(waits));
@@ -619,13 +619,13 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   EXPECT_LE(waiting_adds, waits.block_down_weight_grad_waiting);
   const StepSizes rank1 = rank1_with_bucket(down_elements);
   EXPECT_EQ(rank1.grad_partition_from, vit->num_layers() - 1);
-  ASSERT_TRUE(rank1.grad_partition_at_down_proj_hook);
+  ASSERT_EQ(rank1.grad_partition_moment, StepSizes::PartitionMoment::kDownProjHook);
   EXPECT_EQ(SimulateStep(rank1).peak.peak_bytes(), StepPeakBytes(rank1));
   EXPECT_EQ(SimulateStep(rank1).peak.peak_event(), StepPeak(rank1).peak_event());
   // Counted before that MLP half instead, the partition would meet the
   // weight gradient of down_proj: that much more.
   StepSizes before = rank1;
-  before.grad_partition_at_down_proj_hook = false;
+  before.grad_partition_moment = StepSizes::PartitionMoment::kBlockStart;
   EXPECT_EQ(StepPeakBytes(before) - StepPeakBytes(rank1),
             std::min({rank1.block_max_mlp_grad, rank1.grad_partition, rank1.block_bwd_mlp_transient}));
   // SwiGLU's widest moment comes after down_proj's hooks.
@@ -633,7 +633,9 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   config.set_seq_length(128);
   auto swiglu = StepSizer::Create(*llama, config, *gpu);
   ASSERT_TRUE(swiglu.ok());
-  for (int rank : {0, 1}) EXPECT_FALSE(swiglu->ForRank(2, 128, rank).grad_partition_at_down_proj_hook);
+  for (int rank : {0, 1}) {
+    EXPECT_NE(swiglu->ForRank(2, 128, rank).grad_partition_moment, StepSizes::PartitionMoment::kDownProjHook);
+  }
 }
 
 // A reduction at the hook of gate_proj or up_proj comes after the MLP's
@@ -656,15 +658,14 @@ TEST(MemoryModelTest, PartitionMadeAtAnMlpHookStandsBesideItsPreNormsBackward) {
   ASSERT_TRUE(sizer.ok()) << sizer.status();
   const StepSizes rank1 = sizer->ForRank(1, 200, 1);
   EXPECT_EQ(rank1.grad_partition_from, 3);
-  ASSERT_TRUE(rank1.grad_partition_at_mlp_pre_norm);
+  ASSERT_EQ(rank1.grad_partition_moment, StepSizes::PartitionMoment::kMlpPreNorm);
   EXPECT_EQ(StepPeak(rank1).peak_event(), "backward, layer 3, MLP norm");
   EXPECT_EQ(SimulateStep(rank1).peak.peak_bytes(), StepPeakBytes(rank1));
   // Counted from the attention half, the partition would miss that moment.
   StepSizes later = rank1;
-  later.grad_partition_at_mlp_pre_norm = false;
-  later.grad_partition_at_attention = true;
+  later.grad_partition_moment = StepSizes::PartitionMoment::kAttention;
   EXPECT_LT(StepPeakBytes(later), StepPeakBytes(rank1));
-  EXPECT_FALSE(sizer->ForRank(1, 200, 0).grad_partition_at_mlp_pre_norm);
+  EXPECT_NE(sizer->ForRank(1, 200, 0).grad_partition_moment, StepSizes::PartitionMoment::kMlpPreNorm);
 }
 
 TEST(MemoryModelTest, LogitsDominateLongSequencesWithLargeVocabularies) {

@@ -597,11 +597,13 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Alloc(transient, COMPONENT_TEMPORARIES, bytes, PHASE_BACKWARD, transient.layer, what);
     r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, norm done");
   };
+  using Moment = StepSizes::PartitionMoment;
   r.Blocks(/*forward=*/false, [&](int i) {
-    if (!s.grad_partition_at_attention && !s.grad_partition_at_qk_norm && !s.grad_partition_at_down_proj_hook &&
-        !s.grad_partition_at_mlp_pre_norm) {
-      partition_from(i, PHASE_BACKWARD);
-    }
+    // The partition, where it appears at `moment` of this block's backward.
+    auto partition_at = [&](Moment moment) {
+      if (s.grad_partition_moment == moment) partition_from(i, PHASE_BACKWARD);
+    };
+    partition_at(Moment::kBlockStart);
     // A kept block is still gathered (DeepSpeed prefetches past it while
     // anything below is partitioned); another is gathered again.
     const bool below = s.gather_kept_from > 0 || (s.embed_gather > 0 && !s.embed_kept);
@@ -652,7 +654,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Alloc(Ref{kept_down, i}, COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp);
     } else {
       r.Alloc(Ref{mlp_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
-      const bool partition_here = s.grad_partition_at_down_proj_hook && s.grad_partition_from == i;
+      const bool partition_here = s.grad_partition_moment == Moment::kDownProjHook && s.grad_partition_from == i;
       if (partition_here) {
         // down_proj's saved input is freed before its hook; the transient,
         // as large, stands for it and comes back as GELU's input gradient.
@@ -683,7 +685,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
-    if (s.grad_partition_at_mlp_pre_norm) partition_from(i, PHASE_BACKWARD);
+    partition_at(Moment::kMlpPreNorm);
     pre_norm_backward(Ref{mlp_pre_norm, i}, k.mlp_pre_norm_bwd, "backward, layer #, MLP norm");
     // Attention half: the ops after o_proj first, as in the MLP half.
     post_norm_backward(Ref{attn_post_norm, i}, "backward, layer #, attention post-norm");
@@ -691,7 +693,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_attn_tail, i}, PHASE_BACKWARD, i, "backward, layer #, attention output's ops done");
     }
     r.Free(Ref{saved_attn_tail, i}, PHASE_BACKWARD, i, "backward, layer #, attention output's ops done");
-    if (s.grad_partition_at_attention) partition_from(i, PHASE_BACKWARD);
+    partition_at(Moment::kAttention);
     const char* attention = "backward, layer #, attention gradients";
     r.Alloc(Ref{attn_transient, i}, COMPONENT_TEMPORARIES, k.bwd_attn_transient, PHASE_BACKWARD, i, attention);
     buckets_at(i, true, i, attention);
@@ -705,7 +707,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     }
     r.Free(Ref{attn_transient, i}, PHASE_BACKWARD, i, "backward, layer #, attention activation gradients freed");
     // q_norm's backward, after the hooks of o_proj and of the k and v paths.
-    if (s.grad_partition_at_qk_norm) partition_from(i, PHASE_BACKWARD);
+    partition_at(Moment::kQkNorm);
     r.Alloc(Ref{qk_norm_transient, i}, COMPONENT_TEMPORARIES, k.bwd_qk_norm_transient, PHASE_BACKWARD, i,
             "backward, layer #, q_norm");
     r.Free(Ref{qk_norm_transient, i}, PHASE_BACKWARD, i, "backward, layer #, q_norm temporaries freed");

@@ -105,15 +105,20 @@ struct StepSizes {
   int64_t ipg_buckets = 0;
   int64_t grad_partition = 0;
   int grad_partition_from = kAtEpilogue;
-  bool grad_partition_at_attention = false;  // in that block's attention half, not its MLP's
-  // In that block's attention half at a hook before q_norm's backward (past SDPA's moment).
-  bool grad_partition_at_qk_norm = false;
-  // In its MLP half at down_proj's hook, past a GELU MLP's widest moment:
-  // down_proj's saved input is freed by then, its weight gradient not yet.
-  bool grad_partition_at_down_proj_hook = false;
-  // In its MLP half at a hook past the MLP's widest moment (gate's, up's),
-  // so before its pre-norm's backward, which runs beside it.
-  bool grad_partition_at_mlp_pre_norm = false;
+  // Where in block grad_partition_from's backward the partition appears.
+  enum class PartitionMoment {
+    kBlockStart,    // before its MLP half's widest moment
+    // In its MLP half at down_proj's hook, past a GELU MLP's widest moment:
+    // down_proj's saved input is freed by then, its weight gradient not yet.
+    kDownProjHook,
+    // In its MLP half at a hook past the MLP's widest moment (gate's, up's),
+    // so before its pre-norm's backward, which runs beside it.
+    kMlpPreNorm,
+    kAttention,  // in its attention half
+    // In its attention half at a hook before q_norm's backward (past SDPA's moment).
+    kQkNorm,
+  };
+  PartitionMoment grad_partition_moment = PartitionMoment::kBlockStart;
   int kBeforeForward() const { return num_layers + 1; }
 
   // The backward part whose gradient hook fires first, where the IPG

@@ -22,10 +22,7 @@ namespace {
 // the activation's backward (StepSizes::block_down_weight_grad_waiting).
 struct PartitionStart {
   int part = StepSizes::kAtEpilogue;
-  bool at_attention = false;       // a block's attention half
-  bool at_qk_norm = false;         // StepSizes::grad_partition_at_qk_norm
-  bool at_down_proj_hook = false;  // StepSizes::grad_partition_at_down_proj_hook
-  bool at_mlp_pre_norm = false;    // StepSizes::grad_partition_at_mlp_pre_norm
+  StepSizes::PartitionMoment moment = StepSizes::PartitionMoment::kBlockStart;
 };
 // With optimizer offload, each rank's reduction whose fp64 norm copy of a
 // piece of one parameter stands highest above what is gone by then
@@ -97,25 +94,26 @@ std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, Ker
   // down_proj's hooks (BlockBackwardTransientBytes), which count for it.
   auto reduce = [&](int lo, int hi, int i) {
     const TensorSpec& t = params[i];
+    using Moment = StepSizes::PartitionMoment;
     PartitionStart start;
     start.part = t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers;
-    start.at_attention = t.layer() >= 0 && !InMlpHalf(layout, t);
-    start.at_down_proj_hook = gelu_mlp && IsDownProjTensor(layout, t);
+    const bool in_attention = t.layer() >= 0 && !InMlpHalf(layout, t);
+    if (in_attention) start.moment = Moment::kAttention;
+    if (gelu_mlp && IsDownProjTensor(layout, t)) start.moment = Moment::kDownProjHook;
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
                                InMlpHalf(layout, params[i + 1]) != InMlpHalf(layout, t);
     const bool before_moment = first_of_half || IsDownProjTensor(layout, t);
-    note_pieces(lo, hi, StepSizes::OffloadNormCopy{0, start.part, start.at_attention, before_moment || t.layer() < 0});
+    note_pieces(lo, hi, StepSizes::OffloadNormCopy{0, start.part, in_attention, before_moment || t.layer() < 0});
     if (t.layer() >= 0 && !before_moment) {
-      if (!start.at_attention && !IsPreNormTensor(layout, t)) {
-        start.at_mlp_pre_norm = true;  // gate's or up's hook: the pre-norm's backward comes after
-      } else if (!start.at_attention) {
-        start.at_attention = true;  // the pre-norm's own hook, after its backward
+      if (!in_attention && !IsPreNormTensor(layout, t)) {
+        start.moment = Moment::kMlpPreNorm;  // gate's or up's hook: the pre-norm's backward comes after
+      } else if (!in_attention) {
+        start.moment = Moment::kAttention;  // the pre-norm's own hook, after its backward
       } else if (BeforeQkNormMoment(model, device, layout, t)) {
-        start.at_attention = false;
-        start.at_qk_norm = true;
+        start.moment = Moment::kQkNorm;
       } else {
         start.part = t.layer() - 1;  // the previous block's MLP half, or the embedding (-1)
-        start.at_attention = false;
+        start.moment = Moment::kBlockStart;
       }
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
@@ -302,10 +300,7 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
       RankVariant v;
       v.grad_partition = partitions[r].params_elements * w;
       v.grad_partition_from = from[r].part;
-      v.grad_partition_at_attention = from[r].at_attention;
-      v.grad_partition_at_qk_norm = from[r].at_qk_norm;
-      v.grad_partition_at_down_proj_hook = from[r].at_down_proj_hook;
-      v.grad_partition_at_mlp_pre_norm = from[r].at_mlp_pre_norm;
+      v.grad_partition_moment = from[r].moment;
       v.step_norm_copy = partitions[r].max_piece_elements * 8;  // get_norm_dtype(): fp64
       if (s.stage == 1 && zero.overlap_comm()) RetainOversizedGradients(in, partitions[r], s.num_layers, &v);
       auto it = std::find(variants.begin(), variants.end(), v);

@@ -28,10 +28,7 @@ namespace zplan {
 struct RankVariant {
   int64_t grad_partition = 0;
   int grad_partition_from = StepSizes::kAtEpilogue;
-  bool grad_partition_at_attention = false;
-  bool grad_partition_at_qk_norm = false;
-  bool grad_partition_at_down_proj_hook = false;
-  bool grad_partition_at_mlp_pre_norm = false;
+  StepSizes::PartitionMoment grad_partition_moment = StepSizes::PartitionMoment::kBlockStart;
   int64_t step_norm_copy = 0;
   int64_t host_grad_accumulation = 0;
   int64_t host_grad_accumulation_pinned = 0;
@@ -42,10 +39,7 @@ struct RankVariant {
   StepSizes::OffloadNormCopy offload_norm_copy;  // optimizer offload
   bool operator==(const RankVariant& o) const {
     return grad_partition == o.grad_partition && grad_partition_from == o.grad_partition_from &&
-           grad_partition_at_attention == o.grad_partition_at_attention &&
-           grad_partition_at_qk_norm == o.grad_partition_at_qk_norm &&
-           grad_partition_at_down_proj_hook == o.grad_partition_at_down_proj_hook &&
-           grad_partition_at_mlp_pre_norm == o.grad_partition_at_mlp_pre_norm &&
+           grad_partition_moment == o.grad_partition_moment &&
            step_norm_copy == o.step_norm_copy && host_grad_accumulation == o.host_grad_accumulation &&
            host_grad_accumulation_pinned == o.host_grad_accumulation_pinned && retained_mlp == o.retained_mlp &&
            retained_attn == o.retained_attn && retained_head == o.retained_head &&
