@@ -226,7 +226,7 @@ TEST_P(RecordedH100Trace, ReplaysAsTheRealAllocator) {
             << " B\n";
 }
 
-// Real DeepSpeed + transformers on an H100 (tools/gpu_deepspeed.sh), each
+// Real DeepSpeed + transformers on an H100 or an H200 (tools/gpu_deepspeed.sh), each
 // history from an empty pool: DeepSpeed's initialize, the warm-up step, then
 // two measured steps. The model must place every request as the real
 // allocator did; then, replayed with the cache emptied after the warm-up
@@ -263,7 +263,7 @@ std::vector<std::string> DeepSpeedTraces() {
   return names;
 }
 
-INSTANTIATE_TEST_SUITE_P(H100, RecordedDeepSpeedTrace, ::testing::ValuesIn(DeepSpeedTraces()));
+INSTANTIATE_TEST_SUITE_P(Hopper, RecordedDeepSpeedTrace, ::testing::ValuesIn(DeepSpeedTraces()));
 
 
 INSTANTIATE_TEST_SUITE_P(H100, RecordedH100Trace,

@@ -88,16 +88,28 @@ transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_fi
   # (op_builder/builder.py) cannot parse (int('0a')): name this GPU's capability instead.
   TORCH_CUDA_ARCH_LIST=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
   export TORCH_CUDA_ARCH_LIST
+  op_pids=()
   for op in FusedAdamBuilder CPUAdamBuilder; do
     "$PY" -c "from deepspeed.ops.op_builder import $op; $op().load()" > "$out/build_$op.txt" 2>&1 &
+    op_pids+=($!)
   done
-  # causal-conv1d's extension for this GPU, beside them; on PYTHONPATH for every row (the oracle hides
-  # it unless a row names it: --kernels).
+  # causal-conv1d's extension for this GPU builds while the rows run (7 minutes on the H200's 16
+  # cores, 2026-11-27: more than a lease can wait); only its row, the last, waits for it
+  # (causal_conv1d_ready).
   "$PY" "$root/tools/build_causal_conv1d.py" build "$root/dist/wheels" "$TORCH_EXTENSIONS_DIR/causal_conv1d" \
     > "$out/build_causal_conv1d.txt" 2>&1 &
-  wait
-  export PYTHONPATH=$(tail -1 "$out/build_causal_conv1d.txt")${PYTHONPATH:+:$PYTHONPATH}
+  conv_build_pid=$!
+  wait "${op_pids[@]}"
 fi
+
+# The row that runs causal-conv1d's kernel waits for its build, then finds it on PYTHONPATH (the
+# oracle hides it from the other rows anyway: --kernels).
+causal_conv1d_ready() {
+  [[ -n ${conv_build_pid:-} ]] || return 0
+  wait "$conv_build_pid"
+  conv_build_pid=
+  export PYTHONPATH=$(tail -1 "$out/build_causal_conv1d.txt")${PYTHONPATH:+:$PYTHONPATH}
+}
 
 # A ds_config: stage, micro-batch, accumulation, then zero_optimization's members after "stage".
 ds_config() {
@@ -117,6 +129,7 @@ ds_row() {
   local label=$1 hf=$2 row_seq=$3 world=$4 rank=$5 config=$6; shift 6
   row_starts "$label" || return 0
   local slug=${label//[^A-Za-z0-9]/_}
+  [[ " $* " != *" causal_conv1d "* ]] || causal_conv1d_ready
   echo "$config" > "$out/$slug.ds.json"
   local zplan_flags=() oracle_flags=() zrun_flags=()
   for flag in "$@"; do
@@ -215,10 +228,6 @@ ds_row "Gemma 3 past its window, ZeRO-2" "$gemma3" "$seq" 1 -1 "$(ds_config 2 "$
 # LFM2-1.2B: short-conv layers through transformers' F.conv1d fallback (no causal-conv1d package), whose CUDA
 # temporaries are planned as the CPU's measured ones.
 ds_row "LFM2, ZeRO-2 + ckpt, world 1" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" --checkpointing
-# The same with causal-conv1d's kernel (built above for this GPU; planned from its source: --kernels
-# causal_conv1d; zrun refuses it). The dry run builds nothing: its row runs the fallback.
-ds_row "LFM2 + causal-conv1d, ZeRO-2 + ckpt" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" \
-  --checkpointing "${conv_kernels[@]}"
 # Qwen3.5: Gated DeltaNet through transformers' torch fallbacks (the bundle has no flash-linear-attention
 # or causal-conv1d), what it saves planned as the CPU's measured tensors (the logits' backward is the peak).
 ds_row "Qwen3.5 (4 layers), ZeRO-2, rank 7 of 8" "$qwen35" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")"
@@ -230,6 +239,10 @@ ds_row "Qwen3.5 (4 layers) + fla, ZeRO-2, rank 7 of 8" "$qwen35" "$seq" 8 7 "$(d
 # (SDPA gets k and v repeated; which kernel runs is what this row measures).
 ds_row "Gemma 4 (4 layers), ZeRO-2 + ckpt, rank 7 of 8" "$gemma4" "$seq" 8 7 "$(ds_config 2 "$batch" 1 "$buckets")" \
   --checkpointing
+# LFM2 with causal-conv1d's kernel, last: it waits for the kernel's build (planned from its source:
+# --kernels causal_conv1d; zrun refuses it). The dry run builds nothing: its row runs the fallback.
+ds_row "LFM2 + causal-conv1d, ZeRO-2 + ckpt" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" \
+  --checkpointing "${conv_kernels[@]}"
 
 {
   echo "device: $gpu  DeepSpeed steps: $steps (the first is the warm-up)"
