@@ -68,7 +68,117 @@ void MarkFrozen(const ModelSpec& spec, std::vector<TensorSpec>* params) {
   for (TensorSpec& t : *params) t.set_frozen(!IsLoraAdapter(t) && !absl::StrContains(t.name(), kSavedModuleName));
 }
 
+// A vision-language model's parameter of `part`.
+TensorSpec Param(std::string name, std::vector<int64_t> shape, ModelPart part, int layer) {
+  TensorSpec t = Param(std::move(name), std::move(shape), layer);
+  t.set_part(part);
+  return t;
+}
+
+// Appends a Linear's weight [out, in] and bias [out].
+void PartLinear(const std::string& name, int64_t in, int64_t out, bool bias, ModelPart part, int layer,
+            std::vector<TensorSpec>* params) {
+  params->push_back(Param(name + ".weight", {out, in}, part, layer));
+  if (bias) params->push_back(Param(name + ".bias", {out}, part, layer));
+}
+// Appends a norm's weight [width] and, for nn.LayerNorm, its bias.
+void PartNorm(const std::string& name, int64_t width, bool layer_norm, ModelPart part, int layer,
+          std::vector<TensorSpec>* params) {
+  params->push_back(Param(name + ".weight", {width}, part, layer));
+  if (layer_norm) params->push_back(Param(name + ".bias", {width}, part, layer));
+}
+
+// CLIPVisionModel (models/clip/modeling_clip.py: CLIPVisionEmbeddings,
+// CLIPEncoderLayer registering k, v, q, out then layer_norm1, mlp,
+// layer_norm2) and LlavaMultiModalProjector (modeling_llava.py).
+void ClipParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
+  const VisionLanguageSpec& v = spec.vision_language();
+  const int64_t c = v.hidden_size(), p = v.patch_size();
+  const std::string tower = "vision_tower.";
+  out->push_back(Param(tower + "embeddings.class_embedding", {c}, PART_VISION_TOWER, -1));
+  out->push_back(Param(tower + "embeddings.patch_embedding.weight", {c, v.num_channels(), p, p}, PART_VISION_TOWER, -1));
+  out->push_back(Param(tower + "embeddings.position_embedding.weight", {v.num_position_embeddings(), c},
+                       PART_VISION_TOWER, -1));
+  PartNorm(tower + "pre_layrnorm", c, true, PART_VISION_TOWER, -1, out);
+  for (int layer = 0; layer < v.num_layers(); ++layer) {
+    const std::string l = absl::StrCat(tower, "encoder.layers.", layer, ".");
+    for (const char* proj : {"k_proj", "v_proj", "q_proj", "out_proj"}) {
+      PartLinear(absl::StrCat(l, "self_attn.", proj), c, c, true, PART_VISION_TOWER, layer, out);
+    }
+    PartNorm(l + "layer_norm1", c, true, PART_VISION_TOWER, layer, out);
+    PartLinear(l + "mlp.fc1", c, v.ffn_hidden_size(), true, PART_VISION_TOWER, layer, out);
+    PartLinear(l + "mlp.fc2", v.ffn_hidden_size(), c, true, PART_VISION_TOWER, layer, out);
+    PartNorm(l + "layer_norm2", c, true, PART_VISION_TOWER, layer, out);
+  }
+  PartNorm(tower + "post_layernorm", c, true, PART_VISION_TOWER, -1, out);
+  const int64_t h = spec.hidden_size();
+  PartLinear("multi_modal_projector.linear_1", c, h, v.projector_bias(), PART_PROJECTOR, -1, out);
+  PartLinear("multi_modal_projector.linear_2", h, h, v.projector_bias(), PART_PROJECTOR, -1, out);
+}
+
+// Qwen2_5_VisionTransformerPretrainedModel (modeling_qwen2_5_vl.py: the
+// block registers norm1 and norm2 before attn and mlp) and
+// Qwen3VLVisionModel (modeling_qwen3_vl.py; Qwen3_5VisionModel is it
+// without deepstack mergers).
+void QwenParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
+  const VisionLanguageSpec& v = spec.vision_language();
+  const bool qwen2_5 = v.tower() == VISION_TOWER_QWEN2_5_VL;
+  const int64_t c = v.hidden_size(), p = v.patch_size(), f = v.ffn_hidden_size();
+  const int64_t merged = c * v.spatial_merge_size() * v.spatial_merge_size(), o = v.out_hidden_size();
+  const std::string tower = "visual.";
+  out->push_back(Param(tower + "patch_embed.proj.weight", {c, v.num_channels(), v.temporal_patch_size(), p, p},
+                       PART_VISION_TOWER, -1));
+  if (!qwen2_5) {
+    out->push_back(Param(tower + "patch_embed.proj.bias", {c}, PART_VISION_TOWER, -1));
+    out->push_back(Param(tower + "pos_embed.weight", {v.num_position_embeddings(), c}, PART_VISION_TOWER, -1));
+  }
+  for (int layer = 0; layer < v.num_layers(); ++layer) {
+    const std::string l = absl::StrCat(tower, "blocks.", layer, ".");
+    PartNorm(l + "norm1", c, !qwen2_5, PART_VISION_TOWER, layer, out);
+    PartNorm(l + "norm2", c, !qwen2_5, PART_VISION_TOWER, layer, out);
+    PartLinear(l + "attn.qkv", c, 3 * c, true, PART_VISION_TOWER, layer, out);
+    PartLinear(l + "attn.proj", c, c, true, PART_VISION_TOWER, layer, out);
+    if (qwen2_5) {
+      PartLinear(l + "mlp.gate_proj", c, f, true, PART_VISION_TOWER, layer, out);
+      PartLinear(l + "mlp.up_proj", c, f, true, PART_VISION_TOWER, layer, out);
+      PartLinear(l + "mlp.down_proj", f, c, true, PART_VISION_TOWER, layer, out);
+    } else {
+      PartLinear(l + "mlp.linear_fc1", c, f, true, PART_VISION_TOWER, layer, out);
+      PartLinear(l + "mlp.linear_fc2", f, c, true, PART_VISION_TOWER, layer, out);
+    }
+  }
+  if (qwen2_5) {
+    // Qwen2_5_VLPatchMerger: ln_q over C, then mlp.0 [4C -> 4C], GELU, mlp.2 [4C -> O].
+    PartNorm(tower + "merger.ln_q", c, false, PART_PROJECTOR, -1, out);
+    PartLinear(tower + "merger.mlp.0", merged, merged, true, PART_PROJECTOR, -1, out);
+    PartLinear(tower + "merger.mlp.2", merged, o, true, PART_PROJECTOR, -1, out);
+    return;
+  }
+  // Qwen3VLVisionPatchMerger: the merger's norm over C; each deepstack
+  // merger's (use_postshuffle_norm) over 4C.
+  PartNorm(tower + "merger.norm", c, true, PART_PROJECTOR, -1, out);
+  PartLinear(tower + "merger.linear_fc1", merged, merged, true, PART_PROJECTOR, -1, out);
+  PartLinear(tower + "merger.linear_fc2", merged, o, true, PART_PROJECTOR, -1, out);
+  for (int k = 0; k < v.deepstack_blocks_size(); ++k) {
+    const std::string m = absl::StrCat(tower, "deepstack_merger_list.", k, ".");
+    PartNorm(m + "norm", merged, true, PART_PROJECTOR, -1, out);
+    PartLinear(m + "linear_fc1", merged, merged, true, PART_PROJECTOR, -1, out);
+    PartLinear(m + "linear_fc2", merged, o, true, PART_PROJECTOR, -1, out);
+  }
+}
+
 }  // namespace
+
+std::vector<TensorSpec> VisionLanguageParameters(const ModelSpec& spec) {
+  std::vector<TensorSpec> out;
+  if (!spec.has_vision_language()) return out;
+  if (spec.vision_language().tower() == VISION_TOWER_CLIP) {
+    ClipParameters(spec, &out);
+  } else {
+    QwenParameters(spec, &out);
+  }
+  return out;
+}
 
 int64_t VisionTokens(const ModelSpec& spec) {
   if (!spec.has_vision() || spec.vision().patch_size() <= 0) return 0;
@@ -132,7 +242,8 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
 }
 
 std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
-  std::vector<TensorSpec> out;
+  // A vision-language model's tower and projector come first (vision_language.h).
+  std::vector<TensorSpec> out = VisionLanguageParameters(spec);
   const int64_t h = spec.hidden_size();
   if (spec.vocab_size() > 0) AddVocabWeight(spec, "embed_tokens", &out);
   if (const int64_t p = spec.per_layer_input_size(); p > 0) {

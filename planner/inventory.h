@@ -47,6 +47,13 @@ inline int64_t TensorBytes(const TensorSpec& tensor) {
 // "classifier.weight" [labels,h] and ".bias" [labels].
 std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec);
 
+// A vision-language model's (ModelSpec.vision_language) tower and projector
+// parameters, in transformers' order, part and layer (within the part) set:
+// the head of ParameterInventory, before the language model's. Names are
+// transformers' below model. (vision_tower.*, multi_modal_projector.*,
+// visual.*); empty for other models.
+std::vector<TensorSpec> VisionLanguageParameters(const ModelSpec& spec);
+
 // Parameters of one block (all blocks are alike).
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer);
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/cli.h"
 #include "planner/model_family.h"
+#include "planner/vision_language.h"
 #include "planner/zplan_command.h"
 
 ABSL_FLAG(std::string, model, "", "preset (1b, gpt2, qwen3-0.6b, llama3-8b, qwen-14b, vit-b-encoder, debug-tiny) or a ModelSpec .textproto (default 1b)");
@@ -82,7 +83,8 @@ ABSL_FLAG(std::string, report, "", "with --plot: a zrun report (report.pb) whose
 
 constexpr char kUsage[] =
     "zplan [max-batch|sweep] --model 1b --seq 8192 [--zero-stage N] [--out plan.pb] [--plot step.png]\n"
-    "       zplan show plan.pb [--format json|textproto|table] [--plot step.png [--report report.pb]]\n\n"
+    "       zplan show plan.pb [--format json|textproto|table] [--plot step.png [--report report.pb]]\n"
+    "       zplan count --hf-config config.json [--lora-config adapter_config.json] [--format json]\n\n"
     "exit codes: 0 planned (and it fits any --budget-gib / --host-ram-gib given); 1 an I/O or internal error;\n"
     "  2 bad input (a flag, config or plan; nothing written); 3 a budget given with --budget-gib or\n"
     "  --host-ram-gib is broken: the plan does not fit (--out is still written), or no row of the grid,\n"
@@ -96,7 +98,9 @@ int main(int argc, char** argv) {
   }
   zplan::CommandLine cl;
   const std::string usage =
-      absl::StrCat(kUsage, "\n\nsupported model_types (--hf-config): ", zplan::SupportedModelTypes());
+      absl::StrCat(kUsage, "\n\nsupported model_types (--hf-config): ", zplan::SupportedModelTypes(),
+                   "\nvision-language model_types (zplan count only; memory not planned yet): ",
+                   zplan::VisionLanguageModelTypes());
   if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zplan", usage, __FILE__, &cl)) {
     return *code;
   }

@@ -439,8 +439,12 @@ std::string ApproximationNote(absl::string_view model_type, absl::string_view fa
                       quoted, " was checked");
 }
 
+const ModelFamily* LanguageModelFamilyOf(const ModelSpec& spec) {
+  return FindModelFamily(spec.has_vision_language() ? spec.vision_language().text_model_type() : spec.model_type());
+}
+
 ParameterlessModules ParameterlessModulesOf(const ModelSpec& spec) {
-  const ModelFamily* family = FindModelFamily(spec.model_type());
+  const ModelFamily* family = LanguageModelFamilyOf(spec);
   ParameterlessModules out = (family != nullptr ? *family : ModelFamilies().front()).parameterless;
   if (spec.position_embedding() == POSITION_ROPE) {
     std::set<LayerType> attention_types;

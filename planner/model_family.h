@@ -217,6 +217,11 @@ std::optional<FfnType> FfnTypeFor(const ModelFamily& family, absl::string_view a
 // The activations FfnTypeFor accepts for the family, quoted, for messages.
 std::string ModelledActivations(const ModelFamily& family);
 
+// The family of the spec's language model: its model_type's, or a
+// vision-language model's text family (VisionLanguageSpec.text_model_type);
+// nullptr when zplan has none.
+const ModelFamily* LanguageModelFamilyOf(const ModelSpec& spec);
+
 // The model's parameterless module calls: its family's (Llama's for a
 // model_type without one), with rotary_calls counted for its layers.
 ParameterlessModules ParameterlessModulesOf(const ModelSpec& spec);

@@ -17,6 +17,7 @@
 #include "planner/model_family.h"
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
+#include "planner/vision_language.h"
 
 namespace zplan {
 
@@ -615,28 +616,22 @@ absl::StatusOr<ModelSpec> LoadPreset(absl::string_view name) {
   return spec;
 }
 
-absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source,
-                                                absl::string_view approximate_as) {
-  ZPLAN_ASSIGN_OR_RETURN(const JsonObject config, ParseJsonObject(text, source));
-  for (absl::string_view moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
-    int64_t experts = 0;
-    ZPLAN_RETURN_IF_ERROR(ReadInt(config, moe_key, &experts));
-    if (experts > 1) {
-      return config.Error(moe_key, "mixture-of-experts models are not supported; plan a dense model");
-    }
-  }
-  std::string model_type, name;
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "model_type", &model_type));
-  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
-  // Multimodal configs (Llava, Qwen2-VL, Gemma 3, ...) nest the language model.
-  if (config.Find("text_config") != nullptr && config.Find("num_hidden_layers") == nullptr) {
-    return config.Error("text_config", absl::StrCat("a multimodal config (model_type ", QuoteInput(model_type),
-                                                    "): zplan plans its language model only; save text_config "
-                                                    "as its own config.json and pass that"));
-  }
-  // The family: the model_type's own, or the one it is approximated as.
-  const ModelFamily* family = FindModelFamily(model_type);
+namespace {
+
+// The language model of ModelSpecFromHfConfig: `config` is the whole
+// config.json, or a vision-language model's text_config, read by
+// vision_language's text family.
+absl::StatusOr<ModelSpec> LanguageModelFromHfConfig(const JsonObject& config, absl::string_view source,
+                                                    absl::string_view approximate_as, const std::string& model_type,
+                                                    const std::string& name,
+                                                    const std::optional<VisionLanguageConfig>& vision_language) {
+  // The family: the model_type's own (a vision-language model's text family), or the one it is approximated as.
   const bool approximated = !approximate_as.empty();
+  const ModelFamily* family = FindModelFamily(vision_language ? vision_language->text_family : model_type);
+  if (vision_language && family == nullptr) {
+    return config.Error("model_type", absl::StrCat(QuoteInput(vision_language->text_family), " is not a language "
+                                                   "model zplan plans (", SupportedModelTypes(), ")"));
+  }
   if (approximated) {
     if (family != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("--approximate-as: ", source, " is model_type ",
@@ -696,8 +691,13 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::st
     ZPLAN_RETURN_IF_ERROR(ReadFamilyFields(config, *family, approximated, &spec, &substituted));
     if (family->position == POSITION_LEARNED) spec.set_max_position_embeddings(positions);
   }
+  if (vision_language) {
+    spec.set_tie_word_embeddings(vision_language->tie_word_embeddings);
+    *spec.mutable_vision_language() = vision_language->spec;
+  }
   spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"", model_type, "\"",
                                family->vision ? ", ViTForImageClassification" : "",
+                               vision_language ? absl::StrCat(", its language model ", family->model_type) : "",
                                approximated ? absl::StrCat(", planned as ", family->model_type) : "",
                                substituted.empty() ? "" : absl::StrCat("; ", substituted), ")"));
   spec.set_model_type(model_type);
@@ -706,6 +706,37 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::st
   absl::Status valid = ValidateModelSpec(spec);
   if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
   return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source,
+                                                absl::string_view approximate_as) {
+  ZPLAN_ASSIGN_OR_RETURN(const JsonObject config, ParseJsonObject(text, source));
+  for (absl::string_view moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+    int64_t experts = 0;
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, moe_key, &experts));
+    if (experts > 1) {
+      return config.Error(moe_key, "mixture-of-experts models are not supported; plan a dense model");
+    }
+  }
+  std::string model_type, name;
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "model_type", &model_type));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
+  const bool approximated = !approximate_as.empty();
+  // A vision-language model: its vision side here, its language model read
+  // below from text_config (vision_language.h). Other multimodal configs
+  // (Gemma 3, Mistral 3, ...) nest a language model zplan reads alone.
+  std::optional<VisionLanguageConfig> vision_language;
+  if (IsVisionLanguageType(model_type) && !approximated) {
+    ZPLAN_ASSIGN_OR_RETURN(vision_language, ReadVisionLanguageConfig(config, model_type));
+  } else if (config.Find("text_config") != nullptr && config.Find("num_hidden_layers") == nullptr) {
+    return config.Error("text_config", absl::StrCat("a multimodal config (model_type ", QuoteInput(model_type),
+                                                    "): zplan plans its language model only; save text_config "
+                                                    "as its own config.json and pass that"));
+  }
+  return LanguageModelFromHfConfig(vision_language ? *vision_language->text : config, source, approximate_as,
+                                   model_type, name, vision_language);
 }
 
 absl::StatusOr<ModelSpec> LoadHfConfig(const std::string& path, absl::string_view approximate_as) {
@@ -903,6 +934,7 @@ ModelSpec ResolveModelSpec(ModelSpec spec) {
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
   // A ViT's own fields first: its positions follow from them.
   if (spec.has_vision()) ZPLAN_RETURN_IF_ERROR(ValidateVision(spec));
+  if (spec.has_vision_language()) ZPLAN_RETURN_IF_ERROR(ValidateVisionLanguage(spec));
   ZPLAN_RETURN_IF_ERROR(CheckFields({
       {"model.num_layers", spec.num_layers(), 1, kMaxLayers, "transformer blocks"},
       {"model.hidden_size", spec.hidden_size(), 1, kMaxHiddenSize, "model width"},
@@ -917,14 +949,14 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.source", spec.source()));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.model_type", spec.model_type()));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.unvalidated_approximation", spec.unvalidated_approximation()));
-  if (!spec.model_type().empty() && FindModelFamily(spec.model_type()) == nullptr &&
+  if (!spec.model_type().empty() && LanguageModelFamilyOf(spec) == nullptr &&
       spec.unvalidated_approximation().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.model_type: ", QuoteInput(spec.model_type()), " is not supported (zplan plans ", SupportedModelTypes(),
         "), and model.unvalidated_approximation does not say it was planned as one of them; plan its config.json "
         "with zplan --approximate-as FAMILY, or leave model_type empty for a shape given directly"));
   }
-  const ModelFamily* family = FindModelFamily(spec.model_type());
+  const ModelFamily* family = LanguageModelFamilyOf(spec);
   if (family != nullptr && !family->supports_sdpa && spec.attention_impl() == ATTENTION_SDPA) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.attention_impl: SDPA; transformers refuses it for ", spec.model_type(),

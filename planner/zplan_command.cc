@@ -25,6 +25,7 @@
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
+#include "planner/vision_language.h"
 #include "planner/units.h"
 
 namespace zplan {
@@ -229,6 +230,7 @@ struct Resolved {
 absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
   Resolved r;
   ZPLAN_ASSIGN_OR_RETURN(r.model, ResolveModel(o));
+  ZPLAN_RETURN_IF_ERROR(RefuseVisionLanguagePlan(r.model));
   const bool sweep = o.command == "sweep";
   RunConfig& c = r.config;
   ClusterSpec* cluster = c.mutable_cluster();
@@ -625,10 +627,42 @@ std::string TimelineTraceJson(const Plan& plan) {
   return absl::StrCat("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", absl::StrJoin(events, ",\n"), "\n]}\n");
 }
 
+// zplan count: the parameters per part (a language model is one part), all
+// and trainable (LoRA leaves only its adapters and modules_to_save).
+void PrintParameterCounts(const ModelSpec& model, bool json, std::ostream& out) {
+  constexpr std::pair<ModelPart, const char*> kParts[] = {
+      {PART_VISION_TOWER, "vision_tower"}, {PART_PROJECTOR, "projector"}, {PART_LANGUAGE_MODEL, "language_model"}};
+  std::map<ModelPart, std::pair<int64_t, int64_t>> counts;  // all, trainable
+  for (const TensorSpec& t : ParameterInventory(model)) {
+    counts[t.part()].first += NumElements(t);
+    if (!t.frozen()) counts[t.part()].second += NumElements(t);
+  }
+  int64_t total = 0, trainable = 0;
+  std::vector<std::string> rows;
+  for (const auto& [part, name] : kParts) {
+    if (!counts.count(part)) continue;
+    const auto [all, train] = counts[part];
+    total += all;
+    trainable += train;
+    rows.push_back(json ? absl::StrFormat(R"({"part": "%s", "params": %d, "trainable_params": %d})", name, all, train)
+                        : absl::StrFormat("%-16s %16d %16d", name, all, train));
+  }
+  if (json) {
+    out << absl::StrFormat(R"({"model_type": "%s", "total_params": %d, "trainable_params": %d, "parts": [%s]})",
+                           model.model_type(), total, trainable, absl::StrJoin(rows, ", "))
+        << "\n";
+    return;
+  }
+  if (const std::string origin = ModelOriginLine(model); !origin.empty()) out << origin << "\n";
+  out << absl::StrFormat("%-16s %16s %16s\n", "part", "parameters", "trainable") << absl::StrJoin(rows, "\n") << "\n"
+      << absl::StrFormat("%-16s %16d %16d\n", "total", total, trainable);
+}
+
 absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
-  if (o.command != "" && o.command != "max-batch" && o.command != "sweep" && o.command != "show") {
+  if (o.command != "" && o.command != "max-batch" && o.command != "sweep" && o.command != "show" &&
+      o.command != "count") {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown command \"", o.command, "\"; commands: max-batch, sweep, show (or none)"));
+        absl::StrCat("unknown command \"", o.command, "\"; commands: max-batch, sweep, show, count (or none)"));
   }
   if (o.format != "table" && o.format != "json" && o.format != "textproto") {
     return FlagError("format", o.format, "table, json or textproto");
@@ -661,6 +695,12 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
     ZPLAN_RETURN_IF_ERROR(ValidatePlan(plan, o.plan_path));
     ZPLAN_RETURN_IF_ERROR(EmitPlan(plan, o, out));
     return o.plot.empty() ? absl::OkStatus() : WritePlot(o.plot, plan, measured);
+  }
+  if (o.command == "count") {
+    if (o.format == "textproto") return FlagError("format", o.format, "table or json (zplan count)");
+    ZPLAN_ASSIGN_OR_RETURN(const ModelSpec model, ResolveModel(o));
+    PrintParameterCounts(ResolveModelSpec(model), o.format == "json", out);
+    return absl::OkStatus();
   }
   ZPLAN_ASSIGN_OR_RETURN(Resolved r, Resolve(o));
   if (o.command == "sweep") return RunSweep(r, o, out);

@@ -44,7 +44,7 @@
 namespace zplan {
 
 struct ZplanOptions {
-  std::string command;          // "", "max-batch", "sweep" or "show"
+  std::string command;          // "", "max-batch", "sweep", "show" or "count"
   std::string plan_path;        // for "show"
   // Model: exactly one of these (preset default "1b").
   std::string model;            // preset name, or a ModelSpec .textproto file

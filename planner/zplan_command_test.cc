@@ -345,8 +345,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"hf_no_vocab", Nothing, "vocab_size: missing",
                  R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
                      "num_attention_heads": 1, "intermediate_size": 64})"},
-        BadInput{"hf_multimodal", Nothing, "text_config: a multimodal config (model_type \"llava\")",
-                 R"({"model_type": "llava", "text_config": {"model_type": "llama", "hidden_size": 64}})"},
+        BadInput{"hf_multimodal", Nothing, "text_config: a multimodal config (model_type \"gemma3\")",
+                 R"({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": 64}})"},
+        BadInput{"hf_vision_language", Nothing, "model_type \"llava\" is a vision-language model",
+                 R"({"model_type": "llava", "text_config": {"model_type": "llama", "hidden_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100},
+                     "vision_config": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "intermediate_size": 64, "image_size": 56, "patch_size": 14}})"},
         BadInput{"hf_moe", Nothing, "num_experts: mixture-of-experts",
                  R"({"model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 64, "num_experts": 8,
                      "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
@@ -635,7 +640,7 @@ TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximat
   ZplanOptions o;
   o.seq = "256";
   o.zero_stage = "2";
-  for (const std::string type : {"qwen3_5", "bert", "starcoder2"}) {
+  for (const std::string type : {"bert", "starcoder2"}) {
     o.hf_config = TempPath(type + ".json");
     ASSERT_TRUE(WriteFileAtomically(o.hf_config, SmallConfig(type)).ok());
     o.out = TempPath(type + ".pb");

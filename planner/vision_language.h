@@ -1,0 +1,67 @@
+// File: vision_language.h
+// Vision-language models as transformers 5.23.0 builds them (docs/vlm_sources.md):
+// llava (a CLIP tower, LlavaMultiModalProjector, any supported language
+// model), qwen2_5_vl, qwen3_vl and qwen3_5 with its vision_config. This reads
+// the config.json's vision side into a VisionLanguageSpec and says which
+// family reads its language model and where that model's keys are; the
+// tower's and projector's parameters, exact in name, shape and order against
+// the model transformers builds, are inventory.h's VisionLanguageParameters.
+//
+// What is planned of such a model today: its parameters (zplan count). Its
+// memory -- the tower's activations, the image tokens in the sequence -- is
+// not modelled yet, and zplan and zrun refuse to plan or run it
+// (RefuseVisionLanguagePlan).
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(VisionLanguageConfig vl, ReadVisionLanguageConfig(config, "llava"));
+//   vl.text_family;  // "llama": text_config's model_type
+#ifndef ZPLAN_PLANNER_VISION_LANGUAGE_H_
+#define ZPLAN_PLANNER_VISION_LANGUAGE_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "planner/json.h"
+#include "proto/model.pb.h"
+
+namespace zplan {
+
+// Whether model_type is one of the vision-language types read here.
+bool IsVisionLanguageType(absl::string_view model_type);
+// "llava, qwen2_5_vl, qwen3_vl, qwen3_5".
+std::string VisionLanguageModelTypes();
+
+struct VisionLanguageConfig {
+  VisionLanguageSpec spec;
+  // The language model's keys: text_config, or the top level of a flat
+  // config (Qwen2_5_VLConfig.__post_init__ moves them into text_config).
+  std::optional<JsonObject> text;
+  // The family (model_family.h) that reads them: text_config's model_type
+  // for llava, the text model's own family for the Qwen types.
+  std::string text_family;
+  // The language model's head is tied to its embedding: the top level's
+  // tie_word_embeddings, else text_config's, else the class default.
+  bool tie_word_embeddings = false;
+};
+
+// Reads the vision side of a config.json of a vision-language model_type,
+// with each config class's defaults; refuses what is not modelled by key
+// (a SigLIP tower, a list of LLaVA feature layers).
+absl::StatusOr<VisionLanguageConfig> ReadVisionLanguageConfig(const JsonObject& config,
+                                                              absl::string_view model_type);
+
+// Checks a VisionLanguageSpec's fields (bounds, the merger's and
+// projector's widths against the language model's hidden size).
+absl::Status ValidateVisionLanguage(const ModelSpec& spec);
+
+// The refusal of a memory plan of a vision-language model (zplan's plans,
+// a plan file given to zplan show or zrun): what is missing and what to do.
+absl::Status RefuseVisionLanguagePlan(const ModelSpec& spec);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_VISION_LANGUAGE_H_

@@ -1,0 +1,72 @@
+#include "planner/vision_language.h"
+
+#include <cstdint>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/inventory.h"
+#include "planner/model_spec.h"
+
+namespace zplan {
+namespace {
+
+using ::testing::HasSubstr;
+
+int64_t PartCount(const ModelSpec& spec, ModelPart part) {
+  int64_t n = 0;
+  for (const TensorSpec& t : ParameterInventory(spec)) {
+    if (t.part() == part) n += NumElements(t);
+  }
+  return n;
+}
+
+// The counts docs/vlm_sources.md measured with transformers on the meta
+// device (Qwen3.5-9B's published config); the whole-model count against
+// transformers itself is //tests:param_counts_test.
+TEST(VisionLanguageTest, Qwen35PublishedConfigByPart) {
+  absl::StatusOr<ModelSpec> spec = LoadHfConfig("configs/hf/qwen3.5-9b.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model_type(), "qwen3_5");
+  EXPECT_EQ(spec->vision_language().tower(), VISION_TOWER_QWEN3_VL);
+  EXPECT_EQ(spec->vision_language().deepstack_blocks_size(), 0);
+  EXPECT_EQ(PartCount(*spec, PART_VISION_TOWER), 415891440);
+  EXPECT_EQ(PartCount(*spec, PART_PROJECTOR), 40119040);
+  EXPECT_EQ(CountParameters(*spec), 9409813744);
+}
+
+TEST(VisionLanguageTest, TowerAndProjectorComeFirstInTransformersOrder) {
+  const std::string llava = R"({"model_type": "llava", "text_config": {"model_type": "llama", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000},
+      "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 56, "patch_size": 14}})";
+  absl::StatusOr<ModelSpec> spec = ModelSpecFromHfConfig(llava, "llava.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::vector<TensorSpec> params = ParameterInventory(*spec);
+  EXPECT_EQ(params.front().name(), "vision_tower.embeddings.class_embedding");
+  EXPECT_EQ(params[6].name(), "vision_tower.encoder.layers.0.self_attn.k_proj.bias");
+  // The position table: (56 / 14)^2 patches and the CLS token.
+  EXPECT_THAT(params[2].shape(), ::testing::ElementsAre(17, 32));
+  int first_lm = 0;
+  while (params[first_lm].part() != PART_LANGUAGE_MODEL) ++first_lm;
+  EXPECT_EQ(params[first_lm - 1].name(), "multi_modal_projector.linear_2.bias");
+  EXPECT_EQ(params[first_lm].name(), "embed_tokens.weight");
+  EXPECT_EQ(spec->vision_language().feature_layer(), -2);
+  EXPECT_THAT(RefuseVisionLanguagePlan(*spec).message(), HasSubstr("does not plan its memory yet"));
+}
+
+TEST(VisionLanguageTest, RefusesWhatIsNotModelledByKey) {
+  const std::string siglip = R"({"model_type": "llava", "text_config": {"model_type": "llama"},
+      "vision_config": {"model_type": "siglip_vision_model"}})";
+  EXPECT_THAT(ModelSpecFromHfConfig(siglip, "s.json").status().message(),
+              HasSubstr("vision_config.model_type: \"siglip_vision_model\""));
+  const std::string layers = R"({"model_type": "llava", "vision_feature_layer": [-2, -5]})";
+  EXPECT_THAT(ModelSpecFromHfConfig(layers, "l.json").status().message(), HasSubstr("vision_feature_layer"));
+  // The config classes' defaults: a 3584-wide merger into a 4096-wide Qwen3-VL language model.
+  const std::string qwen3_vl = R"({"model_type": "qwen3_vl", "text_config": {"hidden_size": 4096,
+      "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 1000, "intermediate_size": 128}})";
+  EXPECT_THAT(ModelSpecFromHfConfig(qwen3_vl, "q.json").status().message(), HasSubstr("out_hidden_size"));
+}
+
+}  // namespace
+}  // namespace zplan
