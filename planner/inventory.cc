@@ -159,11 +159,13 @@ void QwenParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
   PartNorm(tower + "merger.norm", c, true, PART_PROJECTOR, -1, out);
   PartLinear(tower + "merger.linear_fc1", merged, merged, true, PART_PROJECTOR, -1, out);
   PartLinear(tower + "merger.linear_fc2", merged, o, true, PART_PROJECTOR, -1, out);
+  // The deepstack mergers count with the tower: the Qwen recipe's tune_mm_mlp covers visual.merger alone,
+  // its tune_mm_vision all of model.visual (qwen-vl-finetune train_qwen.py, set_model).
   for (int k = 0; k < v.deepstack_blocks_size(); ++k) {
     const std::string m = absl::StrCat(tower, "deepstack_merger_list.", k, ".");
-    PartNorm(m + "norm", merged, true, PART_PROJECTOR, -1, out);
-    PartLinear(m + "linear_fc1", merged, merged, true, PART_PROJECTOR, -1, out);
-    PartLinear(m + "linear_fc2", merged, o, true, PART_PROJECTOR, -1, out);
+    PartNorm(m + "norm", merged, true, PART_VISION_TOWER, -1, out);
+    PartLinear(m + "linear_fc1", merged, merged, true, PART_VISION_TOWER, -1, out);
+    PartLinear(m + "linear_fc2", merged, o, true, PART_VISION_TOWER, -1, out);
   }
 }
 

@@ -627,10 +627,12 @@ absl::StatusOr<ModelSpec> LanguageModelFromHfConfig(const JsonObject& config, ab
                                                     const std::optional<VisionLanguageConfig>& vision_language) {
   // The family: the model_type's own (a vision-language model's text family), or the one it is approximated as.
   const bool approximated = !approximate_as.empty();
-  const ModelFamily* family = FindModelFamily(vision_language ? vision_language->text_family : model_type);
+  const ModelFamily* family =
+      FindModelFamily(vision_language ? vision_language->spec.text_model_type() : model_type);
   if (vision_language && family == nullptr) {
-    return config.Error("model_type", absl::StrCat(QuoteInput(vision_language->text_family), " is not a language "
-                                                   "model zplan plans (", SupportedModelTypes(), ")"));
+    return config.Error("model_type", absl::StrCat(QuoteInput(vision_language->spec.text_model_type()),
+                                                   " is not a language model zplan plans (", SupportedModelTypes(),
+                                                   ")"));
   }
   if (approximated) {
     if (family != nullptr) {

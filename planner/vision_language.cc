@@ -231,7 +231,7 @@ absl::StatusOr<VisionLanguageConfig> ReadVisionLanguageConfig(const JsonObject& 
   bool root_tied = false;
   ZPLAN_RETURN_IF_ERROR(ReadBool(config, "tie_word_embeddings", &root_tied));
   spec.set_text_model_type(family);
-  VisionLanguageConfig out{std::move(spec), std::move(text), std::move(family), tied || root_tied};
+  VisionLanguageConfig out{std::move(spec), std::move(text), tied || root_tied};
   return out;
 }
 

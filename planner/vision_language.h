@@ -14,7 +14,7 @@
 //
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(VisionLanguageConfig vl, ReadVisionLanguageConfig(config, "llava"));
-//   vl.text_family;  // "llama": text_config's model_type
+//   vl.spec.text_model_type();  // "llama": text_config's model_type, the family reading it
 #ifndef ZPLAN_PLANNER_VISION_LANGUAGE_H_
 #define ZPLAN_PLANNER_VISION_LANGUAGE_H_
 
@@ -40,9 +40,6 @@ struct VisionLanguageConfig {
   // The language model's keys: text_config, or the top level of a flat
   // config (Qwen2_5_VLConfig.__post_init__ moves them into text_config).
   std::optional<JsonObject> text;
-  // The family (model_family.h) that reads them: text_config's model_type
-  // for llava, the text model's own family for the Qwen types.
-  std::string text_family;
   // The language model's head is tied to its embedding: the top level's
   // tie_word_embeddings, else text_config's, else the class default.
   bool tie_word_embeddings = false;

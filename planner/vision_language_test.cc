@@ -55,6 +55,27 @@ TEST(VisionLanguageTest, TowerAndProjectorComeFirstInTransformersOrder) {
   EXPECT_THAT(RefuseVisionLanguagePlan(*spec).message(), HasSubstr("does not plan its memory yet"));
 }
 
+// Qwen3-VL's deepstack mergers train with the tower (the Qwen recipe's
+// tune_mm_vision), not with the merger (tune_mm_mlp).
+TEST(VisionLanguageTest, DeepstackMergersCountWithTheTower) {
+  const std::string qwen3_vl = R"({"model_type": "qwen3_vl", "text_config": {"hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "vocab_size": 1000, "intermediate_size": 128}, "vision_config": {"depth": 3, "hidden_size": 32,
+      "num_heads": 4, "intermediate_size": 64, "out_hidden_size": 64, "num_position_embeddings": 64,
+      "deepstack_visual_indexes": [1]}})";
+  absl::StatusOr<ModelSpec> spec = ModelSpecFromHfConfig(qwen3_vl, "qwen3_vl.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const TensorSpec& t : ParameterInventory(*spec)) {
+    if (t.name().find("deepstack_merger_list") != std::string::npos) {
+      EXPECT_EQ(t.part(), PART_VISION_TOWER) << t.name();
+    } else if (t.name().find("merger.") != std::string::npos) {
+      EXPECT_EQ(t.part(), PART_PROJECTOR) << t.name();
+    }
+  }
+  // merger: norm 2C + (4C)^2 + 4C + 4C x O + O, C = 32, O = 64.
+  EXPECT_EQ(PartCount(*spec, PART_PROJECTOR), 2 * 32 + 128 * 128 + 128 + 128 * 64 + 64);
+}
+
 TEST(VisionLanguageTest, RefusesWhatIsNotModelledByKey) {
   const std::string siglip = R"({"model_type": "llava", "text_config": {"model_type": "llama"},
       "vision_config": {"model_type": "siglip_vision_model"}})";

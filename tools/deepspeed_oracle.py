@@ -42,12 +42,20 @@ NCCL). Parameters, master weights and optimizer states are attributed by
 identity; the rest of the peak is reported as temporaries. Every rank also
 reports each step's wall time (after torch.cuda.synchronize on a GPU).
 
+A vision-language config (one with a vision_config: llava, qwen2_5_vl, qwen3_vl,
+qwen3_5) trains AutoModelForImageTextToText on --images-per-sample random images
+of --image-size pixels at the start of every sequence, laid out as the model's
+processor does; --freeze names the parts that do not train, and LoRA adapts the
+language model only (docs/vlm_oracle.md).
+
 Usage (the launcher; --rank is internal):
   deepspeed_oracle.py --hf-config llama.json --ds-config ds.json --world 2 \
       --seq 64 --steps 3 --attention sdpa --allocator libzplan_counting_allocator.so \
       --out report.json
   deepspeed_oracle.py --device cuda --hf-config llama.json --ds-config ds.json \
       --world 8 --emulate-rank 7 --seq 2048 --out report.json
+  deepspeed_oracle.py --hf-config configs/hf/tiny/qwen2_5_vl.json --image-size 224 \
+      --freeze vision_tower --ds-config ds.json --world 2 --seq 256 --allocator ... --out report.json
 """
 
 import argparse
@@ -80,7 +88,8 @@ def parse_args(argv):
     p.add_argument("--ds-config", required=True, help="DeepSpeed config JSON")
     p.add_argument("--world", type=int, default=1, help="ranks (processes)")
     p.add_argument("--seq", type=int, default=0,
-                   help="tokens per sequence (language models; a ViT's image fixes its own)")
+                   help="tokens per sequence (language models, a vision-language model's image tokens included; "
+                        "a ViT's image fixes its own)")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (>= 2)")
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"])
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
@@ -92,7 +101,17 @@ def parse_args(argv):
                    help="with --checkpointing: the blocks checkpoint through torch.utils.checkpoint (transformers) "
                         "or deepspeed.checkpointing.checkpoint, configured from the DeepSpeed config's "
                         "activation_checkpointing block")
-    p.add_argument("--lora-config", default="", help="a PEFT adapter_config.json: train LoRA adapters on the frozen model")
+    p.add_argument("--lora-config", default="",
+                   help="a PEFT adapter_config.json: train LoRA adapters on the frozen model (a vision-language "
+                        "model: on its language model only, which --freeze must list)")
+    p.add_argument("--image-size", type=int, default=0,
+                   help="vision-language models: square images of this many pixels a side (llava: its tower's "
+                        "image_size, the default; Qwen: a multiple of patch_size x spatial_merge_size, required)")
+    p.add_argument("--images-per-sample", type=int, default=0,
+                   help="vision-language models: images at the start of every sequence (default 1)")
+    p.add_argument("--freeze", default="",
+                   help="vision-language models: a comma list of " + ", ".join(VLM_PARTS) + " (the LM head "
+                        "belongs to language_model): those parts' parameters do not train")
     p.add_argument("--loss", default="full", choices=["full", "liger-fused"],
                    help="full: transformers' loss over the logits; liger-fused: Liger's fused linear "
                         "cross-entropy (chunked, no b x s x V logits), as use_liger_kernel applies it")
@@ -133,7 +152,44 @@ def parse_args(argv):
         p.error("--trace needs the counting allocator (--device cpu)")
     if args.device != "cuda" and args.memory_history:
         p.error("--memory-history records the CUDA caching allocator: it needs --device cuda")
+    check_vlm_flags(p, args)
     return args
+
+
+def check_vlm_flags(p, args):
+    """The image flags against the config.json's keys (no transformers import: a rank parses its
+    arguments before choose_kernels). args.vlm: the config has a vision_config, so the model is
+    built as AutoModelForImageTextToText and fed images. What needs the config's values is
+    checked by image_layout, in the launcher and again in each rank."""
+    try:
+        with open(args.hf_config) as f:
+            args.vlm = "vision_config" in json.load(f)
+    except (OSError, ValueError):
+        args.vlm = False  # reported where the ranks read it, as before
+    flags = [f for f, given in (("--image-size", args.image_size), ("--images-per-sample", args.images_per_sample),
+                                ("--freeze", args.freeze)) if given]
+    if flags and not args.vlm:
+        p.error(f"{', '.join(flags)}: {args.hf_config} is a text model (no vision_config); these flags are for "
+                f"vision-language configs ({', '.join(VLM_TYPES)}): drop them or give such a config")
+    if not args.vlm:
+        return
+    if args.image_size < 0 or args.images_per_sample < 0:
+        p.error("--image-size and --images-per-sample must be positive (leave them out for the defaults)")
+    args.images_per_sample = args.images_per_sample or 1
+    args.freeze = {part.strip() for part in args.freeze.split(",") if part.strip()}
+    unknown = args.freeze - set(VLM_PARTS)
+    if unknown:
+        p.error(f"--freeze {','.join(sorted(unknown))}: the parts are {', '.join(VLM_PARTS)}")
+    if args.freeze == set(VLM_PARTS) and not args.lora_config:
+        p.error("--freeze: every part is frozen and no --lora-config adds adapters: nothing would train")
+    if args.lora_config and "language_model" not in args.freeze:
+        p.error("--lora-config with a vision-language model: LoRA trains adapters on a frozen language model, so "
+                "--freeze must list language_model (add vision_tower / projector to freeze those too; a part not "
+                "listed trains in full)")
+    if args.loss != "full":
+        p.error(f"--loss {args.loss}: vision-language models train with --loss full only")
+    if args.seq < 2:
+        p.error("--seq (the language model's sequence, image tokens included) is required for a vision-language model")
 
 
 def free_port():
@@ -705,6 +761,202 @@ def run_fla_on_hopper():
               "wrong here; install tilelang for a real run)", flush=True)
 
 
+# Vision-language models (docs/vlm_oracle.md; what transformers builds: docs/vlm_sources.md).
+# The model types whose inputs the oracle lays out as their processors would (AutoModelForImageTextToText).
+VLM_TYPES = ("llava", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
+# The parts --freeze names. language_model holds the LM head too: LLaVA's recipes freeze the whole model
+# (model.requires_grad_(False), lm_head included) and the Qwen recipe's tune_mm_llm covers model.lm_head.
+VLM_PARTS = ("vision_tower", "projector", "language_model")
+# llava: positions the tower puts ahead of the patches (LlavaProcessor's num_additional_image_tokens:
+# CLIPVisionEmbeddings.forward prepends the class embedding; SiglipVisionEmbeddings has none).
+LLAVA_TOWER_EXTRA_TOKENS = {"clip_vision_model": 1, "siglip_vision_model": 0}
+# transformers' ForCausalLMLoss ignore_index: the label of every image and vision start/end position, as
+# the recipes' collators set it.
+IGNORE_INDEX = -100
+
+
+def read_hf_config(path):
+    """The transformers config of a config.json."""
+    import transformers
+    with open(path) as f:
+        config_dict = json.load(f)
+    return transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+
+
+def training_config(args, tool):
+    """args.hf_config's config as training builds it (no cache states kept), and for a vision-language
+    model its ImageLayout (else None); a bad image flag exits naming it."""
+    config = read_hf_config(args.hf_config)
+    config.use_cache = False
+    layout = None
+    if args.vlm:
+        try:
+            layout = image_layout(config, args)
+        except ValueError as e:
+            sys.exit(f"{tool}: {e}")
+        # The language model reads text_config.use_cache (5.23's VLM configs have no top-level one):
+        # left True, every training forward would build a DynamicCache.
+        config.text_config.use_cache = False
+    return config, layout
+
+
+def freeze_parts(model, frozen):
+    """requires_grad_(False) on the parameters of each part in `frozen` (vlm_parts); returns the parts."""
+    parts = vlm_parts(model)
+    for part in frozen:
+        for q in parts[part]:
+            q.requires_grad_(False)
+    return parts
+
+
+class ImageLayout:
+    """One sequence of a vision-language model: --images-per-sample images of --image-size pixels at its
+    start, laid out as the model's processor does, then text to --seq."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def image_layout(config, args):
+    """The ImageLayout of args for this config; a ValueError names the flag to change and how."""
+    t, v = config.model_type, getattr(config, "vision_config", None)
+    if t not in VLM_TYPES or v is None:
+        raise ValueError(f"{args.hf_config}: model_type {t!r} has a vision_config, but the oracle lays out images "
+                         f"for {', '.join(VLM_TYPES)} only")
+    images, size = args.images_per_sample, args.image_size
+    if t == "llava":
+        extra = LLAVA_TOWER_EXTRA_TOKENS.get(v.model_type)
+        if extra is None:
+            raise ValueError(f"{args.hf_config}: llava with a {v.model_type!r} tower; the oracle knows "
+                             f"{', '.join(LLAVA_TOWER_EXTRA_TOKENS)}")
+        size = size or v.image_size
+        if size != v.image_size:
+            # LlavaModel.get_image_features passes no interpolate_pos_encoding, so CLIPVisionEmbeddings.forward
+            # raises on any other size (LlavaProcessor resizes and crops to it).
+            raise ValueError(f"--image-size {size}: llava's tower takes {v.image_size}-pixel images only; give "
+                             f"--image-size {v.image_size} or leave it out")
+        side = size // v.patch_size
+        # LlavaProcessor.replace_image_token: (h // p)(w // p) + num_additional_image_tokens, less the class
+        # token that the "default" strategy crops (LlavaModel.get_image_features: [:, 1:]).
+        tokens = side * side + extra - (1 if config.vision_feature_select_strategy == "default" else 0)
+        begin = end = None
+        pixels = (v.num_channels, size, size)  # per image: [B*K, C, H, W], as CLIPImageProcessor gives them
+        grid = None
+    else:
+        # Qwen2VLImageProcessor's smart_resize rounds each side to a multiple of patch_size * merge_size.
+        factor = v.patch_size * v.spatial_merge_size
+        if size <= 0 or size % factor:
+            near = max(factor, round(size / factor) * factor) if size > 0 else 16 * factor
+            raise ValueError(f"--image-size {size or '(not given)'}: {t} takes square images whose side is a multiple "
+                             f"of patch_size x spatial_merge_size = {factor} (smart_resize); give e.g. --image-size "
+                             f"{near} ({(near // factor) ** 2} image tokens)")
+        side = size // v.patch_size
+        # Qwen2_5_VLProcessor.replace_image_token: grid_thw.prod() // merge_size**2 (one frame, t = 1).
+        tokens = side * side // v.spatial_merge_size ** 2
+        begin, end = config.vision_start_token_id, config.vision_end_token_id  # the chat template's wrappers
+        # Qwen2VLImageProcessor.patchify: [N, C * T * p * p] rows (the still image repeated T times), fp32.
+        pixels = (v.in_channels * v.temporal_patch_size * v.patch_size ** 2,)
+        grid = (1, side, side)  # image_grid_thw per image: [t, h, w] in patches
+    per_image = tokens + (2 if begin is not None else 0)
+    prefix = images * per_image
+    if args.seq < prefix + 2:
+        raise ValueError(f"--seq {args.seq}: {images} image(s) of {size} pixels take {prefix} positions "
+                         f"({tokens} image tokens{' + vision start and end' if begin is not None else ''} each); "
+                         f"give --seq {prefix + 2} or more (two text tokens make a loss), or fewer or smaller images")
+    specials = [i for i in (config.image_token_id, getattr(config, "video_token_id", None), begin, end)
+                if i is not None]
+    vocab = config.text_config.vocab_size
+    if max(specials) >= vocab or min(specials) < 2:
+        raise ValueError(f"{args.hf_config}: special token ids {specials} must lie inside the text vocabulary "
+                         f"({vocab}), above the text tokens: set image_token_id (llava: image_token_index) and "
+                         f"the others so")
+    # Text tokens are drawn below the lowest special id: the real tokenizers put the special tokens above
+    # their text vocabulary too (Qwen from 151643, llava-1.5's <image> at 32000).
+    return ImageLayout(model_type=t, images=images, size=size, tokens=tokens, begin=begin, end=end,
+                       image_token=config.image_token_id, prefix=prefix, pixels=pixels, grid=grid,
+                       patches=side * side, text_vocab=min(specials))
+
+
+def image_batch(layout, micro, seq, gen):
+    """A micro-batch as the model's processor and a recipe's collator give it: input_ids with the image
+    placeholders at the start, labels ignoring them, the images' pixels (and for Qwen image_grid_thw and
+    mm_token_type_ids, without which Qwen2.5-VL silently uses 1-D positions and Qwen3-VL raises)."""
+    import torch
+    ids = torch.randint(0, layout.text_vocab, (micro, seq), generator=gen)
+    pos = 0
+    for _ in range(layout.images):
+        if layout.begin is not None:
+            ids[:, pos] = layout.begin
+            pos += 1
+        ids[:, pos:pos + layout.tokens] = layout.image_token
+        pos += layout.tokens
+        if layout.end is not None:
+            ids[:, pos] = layout.end
+            pos += 1
+    labels = ids.clone()
+    labels[:, :layout.prefix] = IGNORE_INDEX
+    count = micro * layout.images
+    batch = {"input_ids": ids, "labels": labels}
+    if layout.grid is None:
+        batch["pixel_values"] = torch.randn(count, *layout.pixels, generator=gen)
+    else:
+        batch["pixel_values"] = torch.randn(count * layout.patches, *layout.pixels, generator=gen)
+        batch["image_grid_thw"] = torch.tensor([layout.grid] * count, dtype=torch.int64)
+        # ProcessorMixin.create_mm_token_type_ids: 1 on image tokens, 0 elsewhere (vision start/end are text).
+        batch["mm_token_type_ids"] = (ids == layout.image_token).to(torch.int64)
+    return batch
+
+
+def vlm_parts(model):
+    """Each --freeze part's parameters, by the module paths of transformers 5.23 (docs/vlm_sources.md
+    section 6 per type). The projector is llava's multi_modal_projector or Qwen's visual.merger; the
+    tower is the rest of the vision model, Qwen3-VL's deepstack mergers included (the Qwen recipe's
+    tune_mm_mlp covers visual.merger only; its tune_mm_vision loop over model.visual reaches them)."""
+    inner = model.model
+    if model.config.model_type == "llava":
+        tower, projector = inner.vision_tower, inner.multi_modal_projector
+    else:
+        tower, projector = inner.visual, inner.visual.merger
+    in_projector = {id(q) for q in projector.parameters()}
+    head = model.get_output_embeddings()
+    parts = {"vision_tower": [q for q in tower.parameters() if id(q) not in in_projector],
+             "projector": list(projector.parameters()),
+             "language_model": list(inner.language_model.parameters()) + list(head.parameters())}
+    placed = {id(q) for qs in parts.values() for q in qs}
+    stray = [name for name, q in model.named_parameters() if id(q) not in placed]
+    if stray:
+        sys.exit(f"deepspeed_oracle: --freeze: parameters in none of {', '.join(VLM_PARTS)}: {', '.join(stray[:5])}")
+    return parts
+
+
+def language_model_lora(model, peft_config):
+    """Restricts the adapter config's target_modules to the language model. PEFT matches a list by name
+    suffix and "all-linear" by type over the whole model, so q_proj / v_proj would also adapt CLIP's
+    attention (k_proj, v_proj, q_proj, out_proj) and all-linear every tower, merger and projector Linear.
+    The matches in the language model (its head included, the part --freeze language_model names) become
+    an explicit set of full names (PEFT: `key in target_modules`), as LLaVA's find_all_linear_names keeps
+    the multimodal modules out."""
+    import re
+    import torch
+    targets = peft_config.target_modules
+    head = model.get_output_embeddings()
+
+    def wanted(name, module):
+        if isinstance(targets, str):
+            if targets.lower() == "all-linear":  # peft's INCLUDE_LINEAR_LAYERS_SHORTHAND, which skips the head
+                return isinstance(module, torch.nn.Linear) and module is not head
+            return re.fullmatch(targets, name) is not None
+        return name in targets or any(name.endswith("." + t) for t in targets)
+
+    matched = [(name, module) for name, module in model.named_modules() if name and wanted(name, module)]
+    kept = {name for name, module in matched if name.startswith("model.language_model.") or module is head}
+    if not kept:
+        sys.exit(f"deepspeed_oracle: --lora-config: target_modules {targets!r} match no module of the language model")
+    peft_config.target_modules = kept
+    print(f"deepspeed_oracle: LoRA on {len(kept)} language-model modules; {len(matched) - len(kept)} tower / "
+          f"projector modules matching {targets!r} left without adapters", flush=True)
+
+
 def run_rank(args):
     import torch
 
@@ -739,10 +991,7 @@ def run_rank(args):
     # Kept alive: transformers builds a stage-3 model under zero.Init while it exists,
     # as the Trainer does.
     hf_ds_config = HfDeepSpeedConfig(ds_config)  # noqa: F841
-    with open(args.hf_config) as f:
-        config_dict = json.load(f)
-    config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-    config.use_cache = False
+    config, layout = training_config(args, "deepspeed_oracle")
     torch.manual_seed(0)
     alloc.tag(PARAMS)
     # A ViT config trains ViTForImageClassification on random images and labels.
@@ -753,13 +1002,26 @@ def run_rank(args):
     if vision and args.seq and args.seq != tokens:
         sys.exit(f"deepspeed_oracle: --seq {args.seq}: this ViT's image gives {tokens} tokens")
     auto = transformers.AutoModelForImageClassification if vision else transformers.AutoModelForCausalLM
+    if layout is not None:
+        auto = transformers.AutoModelForImageTextToText
     model = auto.from_config(config, attn_implementation=args.attention)
     if args.loss == "liger-fused":
         use_liger_fused_linear_cross_entropy(model, on_gpu=args.device == "cuda")
+    if layout is not None:
+        parts = freeze_parts(model, args.freeze)
     if args.lora_config:
         import peft
         with open(args.lora_config) as f:
-            model = peft.get_peft_model(model, peft.get_peft_config(json.load(f)))
+            peft_config = peft.get_peft_config(json.load(f))
+        if layout is not None:
+            language_model_lora(model, peft_config)
+        model = peft.get_peft_model(model, peft_config)
+        if layout is not None:
+            # get_peft_model freezes every base parameter; the parts --freeze does not list train in full
+            # (LLaVA-1.5's LoRA recipe trains the projector so).
+            for part in set(VLM_PARTS) - args.freeze:
+                for q in parts[part]:
+                    q.requires_grad_(True)
     if args.checkpointing:
         model.activation_checkpointing_enable(every_n_layers=args.checkpoint_every, offload=args.checkpoint_offload)
     if args.checkpointing and args.checkpoint_function == "deepspeed":
@@ -878,6 +1140,8 @@ def run_rank(args):
                 size = config.image_size
                 batch = {"pixel_values": torch.randn(micro, config.num_channels, size, size, generator=gen),
                          "labels": torch.randint(0, config.num_labels, (micro,), generator=gen)}
+            elif layout is not None:
+                batch = image_batch(layout, micro, args.seq, gen)
             else:
                 ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
                 batch = {"input_ids": ids, "labels": ids}
@@ -952,6 +1216,8 @@ def run_rank(args):
 def main(argv):
     args = parse_args(argv)
     if args.rank < 0:
+        if args.vlm:  # the config's values, before any rank starts
+            training_config(args, "deepspeed_oracle")
         launch(args)
     else:
         run_rank(args)

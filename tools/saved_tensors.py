@@ -15,17 +15,25 @@ behind each op's rule in planner/inventory.cc: what an op saves, per module, at 
 With --allocator (the counting allocator; its bytes are every CPU tensor's) the --module modules
 also report their forward's and backward's peaks above what was allocated when each began.
 
+A vision-language config (one with a vision_config: llava, qwen2_5_vl, qwen3_vl, qwen3_5) gets the
+DeepSpeed oracle's inputs: --images-per-sample images of --image-size pixels at the start of each
+sequence of --seq tokens, and --freeze parts (docs/vlm_oracle.md). CLIP layers sit one level deeper
+than the Qwen vision blocks: --depth 4 attributes to each of them.
+
+  tools/saved_tensors.py --hf-config configs/hf/tiny/qwen2_5_vl.json --image-size 224 --batch 2 --seq 256
+  tools/saved_tensors.py --hf-config configs/hf/tiny/llava.json --depth 4 --batch 2 --seq 256
+
 Python only because it drives transformers; it writes nothing.
 """
 import argparse
 import collections
 import ctypes
-import json
 import sys
 
 import torch
 
-from deepspeed_oracle import choose_kernels  # tools/deepspeed_oracle.py, beside this file
+# tools/deepspeed_oracle.py, beside this file
+from deepspeed_oracle import VLM_PARTS, check_vlm_flags, choose_kernels, freeze_parts, image_batch, training_config
 
 
 def main(argv):
@@ -41,7 +49,15 @@ def main(argv):
     p.add_argument("--kernels", default="none",
                    help="none, or a list of fla and causal_conv1d: the packages transformers may import "
                         "(deepspeed_oracle.py --kernels; on CPU through tools/shadow_kernels)")
+    p.add_argument("--image-size", type=int, default=0,
+                   help="vision-language models: square images of this many pixels (deepspeed_oracle.py --image-size)")
+    p.add_argument("--images-per-sample", type=int, default=0,
+                   help="vision-language models: images at the start of every sequence (default 1)")
+    p.add_argument("--freeze", default="",
+                   help="vision-language models: a comma list of " + ", ".join(VLM_PARTS) + " that do not train")
     args = p.parse_args(argv)
+    args.lora_config, args.loss = "", "full"  # what check_vlm_flags also judges in the oracle
+    check_vlm_flags(p, args)
     choose_kernels({k.strip() for k in args.kernels.lower().split(",") if k.strip() not in ("", "none")})
     counting = None
     if args.allocator:
@@ -50,13 +66,14 @@ def main(argv):
         if not counting.zplan_install():
             sys.exit("saved_tensors: the counting allocator could not be installed")
 
-    from transformers import AutoConfig, AutoModelForCausalLM
-    with open(args.hf_config) as f:
-        config = AutoConfig.for_model(**json.load(f))
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    config, layout = training_config(args, "saved_tensors")  # as the DeepSpeed oracle trains it
     config._attn_implementation = args.attention
-    config.use_cache = False  # as in training (the DeepSpeed oracle): no cache states kept
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to({"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
+    auto = AutoModelForCausalLM if layout is None else AutoModelForImageTextToText
+    model = auto.from_config(config).to({"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
+    if layout is not None:
+        freeze_parts(model, args.freeze)
 
     running = ["(model)"]
     for name, module in model.named_modules():
@@ -102,9 +119,13 @@ def main(argv):
                                 tuple(t.shape))
         return t
 
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+    if layout is None:
+        ids = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+        batch = {"input_ids": ids, "labels": ids}
+    else:
+        batch = image_batch(layout, args.batch, args.seq, torch.Generator().manual_seed(1234))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**batch).loss
     if counting is not None:
         loss.backward()
 
