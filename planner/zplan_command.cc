@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/struct.pb.h"
 #include "planner/ds_config.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
@@ -25,8 +26,8 @@
 #include "planner/proto_io.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
-#include "planner/vision_language.h"
 #include "planner/units.h"
+#include "planner/vision_language.h"
 
 namespace zplan {
 namespace {
@@ -629,7 +630,7 @@ std::string TimelineTraceJson(const Plan& plan) {
 
 // zplan count: the parameters per part (a language model is one part), all
 // and trainable (LoRA leaves only its adapters and modules_to_save).
-void PrintParameterCounts(const ModelSpec& model, bool json, std::ostream& out) {
+absl::Status PrintParameterCounts(const ModelSpec& model, bool json, std::ostream& out) {
   constexpr std::pair<ModelPart, const char*> kParts[] = {
       {PART_VISION_TOWER, "vision_tower"}, {PART_PROJECTOR, "projector"}, {PART_LANGUAGE_MODEL, "language_model"}};
   std::map<ModelPart, std::pair<int64_t, int64_t>> counts;  // all, trainable
@@ -638,24 +639,33 @@ void PrintParameterCounts(const ModelSpec& model, bool json, std::ostream& out) 
     if (!t.frozen()) counts[t.part()].second += NumElements(t);
   }
   int64_t total = 0, trainable = 0;
+  google::protobuf::Struct doc;  // --format json, printed by protobuf (the model_type is the user's text)
   std::vector<std::string> rows;
   for (const auto& [part, name] : kParts) {
     if (!counts.count(part)) continue;
     const auto [all, train] = counts[part];
     total += all;
     trainable += train;
-    rows.push_back(json ? absl::StrFormat(R"({"part": "%s", "params": %d, "trainable_params": %d})", name, all, train)
-                        : absl::StrFormat("%-16s %16d %16d", name, all, train));
+    auto& fields = *(*doc.mutable_fields())["parts"].mutable_list_value()->add_values()->mutable_struct_value()
+                        ->mutable_fields();
+    fields["part"].set_string_value(name);
+    fields["params"].set_number_value(static_cast<double>(all));  // exact: counts stay far below 2^53
+    fields["trainable_params"].set_number_value(static_cast<double>(train));
+    rows.push_back(absl::StrFormat("%-16s %16d %16d", name, all, train));
   }
   if (json) {
-    out << absl::StrFormat(R"({"model_type": "%s", "total_params": %d, "trainable_params": %d, "parts": [%s]})",
-                           model.model_type(), total, trainable, absl::StrJoin(rows, ", "))
-        << "\n";
-    return;
+    auto& fields = *doc.mutable_fields();
+    fields["model_type"].set_string_value(model.model_type());
+    fields["total_params"].set_number_value(static_cast<double>(total));
+    fields["trainable_params"].set_number_value(static_cast<double>(trainable));
+    ZPLAN_ASSIGN_OR_RETURN(const std::string text, SerializeProto(doc, ProtoFormat::kJson));
+    out << text << "\n";
+    return absl::OkStatus();
   }
   if (const std::string origin = ModelOriginLine(model); !origin.empty()) out << origin << "\n";
   out << absl::StrFormat("%-16s %16s %16s\n", "part", "parameters", "trainable") << absl::StrJoin(rows, "\n") << "\n"
       << absl::StrFormat("%-16s %16d %16d\n", "total", total, trainable);
+  return absl::OkStatus();
 }
 
 absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
@@ -699,8 +709,7 @@ absl::Status RunZplan(const ZplanOptions& o, std::ostream& out) {
   if (o.command == "count") {
     if (o.format == "textproto") return FlagError("format", o.format, "table or json (zplan count)");
     ZPLAN_ASSIGN_OR_RETURN(const ModelSpec model, ResolveModel(o));
-    PrintParameterCounts(ResolveModelSpec(model), o.format == "json", out);
-    return absl::OkStatus();
+    return PrintParameterCounts(ResolveModelSpec(model), o.format == "json", out);
   }
   ZPLAN_ASSIGN_OR_RETURN(Resolved r, Resolve(o));
   if (o.command == "sweep") return RunSweep(r, o, out);

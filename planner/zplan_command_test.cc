@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "planner/cli.h"
 #include "planner/memory_model.h"
@@ -631,6 +632,32 @@ TEST(ZplanCommandTest, ExplicitDimensionsDescribeANewShape) {
 std::string SmallConfig(const std::string& model_type) {
   return R"({"model_type": ")" + model_type + R"(", "hidden_size": 128, "num_hidden_layers": 2,
       "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1000})";
+}
+
+// zplan count: the parameters per part, all and trainable (with LoRA the
+// adapters alone); --format json is protobuf's, textproto is refused.
+TEST(ZplanCommandTest, CountPrintsParametersAndTrainableOnes) {
+  ZplanOptions o;
+  o.command = "count";
+  o.model = "debug-tiny";
+  o.format = "json";
+  auto count = [&o](absl::string_view key) -> int64_t {
+    std::string text;
+    EXPECT_TRUE(RunCapture(o, &text).ok()) << text;
+    const size_t at = text.find(absl::StrCat("\"", key, "\": "));
+    return at == std::string::npos ? -1 : std::stoll(text.substr(at + key.size() + 4));
+  };
+  const int64_t total = count("total_params");
+  EXPECT_GT(total, 0);
+  EXPECT_EQ(count("trainable_params"), total);
+  o.lora_r = "4";
+  o.lora_targets = "q_proj,v_proj";
+  const int64_t adapters = count("trainable_params");
+  EXPECT_GT(adapters, 0);
+  EXPECT_LT(adapters, total / 10);
+  EXPECT_EQ(count("total_params"), total + adapters);
+  o.format = "textproto";
+  EXPECT_EQ(ExitCodeFor(RunCapture(o)), kExitBadInput);
 }
 
 // A config.json whose model_type has no family is refused, naming the field,
