@@ -17,6 +17,7 @@
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
+#include "planner/vision_language.h"
 #include "planner/zero_buckets.h"
 #include "planner/zero_gather.h"
 #include "planner/zero_offload.h"
@@ -90,6 +91,8 @@ SavePolicy SavePolicyFor(const RunConfig& config) {
 
 absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
                                             const GpuSpec& gpu) {
+  // Every plan is sized here: a vision-language model's tower is not in the step yet.
+  ZPLAN_RETURN_IF_ERROR(RefuseVisionLanguagePlan(model));
   StepSizer sizer;
   sizer.model_ = model;
   StepSizes& s = sizer.base_;

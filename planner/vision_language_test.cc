@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "planner/inventory.h"
 #include "planner/model_spec.h"
+#include "planner/plan_builder.h"
 
 namespace zplan {
 namespace {
@@ -33,6 +34,22 @@ TEST(VisionLanguageTest, Qwen35PublishedConfigByPart) {
   EXPECT_EQ(PartCount(*spec, PART_VISION_TOWER), 415891440);
   EXPECT_EQ(PartCount(*spec, PART_PROJECTOR), 40119040);
   EXPECT_EQ(CountParameters(*spec), 9409813744);
+}
+
+// Every plan is sized by StepSizer::Create, which refuses the tower it does
+// not model yet (a tower deeper than the language model once wrote past the
+// per-layer tables there: the fuzzer's crash on Qwen2.5-VL-7B, 32 vision blocks
+// and 28 layers).
+TEST(VisionLanguageTest, PlansAreRefusedWhereverTheyAreSized) {
+  absl::StatusOr<ModelSpec> spec = LoadHfConfig("configs/hf/qwen2.5-vl-7b-instruct.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  RunConfig config;
+  config.mutable_cluster()->set_gpus_per_node(8);
+  config.mutable_zero()->set_stage(3);
+  config.set_seq_length(512);
+  const absl::Status status = BuildPlan(*spec, config, PlanOptions{}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("does not plan its memory yet"));
 }
 
 TEST(VisionLanguageTest, TowerAndProjectorComeFirstInTransformersOrder) {

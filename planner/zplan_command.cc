@@ -27,7 +27,6 @@
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
-#include "planner/vision_language.h"
 
 namespace zplan {
 namespace {
@@ -231,7 +230,6 @@ struct Resolved {
 absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
   Resolved r;
   ZPLAN_ASSIGN_OR_RETURN(r.model, ResolveModel(o));
-  ZPLAN_RETURN_IF_ERROR(RefuseVisionLanguagePlan(r.model));
   const bool sweep = o.command == "sweep";
   RunConfig& c = r.config;
   ClusterSpec* cluster = c.mutable_cluster();
