@@ -103,6 +103,7 @@ namespace {
 // "q_proj.weight" of "layers.3.attn.q_proj.weight"; an empty module outside
 // the blocks.
 absl::string_view ModuleOf(absl::string_view name, absl::string_view* rest) {
+  absl::ConsumePrefix(&name, kVisionTowerPrefix);
   if (!absl::ConsumePrefix(&name, "layers.")) return "";
   const size_t layer_end = name.find('.');
   if (layer_end == absl::string_view::npos) return "";

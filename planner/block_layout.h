@@ -113,6 +113,9 @@ inline bool GatedMlp(const ModelSpec& spec) {
 // kPerLayerInput's linears (Gemma4TextDecoderLayer's names).
 inline constexpr char kPerLayerInputGate[] = "per_layer_input_gate";
 inline constexpr char kPerLayerProjection[] = "per_layer_projection";
+// A vision-language model's tower blocks' tensors are named as a language
+// model's with this prefix: "vision_tower.layers.<i>.<module>..." (inventory.h).
+inline constexpr char kVisionTowerPrefix[] = "vision_tower.";
 // The MLP's last linear, whose gradient hooks are the first of a block's backward.
 inline constexpr char kDownProj[] = "down_proj";
 // The fused projections (ModelSpec.fused_qkv_projection, fused_gate_up_projection).

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "planner/block_layout.h"
+#include "planner/vision_tower.h"
 
 namespace zplan {
 namespace {
@@ -100,15 +101,17 @@ void ClipParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
   out->push_back(Param(tower + "embeddings.position_embedding.weight", {v.num_position_embeddings(), c},
                        PART_VISION_TOWER, -1));
   PartNorm(tower + "pre_layrnorm", c, true, PART_VISION_TOWER, -1, out);
+  // The blocks as the step sizes them: TowerSpec's BlockParameters, named
+  // "vision_tower.layers.<i>...." in block-layout order (transformers
+  // registers k, v, q, out_proj, layer_norm1, fc1, fc2, layer_norm2: the
+  // same tensors).
+  const ModelSpec encoder = TowerSpec(spec);
   for (int layer = 0; layer < v.num_layers(); ++layer) {
-    const std::string l = absl::StrCat(tower, "encoder.layers.", layer, ".");
-    for (const char* proj : {"k_proj", "v_proj", "q_proj", "out_proj"}) {
-      PartLinear(absl::StrCat(l, "self_attn.", proj), c, c, true, PART_VISION_TOWER, layer, out);
+    for (TensorSpec& t : BlockParameters(encoder, layer)) {
+      t.set_name(absl::StrCat(kVisionTowerPrefix, t.name()));
+      t.set_part(PART_VISION_TOWER);
+      out->push_back(std::move(t));
     }
-    PartNorm(l + "layer_norm1", c, true, PART_VISION_TOWER, layer, out);
-    PartLinear(l + "mlp.fc1", c, v.ffn_hidden_size(), true, PART_VISION_TOWER, layer, out);
-    PartLinear(l + "mlp.fc2", v.ffn_hidden_size(), c, true, PART_VISION_TOWER, layer, out);
-    PartNorm(l + "layer_norm2", c, true, PART_VISION_TOWER, layer, out);
   }
   PartNorm(tower + "post_layernorm", c, true, PART_VISION_TOWER, -1, out);
   const int64_t h = spec.hidden_size();
@@ -273,7 +276,38 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec) {
   if (spec.vocab_size() > 0 && !spec.tie_word_embeddings()) AddVocabWeight(spec, "lm_head", &out);
   if (spec.has_vision()) AddLinear("classifier", h, spec.vision().num_labels(), /*bias=*/true, -1, &out);
   MarkFrozen(spec, &out);
+  if (spec.has_vision_language()) {
+    // The parts the user freezes; LoRA (language model only) has frozen the
+    // language model's base weights above, and the other parts train unless
+    // frozen (the oracle's --freeze with --lora-config).
+    const VisionLanguageSpec& v = spec.vision_language();
+    for (TensorSpec& t : out) {
+      switch (t.part()) {
+        case PART_VISION_TOWER: t.set_frozen(v.freeze_vision_tower()); break;
+        case PART_PROJECTOR: t.set_frozen(v.freeze_projector()); break;
+        default: if (!spec.has_lora()) t.set_frozen(v.freeze_language_model());
+      }
+    }
+  }
   return out;
+}
+
+namespace {
+int TowerBlocks(const ModelSpec& spec) {
+  return spec.has_vision_language() ? static_cast<int>(spec.vision_language().num_layers()) : 0;
+}
+}  // namespace
+
+int StepNumBlocks(const ModelSpec& spec) { return TowerBlocks(spec) + static_cast<int>(spec.num_layers()); }
+
+int StepBlockOf(const ModelSpec& spec, const TensorSpec& tensor) {
+  if (tensor.layer() < 0) return -1;
+  return tensor.part() == PART_VISION_TOWER ? tensor.layer() : TowerBlocks(spec) + tensor.layer();
+}
+
+std::vector<BlockOp> StepBlockLayout(const ModelSpec& spec, int block) {
+  const int tower = TowerBlocks(spec);
+  return block < tower ? BlockLayout(TowerSpec(spec), block) : BlockLayout(spec, block - tower);
 }
 
 std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& parameters) {
@@ -297,7 +331,11 @@ std::string LmHeadWeightName(const ModelSpec& spec) {
 }
 
 bool EmbeddingOutputRequiresGrad(const ModelSpec& spec, const SavePolicy& saves) {
-  return !spec.has_lora() || SavesModule(spec, "embed_tokens") || saves.embedding_output_requires_grad;
+  // A vision-language model's: the image features scattered into it require
+  // grad while the projector or the tower trains.
+  const bool images_train = spec.has_vision_language() &&
+                            (!spec.vision_language().freeze_projector() || !spec.vision_language().freeze_vision_tower());
+  return !spec.has_lora() || images_train || SavesModule(spec, "embed_tokens") || saves.embedding_output_requires_grad;
 }
 
 bool IsUnusedOriginal(absl::string_view parameter_name) {
@@ -902,6 +940,11 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           adapters(m + "up_proj", h, input_grad);
           if (up_grad) {
             act(m + "up", {b, s, f}, dtype);
+            if (spec.ffn_type() == FFN_QUICK_GELU) {
+              // QuickGELUActivation, input * sigmoid(1.702 * input): sigmoid
+              // keeps its output, the product both factors (x is up's).
+              act(m + "quick_gelu_sigmoid", {b, s, f}, dtype);
+            }
             if (spec.ffn_type() == FFN_GELU_NEW) {
               // 0.5 * x * (1 + tanh(c * (x + 0.044715 * x^3))): pow saves x,
               // tanh its output t, the product both factors 0.5x and 1 + t.
@@ -932,6 +975,43 @@ std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t
       (BaseWeightsTrain(spec) || SavesModule(spec, "lm_head") || saves.linear == LinearSaves::kAlways)) {
     out.push_back(Make(kFinalNormOutput, {b, s, h}, dtype, ROLE_ACTIVATION, -1));
   }
+  return out;
+}
+
+bool TowerBuildsGraph(const ModelSpec& spec, const SavePolicy& saves) {
+  return !spec.vision_language().freeze_vision_tower() || saves.embedding_output_requires_grad;
+}
+
+std::vector<TensorSpec> VisionLanguageSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, int64_t images,
+                                                       DType dtype, KernelDevice device, const SavePolicy& saves) {
+  std::vector<TensorSpec> out;
+  const VisionLanguageSpec& v = spec.vision_language();
+  const ModelSpec tower = TowerSpec(spec);
+  const int64_t c = v.hidden_size(), h = spec.hidden_size(), tokens = TowerTokensPerImage(v);
+  const int64_t features = images * ImageTokensPerImage(v);
+  const bool tower_trains = !v.freeze_vision_tower(), projector_trains = !v.freeze_projector();
+  const bool tower_graph = TowerBuildsGraph(spec, saves);
+  if (tower_graph) {
+    // CLIPVisionEmbeddings: patch_embedding(pixel_values.to(dtype)) keeps the copy for its weight's
+    // gradient (in fp32 the batch's own fp32 pixels).
+    if (tower_trains && dtype != DTYPE_FP32) {
+      out.push_back(Make("vision_tower.embeddings.pixels",
+                         {images, v.num_channels(), v.tower_image_size(), v.tower_image_size()}, dtype,
+                         ROLE_ACTIVATION, -1));
+    }
+    AppendNormSaved(tower, "vision_tower.pre_layrnorm", {images, tokens, c}, dtype, device, -1, &out);
+    // post_layernorm(last_hidden_state[:, 0, :]): its saved input is a view of the last block's output.
+    AppendNormSaved(tower, "vision_tower.post_layernorm", {images, c}, dtype, device, -1, &out);
+    out[out.size() - 3] = Make("vision_tower.post_layernorm.input", {images, tokens, c}, dtype, ROLE_ACTIVATION, -1);
+  }
+  // LlavaMultiModalProjector: linear_1 (its input reshaped from the strided
+  // select: a copy), the activation, linear_2, each kept for a gradient.
+  if (projector_trains) out.push_back(Make("multi_modal_projector.linear_1.input", {features, c}, dtype, ROLE_ACTIVATION, -1));
+  if (projector_trains || tower_graph) {
+    out.push_back(Make("multi_modal_projector.act.input", {features, h}, dtype, ROLE_ACTIVATION, -1));
+  }
+  if (projector_trains) out.push_back(Make("multi_modal_projector.linear_2.input", {features, h}, dtype, ROLE_ACTIVATION, -1));
+  out.push_back(Make("image_mask", {b, s, 1}, DTYPE_BOOL, ROLE_ACTIVATION, -1));
   return out;
 }
 

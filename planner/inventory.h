@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "planner/block_layout.h"
 #include "proto/inventory.pb.h"
 #include "proto/model.pb.h"
 
@@ -53,6 +54,15 @@ std::vector<TensorSpec> ParameterInventory(const ModelSpec& spec);
 // transformers' below model. (vision_tower.*, multi_modal_projector.*,
 // visual.*); empty for other models.
 std::vector<TensorSpec> VisionLanguageParameters(const ModelSpec& spec);
+
+// The step's blocks are one stack (memory_model.h): a vision-language
+// model's tower blocks 0..Lv-1 (TowerSpec), then its language model's;
+// other models' blocks alone. StepNumBlocks counts them, StepBlockOf says
+// which one a tensor is of (-1 outside the blocks), StepBlockLayout gives
+// block `block`'s layout from its own stack's spec.
+int StepNumBlocks(const ModelSpec& spec);
+int StepBlockOf(const ModelSpec& spec, const TensorSpec& tensor);
+std::vector<BlockOp> StepBlockLayout(const ModelSpec& spec, int block);
 
 // Parameters of one block (all blocks are alike).
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer);
@@ -222,6 +232,22 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t mic
 inline constexpr char kFinalNormOutput[] = "final_norm.output";
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                   DType dtype, KernelDevice device, const SavePolicy& saves = {});
+
+// What a llava step keeps outside the blocks for backward (StepSizes's
+// vision-language fields), `images` images of b sequences of s tokens:
+// "vision_tower.embeddings.pixels" (the patch conv's working-dtype input)
+// and "vision_tower.pre_layrnorm.*" while the tower trains;
+// "vision_tower.post_layernorm.*" (its input a view of the last block's
+// output: that storage); "multi_modal_projector.*" (linear_1's input, a
+// copy of the selected features, the activation's and linear_2's);
+// "image_mask" (masked_scatter's bool [b, s, 1]).
+std::vector<TensorSpec> VisionLanguageSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, int64_t images,
+                                                       DType dtype, KernelDevice device, const SavePolicy& saves);
+// Whether a vision-language model's tower builds a graph: it trains, or
+// checkpointing's input-grad hook (SavePolicy.embedding_output_requires_grad:
+// enable_input_require_grads reaches the patch embedding) makes its
+// frozen blocks' outputs require grad.
+bool TowerBuildsGraph(const ModelSpec& spec, const SavePolicy& saves);
 
 // What the embedding output saves until the embedding's backward: Gemma 4's
 // per-layer embedding tensors, the embedding dropout's mask (GPT-2's

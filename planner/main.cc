@@ -38,6 +38,12 @@ ABSL_FLAG(std::string, head_dim, "", "explicit dimension: head width (elements)"
 ABSL_FLAG(std::string, ffn, "", "explicit dimension: FFN inner width (elements)");
 ABSL_FLAG(std::string, vocab, "", "explicit dimension: vocabulary (tokens; 0 = no embedding or head)");
 ABSL_FLAG(std::string, lora_config, "", "PEFT adapter_config.json: train LoRA adapters on the frozen model");
+ABSL_FLAG(std::string, freeze, "",
+          "vision-language models: comma list of vision_tower, projector, language_model that do not train "
+          "(with --lora-config, language_model: LoRA adapts it alone)");
+ABSL_FLAG(std::string, images_per_sample, "",
+          "vision-language models: images at the start of every sequence (default 1), each taking its image "
+          "tokens of --seq");
 ABSL_FLAG(std::string, lora_r, "", "LoRA rank r (default: --lora-config's, else PEFT's 8); implies LoRA");
 ABSL_FLAG(std::string, lora_modules_to_save, "",
           "modules trained whole beside LoRA (peft's modules_to_save): embed_tokens,lm_head of an untied model "
@@ -124,6 +130,8 @@ int main(int argc, char** argv) {
   o.ffn = absl::GetFlag(FLAGS_ffn);
   o.vocab = absl::GetFlag(FLAGS_vocab);
   o.lora_config = absl::GetFlag(FLAGS_lora_config);
+  o.freeze = absl::GetFlag(FLAGS_freeze);
+  o.images_per_sample = absl::GetFlag(FLAGS_images_per_sample);
   o.lora_r = absl::GetFlag(FLAGS_lora_r);
   o.lora_targets = absl::GetFlag(FLAGS_lora_targets);
   o.lora_modules_to_save = absl::GetFlag(FLAGS_lora_modules_to_save);

@@ -18,6 +18,7 @@
 #include "planner/status_macros.h"
 #include "planner/units.h"
 #include "planner/vision_language.h"
+#include "planner/vision_tower.h"
 #include "planner/zero_buckets.h"
 #include "planner/zero_gather.h"
 #include "planner/zero_offload.h"
@@ -45,10 +46,11 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
 
 // A BlockKind's fields, to find equal kinds.
 auto BlockKindTie(const StepSizes::BlockKind& k) {
-  return std::tie(k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved, k.mlp_pre_norm_bwd,
-                  k.attn_pre_norm_bwd, k.fwd_transient, k.nograd_peak, k.bwd_attn_transient,
-                  k.bwd_qk_norm_transient, k.grads_attn,
-                  k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp, k.retained_attn);
+  return std::tie(k.input, k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved,
+                  k.mlp_pre_norm_bwd, k.attn_pre_norm_bwd, k.fwd_transient, k.nograd_peak, k.bwd_attn_transient,
+                  k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
+                  k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
+                  k.down_weight_grad_waiting, k.post_norm_bwd_transient, k.forward_only);
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
@@ -73,6 +75,41 @@ int DistinctKinds(const std::vector<T>& layers, const Same& same, std::vector<T>
   int period = 1;
   while (period < n && !repeats_every(period)) ++period;
   return period;
+}
+
+// What of a vision-language model's training zplan does not plan yet, by
+// name (llava's; RefuseVisionLanguagePlan refuses the other towers).
+absl::Status RefuseVisionLanguageStep(const ModelSpec& model, const RunConfig& config) {
+  const VisionLanguageSpec& v = model.vision_language();
+  auto refuse = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("vision-language model: ", what));
+  };
+  const int64_t images = std::max<int64_t>(1, config.images_per_sample());
+  const int64_t image_tokens = images * ImageTokensPerImage(v);
+  if (config.images_per_sample() < 0 || image_tokens > config.seq_length()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seq_length (--seq): ", config.seq_length(), " positions cannot hold ", images, " image(s) of ",
+        ImageTokensPerImage(v), " image tokens each (images_per_sample, --images-per-sample); give --seq ",
+        image_tokens, " or more, or fewer images"));
+  }
+  if (v.freeze_language_model() && !model.has_lora()) {
+    return refuse("a frozen language model without LoRA (projector-only pre-training: its blocks pass the "
+                  "projector's gradient through frozen weights) is not planned yet; plan it with --lora-config");
+  }
+  if (config.activation_checkpointing() && (CheckpointEveryNLayers(config) != 1 || config.checkpoint_offload() ||
+                                            config.deepspeed_checkpointing().enabled())) {
+    return refuse("activation checkpointing is planned for every block, on the device, through torch's "
+                  "checkpoint; drop --checkpoint-every, --checkpoint-offload or DeepSpeed's checkpointing");
+  }
+  if (config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) {
+    return refuse("--loss liger-fused is not planned for vision-language models; use the full logits");
+  }
+  if (config.zero().stage() == 3 && model.has_lora() && (!v.freeze_vision_tower() || !v.freeze_projector())) {
+    return refuse("ZeRO-3 with LoRA and a part trained in full fails in DeepSpeed (stage3.py, "
+                  "_create_fp16_partitions_with_defragmentation: fp32 adapters and bf16 partitions in one group, "
+                  "docs/vlm_oracle.md); freeze the vision tower and the projector too, or use ZeRO-2");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -100,7 +137,15 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.stage = zero.stage();
   s.world_size = WorldSize(config);
   s.ranks_per_node = config.cluster().gpus_per_node();
-  s.num_layers = static_cast<int>(model.num_layers());
+  s.num_layers = StepNumBlocks(model);
+  if (model.has_vision_language()) {
+    ZPLAN_RETURN_IF_ERROR(RefuseVisionLanguageStep(model, config));
+    const VisionLanguageSpec& v = model.vision_language();
+    sizer.tower_ = TowerSpec(model);
+    s.tower_layers = static_cast<int>(v.num_layers());
+    sizer.images_per_sample_ = std::max<int64_t>(1, config.images_per_sample());
+    sizer.tower_tokens_ = TowerTokensPerImage(v);
+  }
   s.grad_accum = config.gradient_accumulation_steps();
   s.mixed = config.precision() != PRECISION_FP32;
   s.checkpointing = config.activation_checkpointing();
@@ -180,38 +225,54 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   SizeReduceBuckets(zero_in, &s);
   SizeGradPartitions(zero_in, s, &sizer.variants_, &sizer.rank_variant_);
 
-  // Blocks: gradients of the trainable parameters, gathers of all. The MLP
-  // half is alike in every layer; the attention half is a layer's own.
-  const int layers = static_cast<int>(model.num_layers());
+  // Blocks: gradients of the trainable parameters, gathers of all. A
+  // vision-language model's tower blocks come first (StepBlockOf), each
+  // block sized by its own stack's spec.
+  const int layers = s.num_layers;
+  const int tower_layers = s.tower_layers;
   std::vector<LayerStatics> statics(layers);
-  int64_t mlp_elements = 0, down_elements = 0, largest_mlp = 0, down_weight_elements = 0;
   for (const TensorSpec& t : trainable) {
-    if (t.layer() < 0) continue;
-    const std::vector<BlockOp> layout = BlockLayout(model, t.layer());
-    LayerStatics& layer = statics[t.layer()];
+    const int block = StepBlockOf(model, t);
+    if (block < 0) continue;
+    const std::vector<BlockOp> layout = StepBlockLayout(model, block);
+    LayerStatics& layer = statics[block];
+    const int64_t elements = NumElements(t);
     if (!InMlpHalf(layout, t)) {
-      layer.grads_attn += NumElements(t) * w;
-      layer.max_attn_grad = std::max(layer.max_attn_grad, NumElements(t) * w);
-    } else if (t.layer() == 0) {
-      mlp_elements += NumElements(t);
-      if (IsDownProjTensor(layout, t)) down_elements += NumElements(t);
-      if (IsDownProjTensor(layout, t) && t.shape_size() == 2) down_weight_elements = NumElements(t);
-      largest_mlp = std::max(largest_mlp, NumElements(t));
+      layer.grads_attn += elements * w;
+      layer.max_attn_grad = std::max(layer.max_attn_grad, elements * w);
+    } else {
+      layer.mlp_elements += elements;
+      if (IsDownProjTensor(layout, t)) layer.down_elements += elements;
+      if (IsDownProjTensor(layout, t) && t.shape_size() == 2) layer.down_weight_elements = elements;
+      layer.largest_mlp = std::max(layer.largest_mlp, elements);
     }
   }
+  for (LayerStatics& l : statics) l.down_weight_grad_waiting = DownWeightGradWaitingBytes(zero_in, s, l.down_weight_elements);
   const KernelDevice device = KernelDeviceOf(s);
   sizer.saves_ = SavePolicyFor(config);
   const SavePolicy& saves = sizer.saves_;
+  sizer.tower_without_graph_ = tower_layers > 0 && !TowerBuildsGraph(model, saves);
+  // A block's stack: the tower's spec and its rows (images, tokens per
+  // image), or the language model's.
+  auto spec_of = [&](int block) -> const ModelSpec& { return block < tower_layers ? sizer.tower_ : model; };
+  auto local = [&](int block) { return block < tower_layers ? block : block - tower_layers; };
+  auto saved_tensors = [&](int block, int64_t b, int64_t seq, const SavePolicy& policy) {
+    if (block < tower_layers) {
+      return BlockSavedActivations(sizer.tower_, b * sizer.images_per_sample_, sizer.tower_tokens_, dtype, block,
+                                   device, policy);
+    }
+    return BlockSavedActivations(model, b, seq, dtype, block - tower_layers, device, policy);
+  };
   // Saved activations = X*b*s + Y*b*s*s (eager probabilities) + Z*s*s (the
-  // causal mask) + W*s (tables without a batch) + V*b (a conv's padding):
-  // fit the five terms from the inventory, check a seventh point. The gated
-  // delta rule's chunked tensors (kDeltaRuleChunks) apart: P*b*chunks + R,
-  // and with one chunk E*b more.
-  auto fit = [&](int layer, const SavePolicy& saves) {
-    const std::vector<BlockOp> layout = BlockLayout(model, layer);
+  // causal mask) + W*s (tables without a batch) + V*b (a conv's padding; a
+  // tower block's all): fit the five terms from the inventory, check a
+  // seventh point. The gated delta rule's chunked tensors
+  // (kDeltaRuleChunks) apart: P*b*chunks + R, and with one chunk E*b more.
+  auto fit = [&](int block, const SavePolicy& saves) {
+    const std::vector<BlockOp> layout = StepBlockLayout(model, block);
     auto saved_where = [&](int64_t b, int64_t seq, bool chunked) {
       int64_t bytes = 0;
-      for (const TensorSpec& t : BlockSavedActivations(model, b, seq, dtype, layer, device, saves)) {
+      for (const TensorSpec& t : saved_tensors(block, b, seq, saves)) {
         if (absl::StrContains(t.name(), kDeltaRuleChunks) == chunked) bytes += TensorBytes(t);
       }
       return bytes;
@@ -236,7 +297,9 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     f.per_seq = r1 - f.per_seq_sq;
     ZPLAN_CHECK(saved(3, 5) + saved_where(3, 5, true) == f.Bytes(3, 5));
     ZPLAN_CHECK(saved(3, 200) + saved_where(3, 200, true) == f.Bytes(3, 200));
-    for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, layer, device, saves)) {
+    // The halves' shares, linear in the rows: per token of a language
+    // model's block, per sample of a tower's.
+    for (const TensorSpec& t : saved_tensors(block, 1, 1, saves)) {
       if (InMlpHalf(layout, t)) f.mlp_per_token += TensorBytes(t);
       if (IsBlockInputItself(layout, t, dtype)) f.input_per_token += TensorBytes(t);
       if (InHalfTail(layout, t)) (InMlpHalf(layout, t) ? f.mlp_tail_per_token : f.attn_tail_per_token) += TensorBytes(t);
@@ -246,42 +309,52 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
     return f;
   };
-  // A layer's saved tensors depend on it only through being block 0, whether
-  // its input requires grad, its mixer and whether it slides (under the
-  // mask): one fit per such signature.
-  std::map<std::tuple<bool, bool, int, bool, bool, int64_t>, int> fit_of;
-  auto fit_index = [&](int layer, bool masked) {
-    const auto key = std::make_tuple(layer == 0, BlockInputRequiresGrad(model, layer, saves),
-                                     model.layer_types_size() > layer ? model.layer_types(layer) : 0,
-                                     LayerSlides(model, layer), masked, HeadDimOf(model, layer));
+  // A layer's saved tensors depend on it only through its stack, being
+  // block 0, whether its input requires grad, its mixer and whether it
+  // slides (under the mask): one fit per such signature.
+  std::map<std::tuple<bool, bool, bool, int, bool, bool, int64_t>, int> fit_of;
+  auto fit_index = [&](int block, bool masked) {
+    const ModelSpec& m = spec_of(block);
+    const int layer = local(block);
+    const auto key = std::make_tuple(block < tower_layers, layer == 0, BlockInputRequiresGrad(m, layer, saves),
+                                     m.layer_types_size() > layer ? m.layer_types(layer) : 0, LayerSlides(m, layer),
+                                     masked, HeadDimOf(m, layer));
     auto [it, inserted] = fit_of.try_emplace(key, static_cast<int>(sizer.fits_.size()));
     if (inserted) {
       SavePolicy policy = saves;
       policy.sdpa_sliding_mask = masked;
-      sizer.fits_.push_back(fit(layer, policy));
+      sizer.fits_.push_back(fit(block, policy));
     }
     return it->second;
   };
-  for (int layer = 0; layer < layers; ++layer) {
-    LayerStatics& l = statics[layer];
-    l.conv = LayerMixesByConv(model, layer);
-    l.delta_rule = LayerMixesByDeltaRule(model, layer);
-    l.head_dim = HeadDimOf(model, layer);
-    l.fit = fit_index(layer, false);
-    if (LayerSlides(model, layer) && model.attention_impl() == ATTENTION_SDPA) l.masked_fit = fit_index(layer, true);
+  const int tower_with_gradient = tower_layers > 0 ? TowerBlocksWithGradient(model.vision_language()) : 0;
+  for (int block = 0; block < layers; ++block) {
+    const ModelSpec& m = spec_of(block);
+    const int layer = local(block);
+    LayerStatics& l = statics[block];
+    l.tower = block < tower_layers;
+    l.forward_only = l.tower && (sizer.tower_without_graph_ || block >= tower_with_gradient);
+    l.conv = LayerMixesByConv(m, layer);
+    l.delta_rule = LayerMixesByDeltaRule(m, layer);
+    l.head_dim = HeadDimOf(m, layer);
+    l.fit = fit_index(block, false);
+    if (LayerSlides(m, layer) && m.attention_impl() == ATTENTION_SDPA) l.masked_fit = fit_index(block, true);
   }
   // Whether down_proj keeps its input (the FFN product or activation).
-  const std::string down_input = GatedMlp(model) ? ".mlp.product" : ".mlp.act";
-  for (const TensorSpec& t : BlockSavedActivations(model, 1, 1, dtype, std::min(1, layers - 1), device, saves)) {
-    sizer.down_input_saved_ = sizer.down_input_saved_ || absl::EndsWith(t.name(), down_input);
-  }
+  auto down_input_saved = [&](const ModelSpec& m) {
+    const std::string down_input = GatedMlp(m) ? ".mlp.product" : ".mlp.act";
+    bool kept = false;
+    const int layer = std::min<int>(1, m.num_layers() - 1);
+    for (const TensorSpec& t : BlockSavedActivations(m, 1, 1, dtype, layer, device, saves)) {
+      kept = kept || absl::EndsWith(t.name(), down_input);
+    }
+    return kept;
+  };
+  sizer.down_input_saved_ = down_input_saved(model);
+  if (tower_layers > 0) sizer.tower_down_input_saved_ = down_input_saved(sizer.tower_);
   for (const TensorSpec& t : FinalNormSavedActivations(model, 1, 1, dtype, device, saves)) {
     (t.name() == kFinalNormOutput ? sizer.head_input_per_token_ : sizer.final_norm_per_token_) += TensorBytes(t);
   }
-  s.block_grads_mlp = mlp_elements * w;
-  s.block_grads_down = down_elements * w;
-  s.block_max_mlp_grad = largest_mlp * w;
-  SizeDownWeightGradWaiting(zero_in, down_weight_elements, &s);
   Stage3BlockGathers gathers;
   SizeStage3Gathers(zero_in, saves, &gathers, &s);
   for (int layer = 0; layer < static_cast<int>(gathers.gather.size()); ++layer) {
@@ -312,9 +385,21 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     if (trains("embed_tokens")) s.embed_grad = vocab * h * w;
   }
   if (trains("embed_positions")) s.pos_grad = model.max_position_embeddings() * h * w;
+  if (model.has_vision_language()) {
+    // The tower's embeddings and the projector; post_layernorm gets no gradient.
+    for (const TensorSpec& t : trainable) {
+      if (t.layer() >= 0 || t.part() == PART_LANGUAGE_MODEL) continue;
+      if (t.part() == PART_PROJECTOR) s.projector_grads += NumElements(t) * w;
+      if (t.part() == PART_VISION_TOWER && !absl::StrContains(t.name(), "post_layernorm")) {
+        s.tower_embed_grads += NumElements(t) * w;
+      }
+    }
+  }
   // A frozen embedding (LoRA) runs no backward: nothing is gathered for it.
   // (A modules_to_save embedding's copy follows its original.)
-  const size_t embedding = !params.empty() && IsUnusedOriginal(params.front().name()) ? 1 : 0;
+  size_t embedding = 0;
+  while (embedding < params.size() && params[embedding].part() != PART_LANGUAGE_MODEL) ++embedding;
+  if (embedding < params.size() && IsUnusedOriginal(params[embedding].name())) ++embedding;
   s.embed_backward = (s.has_head || model.position_embedding() == POSITION_LEARNED) && embedding < params.size() &&
                      RunsBackward(model, params[embedding], saves);
 
@@ -394,59 +479,74 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   const int64_t w = dtype_bytes_;
   const int64_t h = model.hidden_size();
   const int64_t tokens = b * seq;
-  s.block_input = tokens * h * w;
-  s.host_checkpoints = s.host_checkpoint_blocks * s.block_input;
-  if (s.host_checkpoint_pinned) {
-    s.host_checkpoints_pinned = s.host_checkpoint_blocks * RoundUpToPowerOfTwo(s.block_input);
-  }
   const KernelDevice device = KernelDeviceOf(s);
-  // Under no_grad a block frees each intermediate after its last use; the FFN
-  // branch (gate, up and their product, or up and GELU) is the widest point.
-  // (NewGELUActivation: x, 0.5x, tanh and 1 + tanh, then the product.)
-  // A fused gate_up_proj's output stays whole until down_proj: 2f beside the activation and the product.
-  const int64_t ffn_branches = GatedMlp(model) ? (model.fused_gate_up_projection() ? 4 : 3)
-                               : model.ffn_type() == FFN_GELU_NEW ? 4
-                                                                  : 2;
-  const int64_t ffn_live = ffn_branches * tokens * model.ffn_hidden_size() * w;
-  const int64_t scores = b * model.num_attention_heads() * seq * seq;
   const bool masked = SdpaSlidingMaskAt(model, seq);
-  const int64_t fwd_transient = BlockForwardTransientBytes(model, b, seq, dtype, device);
-  const MixerTransients conv = ShortConvTransientBytes(model, b, seq, dtype);
-  const MixerTransients delta_rule = DeltaRuleTransientBytes(model, b, seq, dtype);
-  const int64_t pre_norm_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, !model.has_lora());
+  const int64_t images = b * images_per_sample_;
+  // A stack's sizes that do not depend on the layer: its spec and rows
+  // (the language model's b x s, the tower's images x tokens per image).
+  struct Stack {
+    const ModelSpec* spec;
+    int64_t b, seq;
+    bool down_input_saved;
+    int64_t fwd_transient, pre_norm_transient, ffn_live;
+    MixerTransients conv, delta_rule;
+  };
+  auto stack = [&](const ModelSpec& m, int64_t rows_b, int64_t rows_seq, bool down_saved) {
+    Stack st{&m, rows_b, rows_seq, down_saved};
+    // Under no_grad a block frees each intermediate after its last use; the FFN
+    // branch (gate, up and their product, or up and GELU) is the widest point.
+    // (NewGELUActivation: x, 0.5x, tanh and 1 + tanh, then the product;
+    // QuickGELUActivation: x, the sigmoid, the product.) A fused
+    // gate_up_proj's output stays whole until down_proj: 2f beside the
+    // activation and the product.
+    const int64_t ffn_branches = GatedMlp(m) ? (m.fused_gate_up_projection() ? 4 : 3)
+                                 : m.ffn_type() == FFN_GELU_NEW   ? 4
+                                 : m.ffn_type() == FFN_QUICK_GELU ? 3
+                                                                  : 2;
+    st.ffn_live = ffn_branches * rows_b * rows_seq * m.ffn_hidden_size() * w;
+    st.fwd_transient = BlockForwardTransientBytes(m, rows_b, rows_seq, dtype, device);
+    st.pre_norm_transient = RmsNormBackwardTransientBytes(m, rows_b * rows_seq * m.hidden_size(), dtype, !m.has_lora());
+    st.conv = ShortConvTransientBytes(m, rows_b, rows_seq, dtype);
+    st.delta_rule = DeltaRuleTransientBytes(m, rows_b, rows_seq, dtype);
+    return st;
+  };
+  const Stack language = stack(model, b, seq, down_input_saved_);
+  const Stack tower = s.tower_layers > 0 ? stack(tower_, images, tower_tokens_, tower_down_input_saved_) : language;
   // An attention layer's live tensors with heads `d` wide (Gemma 4's full
   // layers are wider), where SDPA gets the sliding mask or not.
   struct AttentionSizes {
     int64_t live = 0, fwd_transient = 0, bwd_transient = 0, bwd_qk_norm_transient = 0;
   };
-  auto attention_sizes = [&](int64_t d, bool masked_here) {
+  auto attention_sizes = [&](const Stack& st, int64_t d, bool masked_here) {
+    const ModelSpec& m = *st.spec;
+    const int64_t rows = st.b * st.seq, scores = st.b * m.num_attention_heads() * st.seq * st.seq;
     AttentionSizes z;
-    const int64_t a = model.num_attention_heads(), kv = model.num_kv_heads();
+    const int64_t a = m.num_attention_heads(), kv = m.num_kv_heads();
     // Eager: the scores (working dtype) and softmax's fp32 output, or that and
     // its cast; with dropout the cast, the mask and the dropped probabilities.
     // SDPA's math path: fp32 q, k, v, then probabilities, mask and dropped.
-    z.live = tokens * (a + 2 * kv) * d * w;
-    if (SdpaRunsMath(model, device)) {
-      z.live += 3 * tokens * a * d * 4 + 3 * scores * 4;
-    } else if (model.attention_impl() == ATTENTION_EAGER) {
-      const int64_t softmax = model.eager_softmax_in_working_dtype() ? w : 4;
-      const int64_t dropped = model.attention_dropout() > 0 ? w + DTypeBytes(DropoutSavedDType(dtype, device)) : 0;
+    z.live = rows * (a + 2 * kv) * d * w;
+    if (SdpaRunsMath(m, device)) {
+      z.live += 3 * rows * a * d * 4 + 3 * scores * 4;
+    } else if (m.attention_impl() == ATTENTION_EAGER) {
+      const int64_t softmax = m.eager_softmax_in_working_dtype() ? w : 4;
+      const int64_t dropped = m.attention_dropout() > 0 ? w + DTypeBytes(DropoutSavedDType(dtype, device)) : 0;
       z.live += scores * std::max(w + softmax, w + dropped);
     }
     // Where SDPA repeats k and v to every head (SdpaRepeatsKvAt): the copies
     // beside the unrepeated ones while the attention module runs (a view of
     // one key head: SdpaCopiesKv), and their gradients in backward; under
     // no_grad also the mask.
-    const bool repeats = SdpaRepeatsKvAt(model, d, masked_here), copies = SdpaCopiesKv(model, repeats);
-    const int64_t unrepeated = 2 * tokens * kv * d * w, repeated = 2 * tokens * a * d * w;
-    z.fwd_transient = fwd_transient + (copies ? unrepeated : 0);
-    z.live += (copies ? repeated : 0) + (masked_here ? b * seq * seq * w : 0);
-    const BlockBackwardTransients bwd = BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_, d);
+    const bool repeats = SdpaRepeatsKvAt(m, d, masked_here), copies = SdpaCopiesKv(m, repeats);
+    const int64_t unrepeated = 2 * rows * kv * d * w, repeated = 2 * rows * a * d * w;
+    z.fwd_transient = st.fwd_transient + (copies ? unrepeated : 0);
+    z.live += (copies ? repeated : 0) + (masked_here ? st.b * st.seq * st.seq * w : 0);
+    const BlockBackwardTransients bwd = BlockBackwardTransientBytes(m, st.b, st.seq, dtype, device, st.down_input_saved, d);
     z.bwd_transient = bwd.attention_bytes + (repeats ? repeated - unrepeated : 0);
     // By q_norm's backward SDPA's saved tensors are freed, under the mask its copies and the mask too.
-    const bool copies_unmasked = SdpaCopiesKv(model, SdpaRepeatsKvAt(model, d, /*masked=*/false));
+    const bool copies_unmasked = SdpaCopiesKv(m, SdpaRepeatsKvAt(m, d, /*masked=*/false));
     const int64_t masked_saved =
-        (masked_here ? b * seq * seq * w : 0) + (copies && !copies_unmasked ? repeated - unrepeated : 0);
+        (masked_here ? st.b * st.seq * st.seq * w : 0) + (copies && !copies_unmasked ? repeated - unrepeated : 0);
     z.bwd_qk_norm_transient = bwd.qk_norm_bytes > 0 ? std::max<int64_t>(0, bwd.qk_norm_bytes - masked_saved) : 0;
     return z;
   };
@@ -454,33 +554,47 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   bool any_masked = false;
   for (size_t kind = 0; kind < kinds_.size(); ++kind) {
     const LayerStatics& l = kinds_[kind];
-    const bool masked_here = masked && l.masked_fit >= 0;
+    const Stack& st = l.tower ? tower : language;
+    const ModelSpec& m = *st.spec;
+    const int64_t rows = st.b * st.seq, width = m.hidden_size();
+    const bool masked_here = !l.tower && masked && l.masked_fit >= 0;
     any_masked = any_masked || masked_here;
     const SavedFit& f = fits_[masked_here ? l.masked_fit : l.fit];
     StepSizes::BlockKind& k = s.block_kinds[kind];
     k = StepSizes::BlockKind();
+    k.input = rows * width * w;
+    k.forward_only = l.forward_only;
+    const int64_t nograd_ffn = k.input + st.ffn_live;
+    if (l.tower && tower_without_graph_) {
+      // No graph: the block keeps nothing; its intermediates come and go.
+      k.nograd_peak = std::max(nograd_ffn, k.input + attention_sizes(st, l.head_dim, false).live);
+      continue;
+    }
+    // Per token of a language model's block; per sample of a tower's (its fit is all per_batch).
+    const int64_t per = l.tower ? 1 : tokens;
     k.saved = f.Bytes(b, seq);
     // The delta rule's copies at a multiple of its chunk in fp32 (none where it saves nothing).
-    if (l.delta_rule && f.per_batch_chunk > 0) k.saved += DeltaRuleAlignedFp32Bytes(model, b, seq, dtype);
-    k.saved_mlp = f.mlp_per_token * tokens;
-    k.saved_input = f.input_per_token * tokens;
-    k.mlp_tail_saved = f.mlp_tail_per_token * tokens;
-    k.attn_tail_saved = f.attn_tail_per_token * tokens;
+    if (l.delta_rule && f.per_batch_chunk > 0) k.saved += DeltaRuleAlignedFp32Bytes(m, b, seq, dtype);
+    const int64_t scale = l.tower ? b : 1;
+    k.saved_mlp = f.mlp_per_token * per * scale;
+    k.saved_input = f.input_per_token * per * scale;
+    k.mlp_tail_saved = f.mlp_tail_per_token * per * scale;
+    k.attn_tail_saved = f.attn_tail_per_token * per * scale;
     // A pre-norm's backward runs beside what it saved, once the rest of its half's saved tensors are freed.
     auto pre_norm_backward = [&](int64_t saved_per_token) {
-      return saved_per_token > 0 ? saved_per_token * tokens + pre_norm_transient : 0;
+      return saved_per_token > 0 ? saved_per_token * per * scale + st.pre_norm_transient : 0;
     };
     k.mlp_pre_norm_bwd = pre_norm_backward(f.mlp_pre_norm_per_token);
     k.attn_pre_norm_bwd = pre_norm_backward(f.attn_pre_norm_per_token);
     if (l.conv || l.delta_rule) {
-      const MixerTransients& mixer = l.conv ? conv : delta_rule;
+      const MixerTransients& mixer = l.conv ? st.conv : st.delta_rule;
       k.fwd_transient = mixer.forward_bytes;
-      k.nograd_peak = s.block_input + std::max(ffn_live, mixer.nograd_bytes);
+      k.nograd_peak = k.input + std::max(st.ffn_live, mixer.nograd_bytes);
       k.bwd_attn_transient = mixer.backward_bytes;
     } else {
-      const AttentionSizes z = attention_sizes(l.head_dim, masked_here);
+      const AttentionSizes z = attention_sizes(st, l.head_dim, masked_here);
       k.fwd_transient = z.fwd_transient;
-      k.nograd_peak = s.block_input + std::max(ffn_live, z.live);
+      k.nograd_peak = k.input + std::max(st.ffn_live, z.live);
       k.bwd_attn_transient = z.bwd_transient;
       k.bwd_qk_norm_transient = z.bwd_qk_norm_transient;
     }
@@ -488,23 +602,34 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     k.max_attn_grad = l.max_attn_grad;
     k.gather = l.gather;
     k.gather_kept = l.gather_kept;
+    // The gradient of the MLP's output, which ops after it make (a residual
+    // dropout's, a post-norm's), lives until down_proj's backward has run: a
+    // plain MLP's widest moment is inside that backward (docs/deepspeed_model.md
+    // row 41), a gated one's after it.
+    const int64_t output_grad = k.mlp_tail_saved > 0 ? rows * width * w : 0;
+    k.mlp_output_grad = GatedMlp(m) ? 0 : output_grad;
+    k.bwd_mlp_transient =
+        BlockBackwardTransientBytes(m, st.b, st.seq, dtype, device, st.down_input_saved, m.head_dim()).mlp_bytes +
+        k.mlp_output_grad;
+    k.grads_mlp = l.mlp_elements * w;
+    k.grads_down = l.down_elements * w;
+    // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
+    // its linear's input gradient (down_proj: the FFN-wide one, and the
+    // gradient of its output when ops after the MLP made one: a residual
+    // dropout's, a post-norm's), not beside the half's widest moment: it adds
+    // only what exceeds that.
+    k.max_mlp_grad = std::max<int64_t>(
+        0, rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w - k.bwd_mlp_transient);
+    k.down_weight_grad_waiting = l.down_weight_grad_waiting;
+    if (m.norm_placement() != NORM_PLACEMENT_PRE) {
+      k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, !m.has_lora());
+    }
   }
-  // The gradient of the MLP's output, which ops after it make (a residual
-  // dropout's, a post-norm's), lives until down_proj's backward has run: a
-  // plain MLP's widest moment is inside that backward (docs/deepspeed_model.md
-  // row 41), a gated one's after it.
-  const int64_t output_grad = s.Block(model.num_layers() - 1).mlp_tail_saved > 0 ? tokens * h * w : 0;
-  s.block_mlp_output_grad = GatedMlp(model) ? 0 : output_grad;
-  s.block_bwd_mlp_transient =
-      BlockBackwardTransientBytes(model, b, seq, dtype, device, down_input_saved_, model.head_dim()).mlp_bytes +
-      s.block_mlp_output_grad;
-  // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
-  // its linear's input gradient (down_proj: the FFN-wide one, and the
-  // gradient of its output when ops after the MLP made one: a residual
-  // dropout's, a post-norm's), not beside the half's widest moment: it adds
-  // only what exceeds that.
-  s.block_max_mlp_grad = std::max<int64_t>(
-      0, tokens * model.ffn_hidden_size() * w + output_grad + base_.block_max_mlp_grad - s.block_bwd_mlp_transient);
+  // Checkpoints on the host: the language model's blocks (a vision-language
+  // model's are refused: RefuseVisionLanguageStep).
+  const int64_t block_input = tokens * h * w;
+  s.host_checkpoints = s.host_checkpoint_blocks * block_input;
+  if (s.host_checkpoint_pinned) s.host_checkpoints_pinned = s.host_checkpoint_blocks * RoundUpToPowerOfTwo(block_input);
   if (model.has_vision()) {
     // fp32 pixels and int64 labels (ViT has no mask: it attends everywhere).
     const VisionSpec& v = model.vision();
@@ -546,13 +671,30 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // SDPA past the window: the sliding one, bool [s, s] expanded to the batch (masking_utils.py, sdpa_mask).
     if (any_masked) s.attention_mask = seq * seq;
   }
+  if (model.has_vision_language()) {
+    const VisionLanguageSpec& v = model.vision_language();
+    s.step_batch += images * v.num_channels() * v.tower_image_size() * v.tower_image_size() * 4;  // fp32 pixels
+    for (const TensorSpec& t : VisionLanguageSavedActivations(model, b, seq, images, dtype, device, saves_)) {
+      const absl::string_view name = t.name();
+      (absl::StartsWith(name, "vision_tower.post_layernorm")  ? s.tower_tail_saved
+       : absl::StartsWith(name, "vision_tower.")              ? s.tower_embed_saved
+       : absl::StartsWith(name, "multi_modal_projector.")     ? s.projector_saved
+                                                              : s.image_mask) += TensorBytes(t);
+    }
+    const int64_t c = v.hidden_size(), features = images * ImageTokensPerImage(v);
+    const bool tower_graph = !tower_without_graph_;
+    const bool images_need_grad = !v.freeze_projector() || tower_graph;
+    if (images_need_grad) {
+      s.image_features_grad = features * h * w;
+      // linear_2's input gradient beside the incoming one, and its weight's.
+      s.projector_bwd_transient = features * h * w + (v.freeze_projector() ? 0 : std::max(h * h, c * h) * w);
+    }
+    if (tower_graph) s.tower_act_grad = images * tower_tokens_ * c * w;
+  }
   s.act_grad = tokens * h * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;
   s.head_input_saved = head_input_per_token_ * tokens;
   s.final_norm_bwd_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, base_.final_norm_grads > 0);
-  if (model.norm_placement() != NORM_PLACEMENT_PRE) {
-    s.block_post_norm_bwd_transient = RmsNormBackwardTransientBytes(model, tokens * h, dtype, !model.has_lora());
-  }
   s.embed_saved = SumBytes(EmbeddingSavedActivations(model, b, seq, dtype, device, saves_));
   // A ViT classifies each image once, from its CLS token.
   const int64_t logit_rows = model.has_vision() ? b : tokens;

@@ -138,13 +138,27 @@ class StepSizer {
     bool delta_rule = false;  // LayerMixesByDeltaRule
     int64_t head_dim = 0;     // HeadDimOf
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
+    // The MLP half's gradients (elements): all, down_proj's, the largest
+    // one, down_proj's weight.
+    int64_t mlp_elements = 0, down_elements = 0, largest_mlp = 0, down_weight_elements = 0;
+    int64_t down_weight_grad_waiting = 0;  // BlockKind's
+    bool tower = false;         // a vision tower's block (TowerSpec, images x tokens rows)
+    bool forward_only = false;  // StepSizes::BlockKind::forward_only
     bool operator==(const LayerStatics& o) const {
       return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && delta_rule == o.delta_rule &&
-             head_dim == o.head_dim &&
-             grads_attn == o.grads_attn &&
-             max_attn_grad == o.max_attn_grad && gather == o.gather && gather_kept == o.gather_kept;
+             head_dim == o.head_dim && grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
+             gather == o.gather && gather_kept == o.gather_kept && mlp_elements == o.mlp_elements &&
+             down_elements == o.down_elements && largest_mlp == o.largest_mlp &&
+             down_weight_elements == o.down_weight_elements && tower == o.tower && forward_only == o.forward_only;
     }
   };
+  // A vision-language model's tower (TowerSpec): its blocks run on
+  // micro_batch x images_per_sample images of tower_tokens_ tokens.
+  ModelSpec tower_;
+  int64_t images_per_sample_ = 0;
+  int64_t tower_tokens_ = 0;
+  bool tower_without_graph_ = false;  // frozen, no checkpointing: its blocks keep nothing, run no backward
+  bool tower_down_input_saved_ = false;
   std::vector<SavedFit> fits_;
   std::vector<LayerStatics> kinds_;
   bool down_input_saved_ = false;    // BlockBackwardTransientBytes

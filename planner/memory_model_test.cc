@@ -563,12 +563,12 @@ TEST(MemoryModelTest, CheckpointedRecomputeSavesItsKeptInputNoSecondTime) {
   };
   const StepSizes gpt2 = sizes("gpt2", PRECISION_BF16, false), llama_bf16 = sizes("1b", PRECISION_BF16, false),
                   llama_fp32 = sizes("1b", PRECISION_FP32, false), offloaded = sizes("gpt2", PRECISION_BF16, true);
-  EXPECT_EQ(gpt2.Block(1).saved_input, gpt2.block_input);
-  EXPECT_EQ(gpt2.Block(0).saved_input, gpt2.block_input);
+  EXPECT_EQ(gpt2.Block(1).saved_input, gpt2.Block(1).input);
+  EXPECT_EQ(gpt2.Block(0).saved_input, gpt2.Block(1).input);
   EXPECT_EQ(llama_bf16.Block(1).saved_input, 0);
-  EXPECT_EQ(llama_fp32.Block(1).saved_input, llama_fp32.block_input);
+  EXPECT_EQ(llama_fp32.Block(1).saved_input, llama_fp32.Block(1).input);
   EXPECT_TRUE(offloaded.checkpoint_copy_on_host);
-  EXPECT_EQ(offloaded.Block(1).saved_input, offloaded.block_input);
+  EXPECT_EQ(offloaded.Block(1).saved_input, offloaded.Block(1).input);
   // The expansion and the fast evaluator count the recompute alike.
   for (const StepSizes& s : {gpt2, llama_fp32, offloaded}) {
     EXPECT_EQ(SimulateStep(s).peak.peak_bytes(), StepPeakBytes(s));
@@ -609,14 +609,14 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   // overlap_comm, rank 1, docs/deepspeed_model.md row 46.
   const StepSizes waits = rank1_with_bucket(after_down_elements + 1);
   ASSERT_EQ(waits.grad_partition_moment, StepSizes::PartitionMoment::kDownProjHook);
-  EXPECT_EQ(waits.block_down_weight_grad_waiting,
-            down_elements * waits.block_grads_down / (down_elements + vit->hidden_size()));
+  EXPECT_EQ(waits.Block(0).down_weight_grad_waiting,
+            down_elements * waits.Block(0).grads_down / (down_elements + vit->hidden_size()));
   EXPECT_EQ(SimulateStep(waits).peak.peak_bytes(), StepPeakBytes(waits));
   StepSizes reduced = waits;
-  reduced.block_down_weight_grad_waiting = 0;
+  for (StepSizes::BlockKind& k : reduced.block_kinds) k.down_weight_grad_waiting = 0;
   const int64_t waiting_adds = StepPeakBytes(waits) - StepPeakBytes(reduced);
   EXPECT_GT(waiting_adds, 0);
-  EXPECT_LE(waiting_adds, waits.block_down_weight_grad_waiting);
+  EXPECT_LE(waiting_adds, waits.Block(0).down_weight_grad_waiting);
   const StepSizes rank1 = rank1_with_bucket(down_elements);
   EXPECT_EQ(rank1.grad_partition_from, vit->num_layers() - 1);
   ASSERT_EQ(rank1.grad_partition_moment, StepSizes::PartitionMoment::kDownProjHook);
@@ -627,7 +627,7 @@ TEST(MemoryModelTest, GeluPartitionAtDownProjHookMissesTheWidestMoment) {
   StepSizes before = rank1;
   before.grad_partition_moment = StepSizes::PartitionMoment::kBlockStart;
   EXPECT_EQ(StepPeakBytes(before) - StepPeakBytes(rank1),
-            std::min({rank1.block_max_mlp_grad, rank1.grad_partition, rank1.block_bwd_mlp_transient}));
+            std::min({rank1.Block(0).max_mlp_grad, rank1.grad_partition, rank1.Block(0).bwd_mlp_transient}));
   // SwiGLU's widest moment comes after down_proj's hooks.
   auto llama = LoadPreset("debug-tiny");
   config.set_seq_length(128);
@@ -696,7 +696,7 @@ TEST(MemoryModelTest, LoraModelStatesCoverOnlyTheAdapters) {
   EXPECT_EQ(z2.master_resident, trainable / 2 * kMasterBytesPerParam);
   EXPECT_EQ(z2.optimizer_resident, trainable / 2 * kAdamStateBytesPerParam);
   EXPECT_EQ(z2.Block(1).grads_attn, trainable / 4 * 2);
-  EXPECT_EQ(z2.block_grads_mlp, 0);
+  EXPECT_EQ(z2.Block(1).grads_mlp, 0);
   EXPECT_EQ(z2.head_grad + z2.embed_grad + z2.final_norm_grads, 0);
   // The first gradient hook is the last block's v_proj adapter's.
   EXPECT_EQ(z2.ipg_from, 3);
@@ -802,14 +802,14 @@ TEST(DeepSpeedCheckpointingTest, CopiesBesideOrInPlaceOfInputs) {
   EXPECT_EQ(z3_cpu.checkpoint_kept_inputs, 0);
   EXPECT_TRUE(z3_cpu.checkpoint_copy_on_host);
   // 16 blocks' copies in pageable host memory.
-  EXPECT_EQ(z2_cpu.host_checkpoints, 16 * z2_cpu.block_input);
+  EXPECT_EQ(z2_cpu.host_checkpoints, 16 * z2_cpu.Block(1).input);
   EXPECT_EQ(z2_cpu.host_checkpoints_pinned, 0);
   EXPECT_EQ(HostPerRank(z2_cpu).allocator_bytes(), HostPerRank(with(2, false, 0)).allocator_bytes());
-  EXPECT_EQ(with(2, true, 20).host_checkpoints, 20 * z2_cpu.block_input);
+  EXPECT_EQ(with(2, true, 20).host_checkpoints, 20 * z2_cpu.Block(1).input);
   // Four spare buffers on the device through the loss.
   const StepSizes slots = with(2, false, 20);
   EXPECT_EQ(slots.checkpoint_slots, 20);
-  EXPECT_EQ(StepPeakBytes(slots) - StepPeakBytes(z2), 4 * z2.block_input);
+  EXPECT_EQ(StepPeakBytes(slots) - StepPeakBytes(z2), 4 * z2.Block(1).input);
 }
 
 TEST(DeepSpeedCheckpointingTest, RefusedWhereDeepSpeedFailsOrIsNotModelled) {

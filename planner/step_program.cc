@@ -105,14 +105,17 @@ class Builder {
 
   // Runs block(i) for every block, first to last (forward) or last to first,
   // each run's whole periods as one group.
+  // Blocks [first, last) only, when `first` and `last` are cuts (a stack of a
+  // vision-language model).
   template <typename Block>
-  void Blocks(bool forward, const Block& block) {
+  void Blocks(bool forward, const Block& block, int first = 0, int last = -1) {
+    if (last < 0) last = num_layers_;
     const int dir = forward ? 1 : -1;
     auto plain = [&](int from, int count) {
       for (int t = 0; t < count; ++t) block(from + dir * t);
     };
     if (!grouped_) {
-      plain(forward ? 0 : num_layers_ - 1, num_layers_);
+      plain(forward ? first : last - 1, last - first);
       return;
     }
     const std::vector<int>& cuts = scratch_.cuts;
@@ -120,6 +123,7 @@ class Builder {
     for (int t = 0; t < runs; ++t) {
       const int k = forward ? t : runs - 1 - t;
       const int a = cuts[k], b = cuts[k + 1];
+      if (a < first || b > last) continue;
       const auto [from, to] = Periods(a, b);
       const int repeat = (to - from) / period_;
       plain(forward ? a : b - 1, forward ? from - a : b - to);
@@ -372,26 +376,34 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   const int partly_kept = s.gather_kept_partial != 0 ? kept_from - 1 : -1;
   const int rope_late_at = s.rope_late_pair > 0 ? s.rope_late_pair_layer : -1;
   const int norm_copy_at = s.offload_norm_copy.bytes > 0 ? s.offload_norm_copy.at : -1;
+  // A vision-language model's stacks: the tower's blocks, those of them that run no backward, the language model's.
+  const int tower = s.tower_layers;
+  int forward_only_from = tower;
+  while (forward_only_from > 0 && s.Block(forward_only_from - 1).forward_only) --forward_only_from;
   r.Cuts(num_layers, period,
-         std::array<int, 13>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
-                             spares_go + 1, rope_late_at, rope_late_at + 1, norm_copy_at, norm_copy_at + 1});
-  r.Blocks(/*forward=*/true, [&](int i) {
+         std::array<int, 17>{block0_differs ? 1 : -1, partly_kept, kept_from, p, p + 1, q, q + 1, spares_go,
+                             spares_go + 1, rope_late_at, rope_late_at + 1, norm_copy_at, norm_copy_at + 1, tower,
+                             tower + 1, forward_only_from, forward_only_from + 1});
+  // The tower's embeddings: what they keep for their backward.
+  const int tower_embed = r.Alloc(COMPONENT_ACTIVATIONS, s.tower_embed_saved, PHASE_FORWARD, -1,
+                                  "forward, vision tower embeddings and pre_layrnorm saved");
+  auto forward_block = [&](int i) {
     r.Alloc(Ref{kept_gather, i}, COMPONENT_PARAMS, kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered (kept)");
     r.Alloc(Ref{forward_gather, i}, COMPONENT_PARAMS, s.Block(i).gather - kept_of_block(i), PHASE_FORWARD, i,
             "forward, layer #, parameters gathered");
     if (s.Checkpointed(i)) {
-      r.Alloc(Ref{input, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+      r.Alloc(Ref{input, i}, COMPONENT_ACTIVATIONS, s.Block(i).input, PHASE_FORWARD, i,
               "forward, layer #, checkpointed input");
       // DeepSpeed's copy of it, in a contiguous buffer (all allocated here, at the first) or its own.
       if (s.checkpoint_slots > 0 && i == 0) {
         for (int j = 0; j < s.checkpoint_slots; ++j) {
-          r.Alloc(slot(j), COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+          r.Alloc(slot(j), COMPONENT_ACTIVATIONS, s.Block(i).input, PHASE_FORWARD, i,
                   "forward, layer #, contiguous checkpoint buffers");
         }
       }
       if (s.checkpoint_copy_on_device && s.checkpoint_slots == 0) {
-        r.Alloc(Ref{copy, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, i,
+        r.Alloc(Ref{copy, i}, COMPONENT_ACTIVATIONS, s.Block(i).input, PHASE_FORWARD, i,
                 "forward, layer #, copy of the checkpointed input");
       }
       r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, 0, PHASE_FORWARD, i, "forward, layer #");
@@ -414,15 +426,40 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, k.saved_mlp - k.mlp_tail_saved, PHASE_FORWARD, i,
               "forward, layer #");
       r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, k.mlp_tail_saved, PHASE_FORWARD, i, "forward, layer #");
+      if (k.forward_only && k.saved == 0) {  // a frozen tower's block, without a graph
+        r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, k.nograd_peak, PHASE_FORWARD, i, "forward, layer #");
+        r.Free(Ref{nograd, i}, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
+      }
     }
     r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
-  });
+  };
+  r.Blocks(/*forward=*/true, forward_block, 0, tower);
+  // The joint: post_layernorm keeps the last tower block's output, the
+  // projector its inputs, masked_scatter its mask.
+  const int tower_tail = r.Alloc(COMPONENT_ACTIVATIONS, s.tower_tail_saved, PHASE_FORWARD, -1,
+                                 "forward, post_layernorm saved (the last tower block's output)");
+  const int projector = r.Alloc(COMPONENT_ACTIVATIONS, s.projector_saved, PHASE_FORWARD, -1,
+                                "forward, projector saved");
+  const int image_mask = r.Alloc(COMPONENT_ACTIVATIONS, s.image_mask, PHASE_FORWARD, -1,
+                                 "forward, image features scattered: the mask");
+  r.Blocks(/*forward=*/true, forward_block, tower, num_layers);
   const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
+  // The tower's unused outputs (past the selected features) and what their
+  // blocks saved go with the vision-language model's forward.
+  for (int i = forward_only_from; i < tower && s.Block(i).saved > 0; ++i) {
+    const char* freed = "forward, layer # (no gradient), saved freed";
+    if (s.Checkpointed(i)) {
+      r.Free(Ref{input, i}, PHASE_FORWARD, i, freed);
+      continue;
+    }
+    for (int base : {saved_attn, saved_attn_tail, saved_mlp, saved_mlp_tail}) r.Free(Ref{base, i}, PHASE_FORWARD, i, freed);
+  }
+  if (tower > 0) r.Free(tower_tail, PHASE_FORWARD, -1, "post_layernorm saved freed");
   const int head_input =
       r.Alloc(COMPONENT_ACTIVATIONS, s.head_input_saved, PHASE_FORWARD, -1, "final norm output, the LM head's input");
   // The fused loss's input, which nothing saves for backward.
   const int norm_output =
-      s.fused_loss ? r.Alloc(COMPONENT_ACTIVATIONS, s.block_input, PHASE_FORWARD, -1, "final norm output") : -1;
+      s.fused_loss ? r.Alloc(COMPONENT_ACTIVATIONS, s.act_grad, PHASE_FORWARD, -1, "final norm output") : -1;
   if (!s.checkpointing) r.Free(mask, PHASE_FORWARD, -1, "attention mask freed");
   const bool rope_to_backward = !s.rope_tables_unsaved || s.checkpointing;
   if (!rope_to_backward) {
@@ -589,7 +626,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // A post-norm's backward, first in its half: its fp32 temporaries beside
   // everything the half saved.
   auto post_norm_backward = [&](Ref transient, const char* what) {
-    r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_post_norm_bwd_transient, PHASE_BACKWARD, transient.layer, what);
+    r.Alloc(transient, COMPONENT_TEMPORARIES, s.Block(transient.layer).post_norm_bwd_transient, PHASE_BACKWARD,
+            transient.layer, what);
     r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, post-norm temporaries freed");
   };
   // A pre-norm's backward, last in its half: what it saved and its temporaries.
@@ -598,7 +636,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(transient, PHASE_BACKWARD, transient.layer, "backward, layer #, norm done");
   };
   using Moment = StepSizes::PartitionMoment;
-  r.Blocks(/*forward=*/false, [&](int i) {
+  auto backward_block = [&](int i) {
     // The partition, where it appears at `moment` of this block's backward.
     auto partition_at = [&](Moment moment) {
       if (s.grad_partition_moment == moment) partition_from(i, PHASE_BACKWARD);
@@ -622,7 +660,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
         }
       }
       if (s.checkpoint_copy_on_host) {
-        r.Alloc(Ref{back, i}, COMPONENT_ACTIVATIONS, s.block_input, PHASE_BACKWARD, i,
+        r.Alloc(Ref{back, i}, COMPONENT_ACTIVATIONS, k.input, PHASE_BACKWARD, i,
                 "backward, layer #, checkpointed input back from the host");
         attention_saved = Ref{back, i};
       }
@@ -646,14 +684,14 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Free(Ref{saved_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
     const char* mlp = "backward, layer #, MLP gradients";
     Ref transient{mlp_transient, i};
-    r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
     norm_copy(i, false, true, i);
     bool waits = false;
     buckets_at(i, false, i, mlp);
     if (kept) {
-      r.Alloc(Ref{kept_down, i}, COMPONENT_GRADS, s.block_grads_down, PHASE_BACKWARD, i, mlp);
+      r.Alloc(Ref{kept_down, i}, COMPONENT_GRADS, k.grads_down, PHASE_BACKWARD, i, mlp);
     } else {
-      r.Alloc(Ref{mlp_weight_grad, i}, COMPONENT_TEMPORARIES, s.block_max_mlp_grad, PHASE_BACKWARD, i, mlp);
+      r.Alloc(Ref{mlp_weight_grad, i}, COMPONENT_TEMPORARIES, k.max_mlp_grad, PHASE_BACKWARD, i, mlp);
       const bool partition_here = s.grad_partition_moment == Moment::kDownProjHook && s.grad_partition_from == i;
       if (partition_here) {
         // down_proj's saved input is freed before its hook; the transient,
@@ -662,14 +700,14 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
         partition_from(i, PHASE_BACKWARD);
       }
       r.Free(Ref{mlp_weight_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP weight gradients into reduce bucket");
-      if (partition_here || s.block_down_weight_grad_waiting > 0) {
+      if (partition_here || k.down_weight_grad_waiting > 0) {
         // The activation's backward, the half's widest moment: down_proj's
         // weight gradient, larger than a bucket, waits for the next reduction.
         if (!partition_here) r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
         transient = Ref{mlp_transient_past_hooks, i};
-        r.Alloc(transient, COMPONENT_TEMPORARIES, s.block_bwd_mlp_transient - s.block_mlp_output_grad,
+        r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient - k.mlp_output_grad,
                 PHASE_BACKWARD, i, mlp);
-        r.Alloc(Ref{waiting, i}, COMPONENT_TEMPORARIES, s.block_down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
+        r.Alloc(Ref{waiting, i}, COMPONENT_TEMPORARIES, k.down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
         waits = true;
       }
     }
@@ -679,7 +717,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     retain(Ref{retained_mlp, i}, k.retained_mlp, "backward, layer #, MLP weight gradients kept to the epilogue");
     if (kept) {
       // The rest of the half's gradients, once down_proj's input gradient is freed.
-      r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS, s.block_grads_mlp - s.block_grads_down, PHASE_BACKWARD, i, mlp);
+      r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS, k.grads_mlp - k.grads_down, PHASE_BACKWARD, i, mlp);
     }
     if (recompute) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
@@ -723,7 +761,40 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     if (rope_to_backward && i == s.rope_late_pair_layer) {
       r.Free(rope_late, PHASE_BACKWARD, i, "backward, layer #, its layer type's RoPE tables freed");
     }
-  });
+  };
+  r.Blocks(/*forward=*/false, backward_block, tower, num_layers);
+  if (tower > 0) {
+    // The scatter's backward: the image features' gradient (the embeddings'
+    // stays, act_grad_in, until the token embedding's backward, last).
+    const int features_grad = r.Alloc(COMPONENT_TEMPORARIES, s.image_features_grad, PHASE_BACKWARD, -1,
+                                      "backward, image features' gradient");
+    r.Free(image_mask, PHASE_BACKWARD, -1, "image mask freed");
+    // The projector: its input gradients and weight gradients, kept or into a bucket.
+    const int transient = r.Alloc(COMPONENT_TEMPORARIES, s.projector_bwd_transient, PHASE_BACKWARD, -1,
+                                  "backward, projector");
+    const int grads = r.Alloc(produced, s.projector_grads, PHASE_BACKWARD, -1, "backward, projector gradients");
+    if (kept) {
+      kept_after_blocks.push_back(grads);
+    } else {
+      r.Free(grads, PHASE_BACKWARD, -1, "projector gradients into reduce bucket");
+    }
+    r.Free(transient, PHASE_BACKWARD, -1, "backward, projector temporaries freed");
+    r.Free(projector, PHASE_BACKWARD, -1, "projector saved freed");
+    const int tower_grad = r.Alloc(COMPONENT_TEMPORARIES, s.tower_act_grad, PHASE_BACKWARD, -1,
+                                   "backward, gradient of the selected tower features");
+    r.Free(features_grad, PHASE_BACKWARD, -1, "image features' gradient freed");
+    r.Blocks(/*forward=*/false, backward_block, 0, forward_only_from);
+    // The tower's embeddings: the patch conv, CLS, positions and pre_layrnorm.
+    const int embed_grads =
+        r.Alloc(produced, s.tower_embed_grads, PHASE_BACKWARD, -1, "backward, vision tower embeddings gradients");
+    if (kept) {
+      kept_after_blocks.push_back(embed_grads);
+    } else {
+      r.Free(embed_grads, PHASE_BACKWARD, -1, "vision tower embeddings gradients into reduce bucket");
+    }
+    r.Free(tower_embed, PHASE_BACKWARD, -1, "vision tower embeddings saved freed");
+    r.Free(tower_grad, PHASE_BACKWARD, -1, "tower gradient freed");
+  }
   if (s.checkpointing) r.Free(mask, PHASE_BACKWARD, 0, "attention mask freed");
   if (s.rope_tables_unsaved && s.checkpointing) r.Free(rope, PHASE_BACKWARD, 0, "RoPE tables freed");
   r.Free(embed_saved, PHASE_BACKWARD, -1, "embedding dropout mask freed");

@@ -137,7 +137,11 @@ struct StepSizes {
   // it keeps the additive mask and k and v repeated to every head); stage 3's
   // gathers of blocks of other sizes -- is a BlockKind, one per kind of
   // layer (StepSizer finds the kinds once per model): Block(i).
+  // A vision-language model's tower blocks come first (the first
+  // tower_layers of num_layers), then the language model's: each kind is of
+  // one stack, sized with its rows (memory_model.h).
   struct BlockKind {
+    int64_t input = 0;          // the block's input: rows x its hidden width, working dtype
     int64_t saved = 0;          // tensors saved for backward, no checkpointing
     int64_t saved_mlp = 0;      // of which the MLP half's (freed first in backward)
     // Of saved, the block's input itself (IsBlockInputItself): a
@@ -171,6 +175,27 @@ struct StepSizes {
     // kept from the half's backward to the epilogue.
     int64_t retained_mlp = 0;
     int64_t retained_attn = 0;
+    int64_t bwd_mlp_transient = 0;   // the MLP half's backward temporaries
+    // Of those, the gradient of the MLP's output that ops after it made, alive
+    // at a plain MLP's widest moment (inside down_proj's backward), gone once
+    // down_proj's hooks run.
+    int64_t mlp_output_grad = 0;
+    int64_t grads_mlp = 0;       // the MLP half's trainable parameters, working dtype
+    int64_t grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
+    int64_t max_mlp_grad = 0;    // largest single parameter of the MLP half, past that moment
+    // Stages 1/2 (reduced in the hooks): down_proj's weight gradient when it is
+    // larger than a reduce bucket. Its hook comes after its bias's (autograd
+    // finishes a linear's bias gradient first), and it waits, whole, for the
+    // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
+    // the activation's backward: the half's widest moment.
+    int64_t down_weight_grad_waiting = 0;
+    // transformers' RMSNorm backward at the start of each half's backward,
+    // a post-norm's (RmsNormBackwardTransientBytes; 0 for norms before the halves).
+    int64_t post_norm_bwd_transient = 0;
+    // A tower block past the one whose output feeds the projector (llava's
+    // vision_feature_layer -2): it runs forward, keeps what it saved until
+    // the language model's forward ends, and runs no backward.
+    bool forward_only = false;
   };
   std::vector<BlockKind> block_kinds;
   std::vector<int> block_kind_of;      // per layer, its index in block_kinds
@@ -178,21 +203,6 @@ struct StepSizes {
   // The smallest p with block_kind_of[i] == block_kind_of[i + p] for every
   // i >= 1 (block 0 is cut apart when it differs).
   int block_period = 1;
-  int64_t block_input = 0;           // b·s·h in the working dtype
-  int64_t block_bwd_mlp_transient = 0;   // MLP half's backward temporaries
-  // Of those, the gradient of the MLP's output that ops after it made, alive
-  // at a plain MLP's widest moment (inside down_proj's backward), gone once
-  // down_proj's hooks run.
-  int64_t block_mlp_output_grad = 0;
-  int64_t block_grads_mlp = 0;       // the MLP half's trainable parameters, working dtype
-  int64_t block_grads_down = 0;      // of those down_proj's: made beside its input gradient, the half's widest moment
-  int64_t block_max_mlp_grad = 0;    // largest single parameter of the MLP half
-  // Stages 1/2 (reduced in the hooks): down_proj's weight gradient when it is
-  // larger than a reduce bucket. Its hook comes after its bias's (autograd
-  // finishes a linear's bias gradient first), and it waits, whole, for the
-  // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
-  // the activation's backward: the half's widest moment.
-  int64_t block_down_weight_grad_waiting = 0;
   // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
   // keeps from their forward to their backward -- blocks gather_kept_from
   // onwards whole (Block(i).gather_kept bytes each) and gather_kept_partial
@@ -202,6 +212,35 @@ struct StepSizes {
   int64_t gather_kept_partial = 0;
   bool embed_kept = false;
   bool head_kept = false;
+
+  // A vision-language model (llava: vision_language.h). Forward: the
+  // token embedding, the tower (its embeddings, then blocks
+  // [0, tower_layers)), the projector, the image features scattered into
+  // the embeddings, the language model. Backward: the language model, the
+  // scatter's, the projector's, the tower's, last the token embedding's
+  // (autograd runs the later-made nodes first), whose gradient of its output
+  // waits through the tower's.
+  int tower_layers = 0;
+  // The patch conv's input (the pixels in the working dtype) and
+  // pre_layrnorm's input and statistics: to the tower embeddings' backward.
+  int64_t tower_embed_saved = 0;
+  // post_layernorm's on the CLS token, which keeps the last block's output
+  // (its storage): with the forward-only blocks' saved tensors, to the end
+  // of the language model's forward.
+  int64_t tower_tail_saved = 0;
+  // linear_1's input (a copy of the selected features), the activation's
+  // and linear_2's inputs: to the projector's backward.
+  int64_t projector_saved = 0;
+  int64_t image_mask = 0;            // masked_scatter's bool mask [b, s, 1], to its backward
+  int64_t image_features_grad = 0;   // masked_scatter's gradient of the image features [tokens, h]
+  // The projector's backward at its widest: its input gradients beside
+  // one weight gradient.
+  int64_t projector_bwd_transient = 0;
+  int64_t projector_grads = 0;       // its trainable parameters, working dtype
+  // The gradient carried between tower blocks, images x tokens x C: from
+  // the feature select's backward (SliceBackward's zeros) to the embeddings'.
+  int64_t tower_act_grad = 0;
+  int64_t tower_embed_grads = 0;     // patch conv, CLS, positions, pre_layrnorm
 
   // Model ends.
   int64_t rope_tables = 0;           // RoPE cos/sin tables, to the end of backward
@@ -228,11 +267,8 @@ struct StepSizes {
   int64_t final_norm_grads = 0;
   // transformers' RMSNorm backward: its fp32 temporaries at their widest,
   // net of the normalized input freed by then (RmsNormBackwardTransientBytes):
-  // the final norm's (0: LayerNorm), and each post-norm's at the start of
-  // its half's backward (0: norms before the halves, whose backward runs
-  // once the half's saved tensors are freed, never the step's peak).
+  // the final norm's (0: LayerNorm).
   int64_t final_norm_bwd_transient = 0;
-  int64_t block_post_norm_bwd_transient = 0;
   int64_t head_grad = 0;             // V·h (the tied embedding's, or lm_head's)
   int64_t retained_head = 0;         // of that, kept to the epilogue (BlockKind::retained_mlp)
   int64_t embed_grad = 0;            // V·h: the embedding's contribution

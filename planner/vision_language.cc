@@ -250,6 +250,12 @@ absl::Status ValidateVisionLanguage(const ModelSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("model.vision_language.hidden_size: ", v.hidden_size(),
                                                    " is not a multiple of num_heads ", v.num_heads()));
   }
+  if (!qwen && v.activation() != "quick_gelu" && v.activation() != "gelu") {
+    // vision_tower.h's TowerSpec: QuickGELUActivation or one GELU op.
+    return absl::InvalidArgumentError(absl::StrCat("model.vision_language.activation (vision_config.hidden_act): \"",
+                                                   v.activation(), "\" is not modelled for a CLIP tower; zplan "
+                                                   "plans quick_gelu (CLIP's default) and gelu"));
+  }
   if (qwen) {
     ZPLAN_RETURN_IF_ERROR(CheckFields({
         {"model.vision_language.temporal_patch_size", v.temporal_patch_size(), 1, 64, "frames per patch"},
@@ -283,11 +289,12 @@ absl::Status ValidateVisionLanguage(const ModelSpec& spec) {
 }
 
 absl::Status RefuseVisionLanguagePlan(const ModelSpec& spec) {
-  if (!spec.has_vision_language()) return absl::OkStatus();
+  if (!spec.has_vision_language() || spec.vision_language().tower() == VISION_TOWER_CLIP) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "model_type \"", spec.model_type(), "\" is a vision-language model: zplan reads it and counts its parameters "
-      "(zplan count), but does not plan its memory yet (the vision tower's activations and the image tokens in the "
-      "sequence are not modelled); plan its language model alone by saving text_config as its own config.json"));
+      "(zplan count), but does not plan its memory yet (its vision tower's window attention, 2-D RoPE and merger "
+      "are not modelled; llava's CLIP tower is); plan its language model alone by saving text_config as its own "
+      "config.json"));
 }
 
 }  // namespace zplan

@@ -7,9 +7,14 @@
 // tower's and projector's parameters, exact in name, shape and order against
 // the model transformers builds, are inventory.h's VisionLanguageParameters.
 //
-// What is planned of such a model today: its parameters (zplan count). Its
-// memory -- the tower's activations, the image tokens in the sequence -- is
-// not modelled yet, and zplan and zrun refuse to plan or run it
+// What is planned of such a model today: the parameters of all four types
+// (zplan count), and the memory of llava: its CLIP tower's blocks are a
+// ModelSpec of their own (vision_tower.h) that the block rules walk as they walk
+// a language model's, run before the language model's in one stack
+// (memory_model.h); its image tokens take images_per_sample x
+// ImageTokensPerImage positions of the sequence. The Qwen towers' memory
+// (window attention, 2-D RoPE, mergers) is not modelled yet, and zrun runs
+// no vision-language model: both are refused by name
 // (RefuseVisionLanguagePlan).
 //
 // Example:
@@ -55,8 +60,9 @@ absl::StatusOr<VisionLanguageConfig> ReadVisionLanguageConfig(const JsonObject& 
 // projector's widths against the language model's hidden size).
 absl::Status ValidateVisionLanguage(const ModelSpec& spec);
 
-// The refusal of a memory plan of a vision-language model (zplan's plans,
-// a plan file given to zplan show or zrun): what is missing and what to do.
+// The refusal of a memory plan of a vision-language model whose tower is
+// not modelled (zplan's plans, a plan file given to zplan show): what is
+// missing and what to do. OK for llava and for language models.
 absl::Status RefuseVisionLanguagePlan(const ModelSpec& spec);
 
 }  // namespace zplan

@@ -5,9 +5,23 @@
 #include "absl/strings/match.h"
 #include "planner/block_layout.h"
 #include "planner/units.h"
+#include "planner/vision_tower.h"
 
 namespace zplan {
 namespace {
+
+// The backward part whose hooks make a vision-language model's gradient
+// outside the blocks: the projector's at the start of the last tower block
+// with a gradient (its backward runs right before), the tower embeddings'
+// with the embedding (-1: after the tower's first block); `otherwise` for
+// the language model's. Approximation: hooks are taken in reverse
+// parameter order, which puts the token embedding's before the projector's;
+// it comes last.
+int GradientPartOf(const ModelSpec& model, const TensorSpec& t, int otherwise) {
+  if (t.part() == PART_PROJECTOR) return TowerBlocksWithGradient(model.vision_language()) - 1;
+  if (t.part() == PART_VISION_TOWER) return -1;
+  return otherwise;
+}
 
 // Per rank, the backward part (StepSizes::grad_partition_from) of the first
 // stage-2 bucket reduction that carries one of its parameters
@@ -62,7 +76,7 @@ class LargestPieces {
 bool BeforeQkNormMoment(const ModelSpec& model, KernelDevice device, const std::vector<BlockOp>& layout,
                         const TensorSpec& t) {
   if (!model.qk_norm() || model.attention_impl() != ATTENTION_SDPA || SdpaRunsMath(model, device) ||
-      !LayerAttends(model, t.layer())) {
+      t.part() == PART_VISION_TOWER || !LayerAttends(model, t.layer())) {
     return false;
   }
   absl::string_view rest;
@@ -96,15 +110,17 @@ std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, Ker
     const TensorSpec& t = params[i];
     using Moment = StepSizes::PartitionMoment;
     PartitionStart start;
-    start.part = t.layer() >= 0 ? t.layer() : t.name().rfind("embed", 0) == 0 ? -1 : num_layers;
-    const bool in_attention = t.layer() >= 0 && !InMlpHalf(layout, t);
+    const int block = StepBlockOf(model, t);
+    start.part = block >= 0 ? block : GradientPartOf(model, t, t.name().rfind("embed", 0) == 0 ? -1 : num_layers);
+    const bool in_attention = block >= 0 && !InMlpHalf(layout, t);
     if (in_attention) start.moment = Moment::kAttention;
     if (gelu_mlp && IsDownProjTensor(layout, t)) start.moment = Moment::kDownProjHook;
-    const bool first_of_half = i + 1 == static_cast<int>(params.size()) || params[i + 1].layer() != t.layer() ||
+    const bool first_of_half = i + 1 == static_cast<int>(params.size()) ||
+                               StepBlockOf(model, params[i + 1]) != block ||
                                InMlpHalf(layout, params[i + 1]) != InMlpHalf(layout, t);
     const bool before_moment = first_of_half || IsDownProjTensor(layout, t);
-    note_pieces(lo, hi, StepSizes::OffloadNormCopy{0, start.part, in_attention, before_moment || t.layer() < 0});
-    if (t.layer() >= 0 && !before_moment) {
+    note_pieces(lo, hi, StepSizes::OffloadNormCopy{0, start.part, in_attention, before_moment || block < 0});
+    if (block >= 0 && !before_moment) {
       if (!in_attention && !IsPreNormTensor(layout, t)) {
         start.moment = Moment::kMlpPreNorm;  // gate's or up's hook: the pre-norm's backward comes after
       } else if (!in_attention) {
@@ -112,7 +128,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, Ker
       } else if (BeforeQkNormMoment(model, device, layout, t)) {
         start.moment = Moment::kQkNorm;
       } else {
-        start.part = t.layer() - 1;  // the previous block's MLP half, or the embedding (-1)
+        start.part = block - 1;  // the previous block's MLP half, or the embedding (-1)
         start.moment = Moment::kBlockStart;
       }
     }
@@ -206,12 +222,13 @@ void SizeReduceBuckets(const ZeroSizingInputs& in, StepSizes* sizes) {
   // tied embedding's last) brings the IPG buckets.
   if (!trainable.empty()) {
     const TensorSpec& first = trainable.back();
-    s.ipg_from = first.layer() >= 0                          ? first.layer()
+    const int block = StepBlockOf(in.model, first);
+    s.ipg_from = block >= 0                                  ? block
                  : absl::StartsWith(first.name(), "lm_head") || absl::StartsWith(first.name(), "classifier")
                      ? s.kHeadPart()
                  : absl::StartsWith(first.name(), "final_norm") ? s.num_layers
-                                                                : -1;
-    s.ipg_at_attention = first.layer() >= 0 && !InMlpHalf(BlockLayout(in.model, first.layer()), first);
+                                                                : GradientPartOf(in.model, first, -1);
+    s.ipg_at_attention = block >= 0 && !InMlpHalf(StepBlockLayout(in.model, block), first);
   }
 }
 
@@ -233,8 +250,8 @@ void RetainOversizedGradients(const ZeroSizingInputs& in, const FlatPartition& p
     const bool owned = i >= partition.first_param && i <= partition.last_param;
     if (owned || NumElements(t) <= in.config.zero().reduce_bucket_elements()) continue;
     const int64_t bytes = NumElements(t) * in.w;
-    if (t.layer() >= 0) {
-      (InMlpHalf(layout, t) ? v->retained_mlp : v->retained_attn)[t.layer()] += bytes;
+    if (const int block = StepBlockOf(in.model, t); block >= 0) {
+      (InMlpHalf(layout, t) ? v->retained_mlp : v->retained_attn)[block] += bytes;
     } else if (absl::StartsWith(t.name(), "lm_head")) {
       v->retained_head += bytes;
     }
@@ -310,15 +327,13 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
   }
 }
 
-void SizeDownWeightGradWaiting(const ZeroSizingInputs& in, int64_t down_weight_elements, StepSizes* sizes) {
-  StepSizes& s = *sizes;
+int64_t DownWeightGradWaitingBytes(const ZeroSizingInputs& in, const StepSizes& s, int64_t down_weight_elements) {
   const ZeroConfig& zero = in.config.zero();
-  const int64_t w = in.w;
-  const bool stage1_epilogue = in.stage1_epilogue;
-  const bool reduced_in_hooks = (s.stage == 1 || s.stage == 2) && !stage1_epilogue;
+  const bool reduced_in_hooks = (s.stage == 1 || s.stage == 2) && !in.stage1_epilogue;
   if (reduced_in_hooks && zero.contiguous_gradients() && down_weight_elements > zero.reduce_bucket_elements()) {
-    s.block_down_weight_grad_waiting = down_weight_elements * w;
+    return down_weight_elements * in.w;
   }
+  return 0;
 }
 
 }  // namespace zplan

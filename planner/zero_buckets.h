@@ -58,10 +58,10 @@ void SizeReduceBuckets(const ZeroSizingInputs& in, StepSizes* sizes);
 void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vector<RankVariant>* variants,
                         std::vector<int>* rank_variant);
 
-// block_down_weight_grad_waiting: down_proj's weight gradient of
+// BlockKind::down_weight_grad_waiting: down_proj's weight gradient of
 // `down_weight_elements`, when larger than a bucket, waits whole for the next
-// reduction (stage_1_and_2.py, extra_large_param_to_reduce).
-void SizeDownWeightGradWaiting(const ZeroSizingInputs& in, int64_t down_weight_elements, StepSizes* sizes);
+// reduction (stage_1_and_2.py, extra_large_param_to_reduce); 0 otherwise.
+int64_t DownWeightGradWaitingBytes(const ZeroSizingInputs& in, const StepSizes& s, int64_t down_weight_elements);
 
 }  // namespace zplan
 

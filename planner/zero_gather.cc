@@ -22,9 +22,10 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     std::vector<std::vector<const TensorSpec*>> of_layer(s.num_layers);
     std::vector<int64_t> partitioned_elements(s.num_layers, 0);
     for (const TensorSpec& t : params) {
-      if (t.layer() < 0) continue;
-      of_layer[t.layer()].push_back(&t);
-      if (partitioned(t)) partitioned_elements[t.layer()] += NumElements(t);
+      const int block = StepBlockOf(model, t);
+      if (block < 0) continue;
+      of_layer[block].push_back(&t);
+      if (partitioned(t)) partitioned_elements[block] += NumElements(t);
     }
     blocks->gather.assign(s.num_layers, 0);
     blocks->kept.assign(s.num_layers, 0);
@@ -54,7 +55,8 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     std::vector<int64_t> kept(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
       const TensorSpec& t = params[j];
-      if (t.layer() >= 0 && retention.kept_after_forward[j] && partitioned(t)) kept[t.layer()] += NumElements(t) * w;
+      const int block = StepBlockOf(model, t);
+      if (block >= 0 && retention.kept_after_forward[j] && partitioned(t)) kept[block] += NumElements(t) * w;
     }
     int from = s.num_layers;
     while (from > 0 && kept[from - 1] == blocks->kept[from - 1]) --from;
@@ -76,8 +78,19 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
       }
     }
   } else if (s.has_head) {
+    // A vision-language model's tower embeddings and projector: gathered
+    // with the embedding (approximation: DeepSpeed gathers each as its
+    // module runs, the tower's at the forward's start and after the tower's
+    // first block in backward, the projector's after the tower).
+    for (const TensorSpec& t : params) {
+      if (gathers && t.part() != PART_LANGUAGE_MODEL && t.layer() < 0 &&
+          NumElements(t) > zero.stage3_param_persistence_threshold()) {
+        s.embed_gather += NumElements(t) * w;
+      }
+    }
     if (gathers && vocab * h > zero.stage3_param_persistence_threshold()) {
-      s.embed_gather = s.head_gather = vocab * h * w;
+      s.embed_gather += vocab * h * w;
+      s.head_gather = vocab * h * w;
     }
     // Learned positions (GPT-2's wpe) are gathered, and kept, with it.
     const int64_t positions =

@@ -27,6 +27,7 @@
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
+#include "planner/vision_language.h"
 
 namespace zplan {
 namespace {
@@ -131,6 +132,38 @@ absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
   return LoadPreset(o.model.empty() ? "1b" : o.model);
 }
 
+// --freeze: a vision-language model's parts that do not train (the
+// oracle's --freeze); LoRA adapts the language model alone, so it must be
+// among them.
+absl::Status ApplyFreeze(const ZplanOptions& o, ModelSpec* spec) {
+  if (!spec->has_vision_language()) {
+    if (!o.freeze.empty() || !o.images_per_sample.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(!o.freeze.empty() ? "--freeze" : "--images-per-sample",
+                                                     ": only for vision-language models (", VisionLanguageModelTypes(),
+                                                     "); ", spec->name(), " is a language model"));
+    }
+    return absl::OkStatus();
+  }
+  VisionLanguageSpec& v = *spec->mutable_vision_language();
+  for (absl::string_view part : absl::StrSplit(o.freeze, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    if (part == "vision_tower") v.set_freeze_vision_tower(true);
+    else if (part == "projector") v.set_freeze_projector(true);
+    else if (part == "language_model") v.set_freeze_language_model(true);
+    else return FlagError("freeze", std::string(part), "a comma list of vision_tower, projector, language_model");
+  }
+  if (spec->has_lora() && !v.freeze_language_model()) {
+    return absl::InvalidArgumentError(
+        "--lora-config: on a vision-language model LoRA adapts the language model alone, whose base weights it "
+        "freezes; add language_model to --freeze (e.g. --freeze vision_tower,language_model)");
+  }
+  if (v.freeze_vision_tower() && v.freeze_projector() && v.freeze_language_model() && !spec->has_lora()) {
+    return absl::InvalidArgumentError("--freeze: every part frozen leaves nothing to train; give --lora-config or "
+                                      "leave a part out");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyLora(const ZplanOptions& o, ModelSpec* spec) {
   if (o.lora_config.empty() && o.lora_r.empty() && o.lora_targets.empty() && o.lora_modules_to_save.empty()) {
     return absl::OkStatus();
@@ -211,6 +244,7 @@ absl::StatusOr<ModelSpec> ResolveModel(const ZplanOptions& o) {
     spec = ResolveModelSpec(std::move(spec));
   }
   ZPLAN_RETURN_IF_ERROR(ApplyLora(o, &spec));
+  ZPLAN_RETURN_IF_ERROR(ApplyFreeze(o, &spec));
   ZPLAN_RETURN_IF_ERROR(ValidateModelSpec(ResolveModelSpec(spec)));
   return spec;
 }
@@ -316,6 +350,10 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     else return FlagError("attention", o.attention, "sdpa or eager");
   }
   if (!o.kernels.empty()) ZPLAN_RETURN_IF_ERROR(ApplyKernels(o.kernels, &r.model));
+  if (!o.images_per_sample.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t images, ParseInt("images-per-sample", o.images_per_sample, 1, kMaxSeqLength));
+    c.set_images_per_sample(images);
+  }
   // A ViT's image fixes its sequence (ValidateSizes refuses another).
   if (r.model.has_vision() && o.seq.empty()) c.set_seq_length(VisionTokens(r.model));
   if (r.micro_batches.empty()) r.micro_batches = {ResolveRunConfig(c).micro_batch_size()};

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -203,6 +204,16 @@ std::string Describe(const AccuracyRow& row) {
   const RunConfig& c = row.plan.config();
   const ZeroConfig& z = c.zero();
   std::vector<std::string> parts = {row.plan.model().name(), absl::StrCat("ZeRO-", z.stage())};
+  if (row.plan.model().has_vision_language()) {
+    const VisionLanguageSpec& v = row.plan.model().vision_language();
+    std::vector<std::string> frozen;
+    if (v.freeze_vision_tower()) frozen.push_back("tower");
+    if (v.freeze_projector()) frozen.push_back("projector");
+    if (v.freeze_language_model()) frozen.push_back("language model");
+    const int64_t images = std::max<int64_t>(1, c.images_per_sample());
+    parts.push_back(absl::StrCat(images, images == 1 ? " image" : " images", " per sample",
+                                 frozen.empty() ? "" : absl::StrCat(", ", absl::StrJoin(frozen, " + "), " frozen")));
+  }
   if (row.plan.model().has_lora()) {
     const LoraSpec& lora = row.plan.model().lora();
     parts.push_back(absl::StrCat("LoRA r", lora.rank(), " on ", absl::StrJoin(lora.target_modules(), "+"),
@@ -415,6 +426,14 @@ AccuracyCase WithFusedLoss(AccuracyCase c) {
   return c;
 }
 
+AccuracyCase WithImages(AccuracyCase c, int images_per_sample, const std::string& freeze) {
+  for (std::vector<std::string>* args : {&c.zplan_args, &c.oracle_args}) {
+    args->insert(args->end(), {"--images-per-sample", absl::StrCat(images_per_sample)});
+    if (!freeze.empty()) args->insert(args->end(), {"--freeze", freeze});
+  }
+  return c;
+}
+
 AccuracyCase WithLora(AccuracyCase c, const std::string& adapter_config) {
   for (std::vector<std::string>* args : {&c.zplan_args, &c.oracle_args}) {
     args->insert(args->end(), {"--lora-config", adapter_config});
@@ -483,6 +502,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   const std::string vit = "configs/hf/tiny/vit.json", vit_wide = "configs/hf/tiny/vit-wide.json";
   const std::string llama_heavy = "configs/hf/tiny/llama-heavy.json";  // its parameters outweigh its activations
   const std::string llama_deep = "configs/hf/tiny/llama-deep.json";    // eight layers
+  const std::string llava = "configs/hf/tiny/llava.json", llava_wide = "configs/hf/tiny/llava-wide.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -749,6 +769,45 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       Emulated(DeepSpeedCase("z2-bf16-w8", qwen3, DsConfig(2, "bf16", 2, 1, "", kSmall), 8, 128), 7),
       Emulated(DeepSpeedCase("z3-bf16-ckpt-w64", llama, DsConfig(3, "bf16", 2, 1, "", kSmall3), 64, 128, "sdpa", true),
                63),
+      // llava: a CLIP tower, the projector and a Llama, 112 px images in 14 px patches (64 image tokens),
+      // trained whole, with the tower frozen, with LoRA on the frozen language model (LLaVA-1.5's
+      // recipe: projector trained whole; the Qwen recipe: adapters only), checkpointed, in fp32.
+      WithImages(DeepSpeedCase("llava-z1-bf16-overlap", llava, DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOverlap})), 2,
+                               256),
+                 1, ""),
+      WithImages(DeepSpeedCase("llava-z2-bf16", llava, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256), 1, ""),
+      WithImages(DeepSpeedCase("llava-z3-bf16", llava, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256), 1, ""),
+      WithImages(DeepSpeedCase("llava-z2-bf16-freeze-tower", llava, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256), 1,
+                 "vision_tower"),
+      WithImages(DeepSpeedCase("llava-z3-bf16-freeze-tower", llava, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256), 1,
+                 "vision_tower"),
+      WithLora(WithImages(DeepSpeedCase("llava-z2-bf16-lora-projector", llava, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                                        256),
+                          1, "vision_tower,language_model"),
+               lora_qv),
+      WithLora(WithImages(DeepSpeedCase("llava-z3-bf16-lora-adapters-only", llava,
+                                        DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+                          1, "vision_tower,projector,language_model"),
+               lora_qv),
+      WithImages(DeepSpeedCase("llava-z2-bf16-ckpt", llava, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa", true),
+                 1, ""),
+      // Checkpointing with the tower frozen: transformers' input-grad hook (enable_input_require_grads)
+      // reaches CLIP's patch embedding, so the frozen blocks keep what their input gradient needs and run
+      // a backward.
+      WithImages(DeepSpeedCase("llava-z2-bf16-ckpt-freeze-tower", llava, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256,
+                               "sdpa", true),
+                 1, "vision_tower"),
+      WithImages(DeepSpeedCase("llava-z1-fp32", llava, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256), 1, ""),
+      // Held out (nothing above was sized on it): a wider, deeper tower at 224 px (256 image tokens),
+      // two and three images per sequence, where the tower's activations outweigh the language model's.
+      WithImages(DeepSpeedCase("llava-wide-z2-bf16-2img", llava_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 640), 2,
+                 ""),
+      WithImages(DeepSpeedCase("llava-wide-z3-bf16-3img-freeze-tower", llava_wide,
+                               DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 1024),
+                 3, "vision_tower"),
+      WithImages(DeepSpeedCase("llava-wide-z1-bf16-2img-ckpt", llava_wide, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 640,
+                               "sdpa", true),
+                 2, ""),
   };
 }
 

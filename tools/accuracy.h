@@ -58,6 +58,11 @@ std::vector<AccuracyCase> AccuracyMatrix();
 AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::string ds_config_json, int world,
                            int seq, const std::string& attention = "sdpa", bool checkpointing = false);
 
+// `c` (a vision-language config) with images at the start of every
+// sequence and the parts that do not train (a comma list; "" none), given
+// to zplan and to the oracle alike.
+AccuracyCase WithImages(AccuracyCase c, int images_per_sample, const std::string& freeze);
+
 // `c` with LoRA adapters from a PEFT adapter_config.json (a path under the
 // workspace), given to zplan and to the oracle alike.
 AccuracyCase WithLora(AccuracyCase c, const std::string& adapter_config);

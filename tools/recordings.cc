@@ -143,6 +143,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "smollm3-z3-bf16",                               // layers without RoPE
       "glm4-z3-bf16",                                  // fused projections, partial RoPE
       "z0-bf16-torch-adamw-heavy",                     // a torch Adam at ZeRO-0 in bf16
+      "llava-z3-bf16-freeze-tower",                    // a vision-language model, a frozen tower
   };
 }
 
@@ -171,6 +172,7 @@ std::set<std::string> Mechanisms(const AccuracyCase& c, const Plan& plan) {
   if (model.has_lora()) m.insert("LoRA");
   if (model.has_lora() && !model.lora().modules_to_save().empty()) m.insert("LoRA's modules_to_save");
   if (model.has_vision()) m.insert("ViT");
+  if (model.has_vision_language()) m.insert("vision-language model");
   // A family is data the recordings' digests hold; what live rows re-run is
   // what its description makes the stack do.
   if (model.fused_qkv_projection() || model.fused_gate_up_projection()) m.insert("fused projections");
