@@ -89,6 +89,19 @@ void PartNorm(const std::string& name, int64_t width, bool layer_norm, ModelPart
   if (layer_norm) params->push_back(Param(name + ".bias", {width}, part, layer));
 }
 
+// The tower's blocks: TowerSpec's BlockParameters, named
+// "vision_tower.layers.<i>...." (kVisionTowerPrefix) in block-layout order.
+void AppendTowerBlocks(const ModelSpec& spec, std::vector<TensorSpec>* out) {
+  const ModelSpec tower = TowerSpec(spec);
+  for (int layer = 0; layer < tower.num_layers(); ++layer) {
+    for (TensorSpec& t : BlockParameters(tower, layer)) {
+      t.set_name(absl::StrCat(kVisionTowerPrefix, t.name()));
+      t.set_part(PART_VISION_TOWER);
+      out->push_back(std::move(t));
+    }
+  }
+}
+
 // CLIPVisionModel (models/clip/modeling_clip.py: CLIPVisionEmbeddings,
 // CLIPEncoderLayer registering k, v, q, out then layer_norm1, mlp,
 // layer_norm2) and LlavaMultiModalProjector (modeling_llava.py).
@@ -101,18 +114,9 @@ void ClipParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
   out->push_back(Param(tower + "embeddings.position_embedding.weight", {v.num_position_embeddings(), c},
                        PART_VISION_TOWER, -1));
   PartNorm(tower + "pre_layrnorm", c, true, PART_VISION_TOWER, -1, out);
-  // The blocks as the step sizes them: TowerSpec's BlockParameters, named
-  // "vision_tower.layers.<i>...." in block-layout order (transformers
-  // registers k, v, q, out_proj, layer_norm1, fc1, fc2, layer_norm2: the
-  // same tensors).
-  const ModelSpec encoder = TowerSpec(spec);
-  for (int layer = 0; layer < v.num_layers(); ++layer) {
-    for (TensorSpec& t : BlockParameters(encoder, layer)) {
-      t.set_name(absl::StrCat(kVisionTowerPrefix, t.name()));
-      t.set_part(PART_VISION_TOWER);
-      out->push_back(std::move(t));
-    }
-  }
+  // The blocks as the step sizes them (transformers registers k, v, q,
+  // out_proj, layer_norm1, fc1, fc2, layer_norm2: the same tensors).
+  AppendTowerBlocks(spec, out);
   PartNorm(tower + "post_layernorm", c, true, PART_VISION_TOWER, -1, out);
   const int64_t h = spec.hidden_size();
   PartLinear("multi_modal_projector.linear_1", c, h, v.projector_bias(), PART_PROJECTOR, -1, out);
@@ -126,7 +130,7 @@ void ClipParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
 void QwenParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
   const VisionLanguageSpec& v = spec.vision_language();
   const bool qwen2_5 = v.tower() == VISION_TOWER_QWEN2_5_VL;
-  const int64_t c = v.hidden_size(), p = v.patch_size(), f = v.ffn_hidden_size();
+  const int64_t c = v.hidden_size(), p = v.patch_size();
   const int64_t merged = c * v.spatial_merge_size() * v.spatial_merge_size(), o = v.out_hidden_size();
   const std::string tower = "visual.";
   out->push_back(Param(tower + "patch_embed.proj.weight", {c, v.num_channels(), v.temporal_patch_size(), p, p},
@@ -135,21 +139,9 @@ void QwenParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
     out->push_back(Param(tower + "patch_embed.proj.bias", {c}, PART_VISION_TOWER, -1));
     out->push_back(Param(tower + "pos_embed.weight", {v.num_position_embeddings(), c}, PART_VISION_TOWER, -1));
   }
-  for (int layer = 0; layer < v.num_layers(); ++layer) {
-    const std::string l = absl::StrCat(tower, "blocks.", layer, ".");
-    PartNorm(l + "norm1", c, !qwen2_5, PART_VISION_TOWER, layer, out);
-    PartNorm(l + "norm2", c, !qwen2_5, PART_VISION_TOWER, layer, out);
-    PartLinear(l + "attn.qkv", c, 3 * c, true, PART_VISION_TOWER, layer, out);
-    PartLinear(l + "attn.proj", c, c, true, PART_VISION_TOWER, layer, out);
-    if (qwen2_5) {
-      PartLinear(l + "mlp.gate_proj", c, f, true, PART_VISION_TOWER, layer, out);
-      PartLinear(l + "mlp.up_proj", c, f, true, PART_VISION_TOWER, layer, out);
-      PartLinear(l + "mlp.down_proj", f, c, true, PART_VISION_TOWER, layer, out);
-    } else {
-      PartLinear(l + "mlp.linear_fc1", c, f, true, PART_VISION_TOWER, layer, out);
-      PartLinear(l + "mlp.linear_fc2", f, c, true, PART_VISION_TOWER, layer, out);
-    }
-  }
+  // The blocks as the step sizes them (TowerSpec; transformers registers
+  // norm1 and norm2 first, then attn.qkv, attn.proj and the MLP: the same tensors).
+  AppendTowerBlocks(spec, out);
   if (qwen2_5) {
     // Qwen2_5_VLPatchMerger: ln_q over C, then mlp.0 [4C -> 4C], GELU, mlp.2 [4C -> O].
     PartNorm(tower + "merger.ln_q", c, false, PART_PROJECTOR, -1, out);
@@ -983,35 +975,98 @@ bool TowerBuildsGraph(const ModelSpec& spec, const SavePolicy& saves) {
 }
 
 std::vector<TensorSpec> VisionLanguageSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, int64_t images,
-                                                       DType dtype, KernelDevice device, const SavePolicy& saves) {
+                                                       int64_t image_size, DType dtype, KernelDevice device,
+                                                       const SavePolicy& saves) {
   std::vector<TensorSpec> out;
   const VisionLanguageSpec& v = spec.vision_language();
   const ModelSpec tower = TowerSpec(spec);
-  const int64_t c = v.hidden_size(), h = spec.hidden_size(), tokens = TowerTokensPerImage(v);
-  const int64_t features = images * ImageTokensPerImage(v);
+  const int64_t c = v.hidden_size(), h = spec.hidden_size(), tokens = TowerTokensPerImage(v, image_size);
+  const int64_t rows = images * tokens, features = images * ImageTokensPerImage(v, image_size);
   const bool tower_trains = !v.freeze_vision_tower(), projector_trains = !v.freeze_projector();
   const bool tower_graph = TowerBuildsGraph(spec, saves);
-  if (tower_graph) {
-    // CLIPVisionEmbeddings: patch_embedding(pixel_values.to(dtype)) keeps the copy for its weight's
-    // gradient (in fp32 the batch's own fp32 pixels).
-    if (tower_trains && dtype != DTYPE_FP32) {
-      out.push_back(Make("vision_tower.embeddings.pixels",
-                         {images, v.num_channels(), v.tower_image_size(), v.tower_image_size()}, dtype,
-                         ROLE_ACTIVATION, -1));
+  auto act = [&](const std::string& name, std::vector<int64_t> shape, DType t) {
+    out.push_back(Make(name, std::move(shape), t, ROLE_ACTIVATION, -1));
+  };
+  // The patch conv keeps its input, the pixels cast to the working dtype,
+  // for its weight's gradient (in fp32 the batch's own pixels).
+  const bool pixel_copy = tower_trains && dtype != DTYPE_FP32;
+  // The projector's two linears with the activation between (llava's
+  // LlavaMultiModalProjector; Qwen2_5_VLPatchMerger's mlp, on the merged
+  // rows), each input kept for a gradient: `in` wide into the first, `mid`
+  // wide after it.
+  auto projector = [&](int64_t projector_rows, int64_t in, int64_t mid) {
+    if (projector_trains) act("projector.linear_1.input", {projector_rows, in}, dtype);
+    if (projector_trains || tower_graph) act("projector.act.input", {projector_rows, mid}, dtype);
+    if (projector_trains) act("projector.linear_2.input", {projector_rows, mid}, dtype);
+  };
+  if (v.tower() == VISION_TOWER_CLIP) {
+    if (tower_graph) {
+      if (pixel_copy) {
+        act("tower.embeddings.pixels", {images, v.num_channels(), v.tower_image_size(), v.tower_image_size()}, dtype);
+      }
+      AppendNormSaved(tower, "tower.pre_layrnorm", {images, tokens, c}, dtype, device, -1, &out);
+      // post_layernorm(last_hidden_state[:, 0, :]): its saved input is a view of the last block's output.
+      AppendNormSaved(tower, "tower_tail.post_layernorm", {images, c}, dtype, device, -1, &out);
+      out[out.size() - 3] = Make("tower_tail.post_layernorm.input", {images, tokens, c}, dtype, ROLE_ACTIVATION, -1);
     }
-    AppendNormSaved(tower, "vision_tower.pre_layrnorm", {images, tokens, c}, dtype, device, -1, &out);
-    // post_layernorm(last_hidden_state[:, 0, :]): its saved input is a view of the last block's output.
-    AppendNormSaved(tower, "vision_tower.post_layernorm", {images, c}, dtype, device, -1, &out);
-    out[out.size() - 3] = Make("vision_tower.post_layernorm.input", {images, tokens, c}, dtype, ROLE_ACTIVATION, -1);
+    // linear_1's input is reshaped from the strided select: a copy.
+    projector(features, c, h);
+  } else {
+    const bool qwen2_5 = v.tower() == VISION_TOWER_QWEN2_5_VL;
+    const int64_t patch_pixels = v.num_channels() * v.temporal_patch_size() * v.patch_size() * v.patch_size();
+    const int64_t merged = c * v.spatial_merge_size() * v.spatial_merge_size();
+    if (tower_graph) {
+      if (pixel_copy) act("tower.patch_embed.pixels", {rows, patch_pixels}, dtype);
+      // Qwen2.5-VL's windows' order (an index into the merged rows); RoPE's
+      // cos and sin [rows, head_dim] in fp32, which every block's rotations keep.
+      if (qwen2_5) act("tower.window_index", {features}, DTYPE_INT64);
+      act("tower.rope_cos", {rows, c / v.num_heads()}, DTYPE_FP32);
+      act("tower.rope_sin", {rows, c / v.num_heads()}, DTYPE_FP32);
+    }
+    if (!qwen2_5 && tower_trains) {
+      // Qwen3VLVisionModel.fast_pos_embed_interpolate: pos_embed(indices)
+      // keeps the indices [rows, 4], the product with the bilinear weights
+      // keeps the fp32 weights [rows, 4, 1].
+      act("tower.pos_embed.indices", {rows, 4}, DTYPE_INT64);
+      act("tower.pos_embed.weights", {rows, 4, 1}, DTYPE_FP32);
+    }
+    if (qwen2_5) {
+      // Qwen2_5_VLPatchMerger: ln_q (an RMSNorm over C: its fp32 input and
+      // statistics for the input's gradient, the normalized input for its
+      // weight's), the mlp on merged rows, then the windows' order undone.
+      if (tower_graph) {
+        act("projector.ln_q.input_fp32", {rows, c}, DTYPE_FP32);
+        act("projector.ln_q.rstd", {rows, 1}, DTYPE_FP32);
+      }
+      if (projector_trains) act("projector.ln_q.normalized", {rows, c}, dtype);
+      projector(features, merged, merged);
+      if (tower_graph || projector_trains) act("projector.reverse_indices", {features}, DTYPE_INT64);
+    } else {
+      // Qwen3VLVisionPatchMerger: a LayerNorm over C on the last block's
+      // output (which it keeps), then linear_fc1, GELU, linear_fc2 on the
+      // merged rows.
+      if (tower_graph || projector_trains) AppendNormSaved(tower, "projector.norm", {rows, c}, dtype, device, -1, &out);
+      projector(features, merged, merged);
+      // Each deepstack merger (the tower's: use_postshuffle_norm) on a
+      // block's output viewed merged: its LayerNorm over 4C keeps that view
+      // (the next block's norm keeps the storage) and its statistics, then
+      // as the merger; and its output, copied for the language model, until
+      // the language model's forward ends.
+      for (int k = 0; k < v.deepstack_blocks_size(); ++k) {
+        const std::string m = absl::StrCat("tower.deepstack.", k);
+        if (tower_graph) {
+          const DType stats = device == KernelDevice::kCpu ? dtype : DTYPE_FP32;
+          act(m + ".norm.mean", {features}, stats);
+          act(m + ".norm.rstd", {features}, stats);
+        }
+        if (tower_trains) act(m + ".linear_fc1.input", {features, merged}, dtype);
+        if (tower_graph) act(m + ".act.input", {features, merged}, dtype);
+        if (tower_trains) act(m + ".linear_fc2.input", {features, merged}, dtype);
+        act(absl::StrCat("tower_tail.deepstack_embeds.", k), {features, h}, dtype);
+      }
+    }
   }
-  // LlavaMultiModalProjector: linear_1 (its input reshaped from the strided
-  // select: a copy), the activation, linear_2, each kept for a gradient.
-  if (projector_trains) out.push_back(Make("multi_modal_projector.linear_1.input", {features, c}, dtype, ROLE_ACTIVATION, -1));
-  if (projector_trains || tower_graph) {
-    out.push_back(Make("multi_modal_projector.act.input", {features, h}, dtype, ROLE_ACTIVATION, -1));
-  }
-  if (projector_trains) out.push_back(Make("multi_modal_projector.linear_2.input", {features, h}, dtype, ROLE_ACTIVATION, -1));
-  out.push_back(Make("image_mask", {b, s, 1}, DTYPE_BOOL, ROLE_ACTIVATION, -1));
+  act("image_mask", {b, s, 1}, DTYPE_BOOL);
   return out;
 }
 

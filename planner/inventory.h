@@ -233,16 +233,19 @@ inline constexpr char kFinalNormOutput[] = "final_norm.output";
 std::vector<TensorSpec> FinalNormSavedActivations(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length,
                                                   DType dtype, KernelDevice device, const SavePolicy& saves = {});
 
-// What a llava step keeps outside the blocks for backward (StepSizes's
-// vision-language fields), `images` images of b sequences of s tokens:
-// "vision_tower.embeddings.pixels" (the patch conv's working-dtype input)
-// and "vision_tower.pre_layrnorm.*" while the tower trains;
-// "vision_tower.post_layernorm.*" (its input a view of the last block's
-// output: that storage); "multi_modal_projector.*" (linear_1's input, a
-// copy of the selected features, the activation's and linear_2's);
-// "image_mask" (masked_scatter's bool [b, s, 1]).
+// What a vision-language step keeps outside the blocks for backward
+// (StepSizes's vision-language fields), `images` images of `image_size`
+// pixels (vision_tower.h) for b sequences of s tokens: the tower's ends
+// ("tower.*": llava's pixel copy and pre_layrnorm, Qwen2.5-VL's pixel copy,
+// window order and RoPE tables; "tower_tail.*": llava's post_layernorm,
+// whose input is a view of the last block's output: that storage), the
+// projector's ("projector.*": llava's linear_1 input -- a copy of the
+// selected features --, activation and linear_2 inputs; Qwen2.5-VL's
+// merger, ln_q's and its mlp's on the merged rows) and masked_scatter's
+// bool mask [b, s, 1] ("image_mask").
 std::vector<TensorSpec> VisionLanguageSavedActivations(const ModelSpec& spec, int64_t b, int64_t s, int64_t images,
-                                                       DType dtype, KernelDevice device, const SavePolicy& saves);
+                                                       int64_t image_size, DType dtype, KernelDevice device,
+                                                       const SavePolicy& saves);
 // Whether a vision-language model's tower builds a graph: it trains, or
 // checkpointing's input-grad hook (SavePolicy.embedding_output_requires_grad:
 // enable_input_require_grads reaches the patch embedding) makes its

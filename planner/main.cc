@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, lora_config, "", "PEFT adapter_config.json: train LoRA ad
 ABSL_FLAG(std::string, freeze, "",
           "vision-language models: comma list of vision_tower, projector, language_model that do not train "
           "(with --lora-config, language_model: LoRA adapts it alone)");
+ABSL_FLAG(std::string, image_size, "",
+          "vision-language models: pixels per side of the (square) images; a Qwen tower's, a multiple of "
+          "patch x merge (e.g. 448); llava's tower takes its own image_size only");
 ABSL_FLAG(std::string, images_per_sample, "",
           "vision-language models: images at the start of every sequence (default 1), each taking its image "
           "tokens of --seq");
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
   zplan::CommandLine cl;
   const std::string usage =
       absl::StrCat(kUsage, "\n\nsupported model_types (--hf-config): ", zplan::SupportedModelTypes(),
-                   "\nvision-language model_types (zplan count only; memory not planned yet): ",
+                   "\nvision-language model_types (with --image-size for the Qwen ones; zrun refuses them): ",
                    zplan::VisionLanguageModelTypes());
   if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zplan", usage, __FILE__, &cl)) {
     return *code;
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
   o.lora_config = absl::GetFlag(FLAGS_lora_config);
   o.freeze = absl::GetFlag(FLAGS_freeze);
   o.images_per_sample = absl::GetFlag(FLAGS_images_per_sample);
+  o.image_size = absl::GetFlag(FLAGS_image_size);
   o.lora_r = absl::GetFlag(FLAGS_lora_r);
   o.lora_targets = absl::GetFlag(FLAGS_lora_targets);
   o.lora_modules_to_save = absl::GetFlag(FLAGS_lora_modules_to_save);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/block_layout.h"
 #include "planner/gpu_catalog.h"
+#include "planner/limits.h"
 #include "planner/inventory.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
@@ -54,10 +56,13 @@ auto BlockKindTie(const StepSizes::BlockKind& k) {
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
-// into `index_of`; the indices' period from block 1 on.
+// into `index_of`; the indices' period from block 1 on, or with a tower of
+// `tower_layers` blocks (the step program cuts the stacks apart) the lcm of
+// the tower's from its block 1 up to its forward-only blocks (from
+// `forward_only_from`) and the language model's from its block 1.
 template <typename T, typename Same>
 int DistinctKinds(const std::vector<T>& layers, const Same& same, std::vector<T>* distinct,
-                  std::vector<int>* index_of) {
+                  std::vector<int>* index_of, int tower_layers = 0, int forward_only_from = 0) {
   distinct->clear();
   index_of->assign(layers.size(), 0);
   for (size_t layer = 0; layer < layers.size(); ++layer) {
@@ -65,32 +70,55 @@ int DistinctKinds(const std::vector<T>& layers, const Same& same, std::vector<T>
     (*index_of)[layer] = static_cast<int>(it - distinct->begin());
     if (it == distinct->end()) distinct->push_back(layers[layer]);
   }
-  const int n = static_cast<int>(layers.size());
-  auto repeats_every = [&](int p) {
-    for (int i = 1; i + p < n; ++i) {
-      if ((*index_of)[i] != (*index_of)[i + p]) return false;
-    }
-    return true;
+  // The smallest period of the indices over [lo, hi).
+  auto period_of = [&](int lo, int hi) {
+    auto repeats_every = [&](int p) {
+      for (int i = lo; i + p < hi; ++i) {
+        if ((*index_of)[i] != (*index_of)[i + p]) return false;
+      }
+      return true;
+    };
+    int period = 1;
+    while (period < hi - lo && !repeats_every(period)) ++period;
+    return period;
   };
-  int period = 1;
-  while (period < n && !repeats_every(period)) ++period;
-  return period;
+  const int n = static_cast<int>(layers.size());
+  if (tower_layers == 0) return period_of(1, n);
+  return std::lcm(period_of(1, std::max(1, forward_only_from)), period_of(tower_layers + 1, n));
 }
 
 // What of a vision-language model's training zplan does not plan yet, by
-// name (llava's; RefuseVisionLanguagePlan refuses the other towers).
+// name, and images its tower does not take.
 absl::Status RefuseVisionLanguageStep(const ModelSpec& model, const RunConfig& config) {
   const VisionLanguageSpec& v = model.vision_language();
   auto refuse = [](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("vision-language model: ", what));
   };
+  if (v.tower() == VISION_TOWER_CLIP) {
+    if (config.image_size() != 0 && config.image_size() != v.tower_image_size()) {
+      return refuse(absl::StrCat("image_size (--image-size): ", config.image_size(), ", but llava's CLIP tower takes ",
+                                 v.tower_image_size(), " pixels only (its position table is fixed to it and "
+                                 "LlavaProcessor resizes to it); leave --image-size out"));
+    }
+  } else {
+    const int64_t factor = v.patch_size() * v.spatial_merge_size();
+    if (config.image_size() <= 0 || config.image_size() % factor != 0 || config.image_size() > kMaxImageSize) {
+      return refuse(absl::StrCat("image_size (--image-size): ", config.image_size(), "; ", model.model_type(),
+                                 " takes square images whose side is a multiple of patch_size x spatial_merge_size = ",
+                                 factor, " (smart_resize) up to ", kMaxImageSize, ", e.g. --image-size ", 16 * factor));
+    }
+  }
   const int64_t images = std::max<int64_t>(1, config.images_per_sample());
-  const int64_t image_tokens = images * ImageTokensPerImage(v);
-  if (config.images_per_sample() < 0 || image_tokens > config.seq_length()) {
+  const int64_t per_image = ImageTokensPerImage(v, config.image_size());
+  if (config.images_per_sample() < 0 || images * per_image > config.seq_length()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "seq_length (--seq): ", config.seq_length(), " positions cannot hold ", images, " image(s) of ",
-        ImageTokensPerImage(v), " image tokens each (images_per_sample, --images-per-sample); give --seq ",
-        image_tokens, " or more, or fewer images"));
+        "seq_length (--seq): ", config.seq_length(), " positions cannot hold ", images, " image(s) of ", per_image,
+        " image tokens each (images_per_sample, --images-per-sample); give --seq ", images * per_image,
+        " or more, or fewer images"));
+  }
+  if (v.tower() != VISION_TOWER_CLIP && model.attention_impl() == ATTENTION_EAGER) {
+    return refuse("--attention eager: a Qwen tower's eager attention (a [heads, n, n] product per window) is not "
+                  "planned; use SDPA");
   }
   if (v.freeze_language_model() && !model.has_lora()) {
     return refuse("a frozen language model without LoRA (projector-only pre-training: its blocks pass the "
@@ -128,8 +156,6 @@ SavePolicy SavePolicyFor(const RunConfig& config) {
 
 absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunConfig& config,
                                             const GpuSpec& gpu) {
-  // Every plan is sized here: a vision-language model's tower is not in the step yet.
-  ZPLAN_RETURN_IF_ERROR(RefuseVisionLanguagePlan(model));
   StepSizer sizer;
   sizer.model_ = model;
   StepSizes& s = sizer.base_;
@@ -144,7 +170,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     sizer.tower_ = TowerSpec(model);
     s.tower_layers = static_cast<int>(v.num_layers());
     sizer.images_per_sample_ = std::max<int64_t>(1, config.images_per_sample());
-    sizer.tower_tokens_ = TowerTokensPerImage(v);
+    sizer.image_size_ = config.image_size();
+    sizer.tower_tokens_ = TowerTokensPerImage(v, config.image_size());
   }
   s.grad_accum = config.gradient_accumulation_steps();
   s.mixed = config.precision() != PRECISION_FP32;
@@ -361,7 +388,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     statics[layer].gather = gathers.gather[layer];
     statics[layer].gather_kept = gathers.kept[layer];
   }
-  s.block_period = DistinctKinds(statics, std::equal_to<LayerStatics>(), &sizer.kinds_, &s.block_kind_of);
+  int forward_only_from = tower_layers;
+  while (forward_only_from > 0 && statics[forward_only_from - 1].forward_only) --forward_only_from;
+  s.block_period = DistinctKinds(statics, std::equal_to<LayerStatics>(), &sizer.kinds_, &s.block_kind_of,
+                                 tower_layers, forward_only_from);
 
   // Model ends: gradients of what trains (LoRA: nothing here).
   auto trains = [&](absl::string_view prefix) {
@@ -443,7 +473,9 @@ void StepSizer::Apply(const RankVariant& v, StepSizes* s) const {
     auto same = [](const StepSizes::BlockKind& a, const StepSizes::BlockKind& b) {
       return BlockKindTie(a) == BlockKindTie(b);
     };
-    s->block_period = DistinctKinds(kinds, same, &s->block_kinds, &s->block_kind_of);
+    int forward_only_from = s->tower_layers;
+    while (forward_only_from > 0 && kinds[forward_only_from - 1].forward_only) --forward_only_from;
+    s->block_period = DistinctKinds(kinds, same, &s->block_kinds, &s->block_kind_of, s->tower_layers, forward_only_from);
   }
 }
 
@@ -673,23 +705,36 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   }
   if (model.has_vision_language()) {
     const VisionLanguageSpec& v = model.vision_language();
-    s.step_batch += images * v.num_channels() * v.tower_image_size() * v.tower_image_size() * 4;  // fp32 pixels
-    for (const TensorSpec& t : VisionLanguageSavedActivations(model, b, seq, images, dtype, device, saves_)) {
+    const int64_t c = v.hidden_size(), rows = images * tower_tokens_;
+    const int64_t features = images * ImageTokensPerImage(v, image_size_);
+    // The batch's fp32 pixels: llava's [images, channels, side, side];
+    // Qwen's patchified [rows, channels x frames x patch^2], with the grid
+    // sizes int64 [images, 3] and the token types int64 [b, s].
+    if (v.tower() == VISION_TOWER_CLIP) {
+      s.step_batch += images * v.num_channels() * v.tower_image_size() * v.tower_image_size() * 4;
+    } else {
+      s.step_batch += rows * v.num_channels() * v.temporal_patch_size() * v.patch_size() * v.patch_size() * 4 +
+                      images * 3 * kTokenIdBytes + tokens * kTokenIdBytes;
+    }
+    for (const TensorSpec& t : VisionLanguageSavedActivations(model, b, seq, images, image_size_, dtype, device,
+                                                              saves_)) {
       const absl::string_view name = t.name();
-      (absl::StartsWith(name, "vision_tower.post_layernorm")  ? s.tower_tail_saved
-       : absl::StartsWith(name, "vision_tower.")              ? s.tower_embed_saved
-       : absl::StartsWith(name, "multi_modal_projector.")     ? s.projector_saved
-                                                              : s.image_mask) += TensorBytes(t);
+      (absl::StartsWith(name, "tower_tail.")  ? s.tower_tail_saved
+       : absl::StartsWith(name, "tower.")     ? s.tower_embed_saved
+       : absl::StartsWith(name, "projector.") ? s.projector_saved
+                                              : s.image_mask) += TensorBytes(t);
     }
-    const int64_t c = v.hidden_size(), features = images * ImageTokensPerImage(v);
     const bool tower_graph = !tower_without_graph_;
-    const bool images_need_grad = !v.freeze_projector() || tower_graph;
-    if (images_need_grad) {
+    if (!v.freeze_projector() || tower_graph) {
       s.image_features_grad = features * h * w;
-      // linear_2's input gradient beside the incoming one, and its weight's.
-      s.projector_bwd_transient = features * h * w + (v.freeze_projector() ? 0 : std::max(h * h, c * h) * w);
+      // The projector's last linear: its input gradient beside the incoming
+      // one, and its weight's (llava's [h, h] or [h, C]; Qwen's merger on
+      // the merged rows, [4C, 4C] or [O, 4C]).
+      const int64_t merged = v.tower() == VISION_TOWER_CLIP ? h : c * v.spatial_merge_size() * v.spatial_merge_size();
+      const int64_t widest_weight = v.tower() == VISION_TOWER_CLIP ? std::max(h * h, c * h) : merged * std::max(merged, h);
+      s.projector_bwd_transient = features * merged * w + (v.freeze_projector() ? 0 : widest_weight * w);
     }
-    if (tower_graph) s.tower_act_grad = images * tower_tokens_ * c * w;
+    if (tower_graph) s.tower_act_grad = rows * c * w;
   }
   s.act_grad = tokens * h * w;
   s.final_norm_saved = final_norm_per_token_ * tokens;

@@ -156,6 +156,7 @@ class StepSizer {
   // micro_batch x images_per_sample images of tower_tokens_ tokens.
   ModelSpec tower_;
   int64_t images_per_sample_ = 0;
+  int64_t image_size_ = 0;         // RunConfig.image_size
   int64_t tower_tokens_ = 0;
   bool tower_without_graph_ = false;  // frozen, no checkpointing: its blocks keep nothing, run no backward
   bool tower_down_input_saved_ = false;

@@ -696,6 +696,9 @@ absl::StatusOr<ModelSpec> LanguageModelFromHfConfig(const JsonObject& config, ab
   if (vision_language) {
     spec.set_tie_word_embeddings(vision_language->tie_word_embeddings);
     *spec.mutable_vision_language() = vision_language->spec;
+    // The Qwen types' multimodal RoPE: position ids [3, b, s], so cos and sin
+    // [b, s, head_dim] (Qwen2_5_VLRotaryEmbedding, Qwen3VLTextRotaryEmbedding).
+    if (vision_language->spec.tower() != VISION_TOWER_CLIP) spec.set_rope_tables_per_sequence(true);
   }
   spec.set_source(absl::StrCat("Hugging Face config ", source, " (model_type \"", model_type, "\"",
                                family->vision ? ", ViTForImageClassification" : "",

@@ -15,7 +15,6 @@
 #include "planner/simulator.h"
 #include "planner/status_macros.h"
 #include "planner/step_program.h"
-#include "planner/vision_language.h"
 
 namespace zplan {
 namespace {
@@ -106,9 +105,6 @@ absl::Status ValidatePlan(const Plan& plan, absl::string_view path) {
   if (plan.modelled_frameworks().empty()) return missing("modelled_frameworks");
   if (plan.construction_peak_bytes_per_rank() <= 0) return missing("construction_peak_bytes_per_rank");
   if (!plan.has_model()) return missing("model");
-  if (absl::Status s = RefuseVisionLanguagePlan(plan.model()); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
-  }
   if (!plan.has_config()) return missing("config");
   if (!plan.has_gpu() || plan.gpu().key().empty()) return missing("gpu");
   if (plan.parameters_size() == 0) return missing("parameters");

@@ -446,14 +446,15 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   const int final_norm = r.Alloc(COMPONENT_ACTIVATIONS, s.final_norm_saved, PHASE_FORWARD, -1, "final norm saved");
   // The tower's unused outputs (past the selected features) and what their
   // blocks saved go with the vision-language model's forward.
-  for (int i = forward_only_from; i < tower && s.Block(i).saved > 0; ++i) {
+  r.Blocks(/*forward=*/true, [&](int i) {
+    r.Free(Ref{kept_gather, i}, PHASE_FORWARD, i, "forward, layer # (no gradient), kept parameters released");
     const char* freed = "forward, layer # (no gradient), saved freed";
     if (s.Checkpointed(i)) {
       r.Free(Ref{input, i}, PHASE_FORWARD, i, freed);
-      continue;
+      return;
     }
     for (int base : {saved_attn, saved_attn_tail, saved_mlp, saved_mlp_tail}) r.Free(Ref{base, i}, PHASE_FORWARD, i, freed);
-  }
+  }, forward_only_from, tower);
   if (tower > 0) r.Free(tower_tail, PHASE_FORWARD, -1, "post_layernorm saved freed");
   const int head_input =
       r.Alloc(COMPONENT_ACTIVATIONS, s.head_input_saved, PHASE_FORWARD, -1, "final norm output, the LM head's input");
@@ -769,29 +770,27 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     const int features_grad = r.Alloc(COMPONENT_TEMPORARIES, s.image_features_grad, PHASE_BACKWARD, -1,
                                       "backward, image features' gradient");
     r.Free(image_mask, PHASE_BACKWARD, -1, "image mask freed");
-    // The projector: its input gradients and weight gradients, kept or into a bucket.
+    // Weight gradients outside the blocks: kept, or into a reduce bucket.
+    auto produce_grads = [&](int64_t bytes, const char* what) {
+      const int grads = r.Alloc(produced, bytes, PHASE_BACKWARD, -1, what);
+      if (kept) {
+        kept_after_blocks.push_back(grads);
+      } else {
+        r.Free(grads, PHASE_BACKWARD, -1, "gradients into reduce bucket");
+      }
+    };
+    // The projector: its input gradients and weight gradients.
     const int transient = r.Alloc(COMPONENT_TEMPORARIES, s.projector_bwd_transient, PHASE_BACKWARD, -1,
                                   "backward, projector");
-    const int grads = r.Alloc(produced, s.projector_grads, PHASE_BACKWARD, -1, "backward, projector gradients");
-    if (kept) {
-      kept_after_blocks.push_back(grads);
-    } else {
-      r.Free(grads, PHASE_BACKWARD, -1, "projector gradients into reduce bucket");
-    }
+    produce_grads(s.projector_grads, "backward, projector gradients");
     r.Free(transient, PHASE_BACKWARD, -1, "backward, projector temporaries freed");
     r.Free(projector, PHASE_BACKWARD, -1, "projector saved freed");
     const int tower_grad = r.Alloc(COMPONENT_TEMPORARIES, s.tower_act_grad, PHASE_BACKWARD, -1,
                                    "backward, gradient of the selected tower features");
     r.Free(features_grad, PHASE_BACKWARD, -1, "image features' gradient freed");
     r.Blocks(/*forward=*/false, backward_block, 0, forward_only_from);
-    // The tower's embeddings: the patch conv, CLS, positions and pre_layrnorm.
-    const int embed_grads =
-        r.Alloc(produced, s.tower_embed_grads, PHASE_BACKWARD, -1, "backward, vision tower embeddings gradients");
-    if (kept) {
-      kept_after_blocks.push_back(embed_grads);
-    } else {
-      r.Free(embed_grads, PHASE_BACKWARD, -1, "vision tower embeddings gradients into reduce bucket");
-    }
+    // The tower's embeddings: the patch conv, CLS or learned positions, pre_layrnorm, deepstack mergers.
+    produce_grads(s.tower_embed_grads, "backward, vision tower embeddings gradients");
     r.Free(tower_embed, PHASE_BACKWARD, -1, "vision tower embeddings saved freed");
     r.Free(tower_grad, PHASE_BACKWARD, -1, "tower gradient freed");
   }
@@ -826,16 +825,28 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   if (!s.rope_tables_unsaved) r.Free(rope, PHASE_BACKWARD, -1, "RoPE tables freed");
 
   // The gradients kept on production, in the order they were made.
+  // Frees each block's tensors `bases` made in its backward, last block
+  // first: one group of all of them, or with a tower (blocks of other sizes,
+  // some without a backward) in the backward's groups, past the forward-only ones.
+  auto free_per_block = [&](std::initializer_list<int> bases, Phase phase, const char* tensor) {
+    if (num_layers == 0) return;
+    if (tower > 0) {
+      r.Blocks(/*forward=*/false, [&](int i) {
+        if (s.Block(i).forward_only) return;
+        for (int base : bases) r.Free(Ref{base, i}, phase, i, tensor);
+      });
+      return;
+    }
+    if (grouped) r.BeginGroup(num_layers, 0, -1);
+    for (int t = 0; t < (grouped ? 1 : num_layers); ++t) {
+      for (int base : bases) r.Free(Ref{base, last - t}, phase, -1, tensor);
+    }
+    if (grouped) r.EndGroup();
+  };
   auto free_kept = [&](Phase phase, const char* tensor) {
     if (!kept) return;
     for (int g : kept_before_blocks) r.Free(g, phase, -1, tensor);
-    if (num_layers > 0) {
-      if (grouped) r.BeginGroup(num_layers, 0, -1);
-      for (int t = 0; t < (grouped ? 1 : num_layers); ++t) {
-        for (int base : {kept_down, kept_mlp_rest, kept_attn}) r.Free(Ref{base, last - t}, phase, -1, tensor);
-      }
-      if (grouped) r.EndGroup();
-    }
+    free_per_block({kept_down, kept_mlp_rest, kept_attn}, phase, tensor);
     for (int g : kept_after_blocks) r.Free(g, phase, -1, tensor);
   };
 
@@ -872,11 +883,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       // _clear_param_grad_only, after the last bucket's reduction.
       const char* cleared = "gradients kept past their reduction cleared";
       if (head_retained >= 0) r.Free(head_retained, PHASE_BACKWARD, -1, cleared);
-      if (grouped) r.BeginGroup(num_layers, 0, -1);
-      for (int t = 0; t < (grouped ? 1 : num_layers); ++t) {
-        for (int base : {retained_mlp, retained_attn}) r.Free(Ref{base, last - t}, PHASE_BACKWARD, -1, cleared);
-      }
-      if (grouped) r.EndGroup();
+      free_per_block({retained_mlp, retained_attn}, PHASE_BACKWARD, cleared);
     }
     const int norm = r.Alloc(COMPONENT_TEMPORARIES, s.step_norm_copy, PHASE_OPTIMIZER_STEP, -1,
                              "optimizer step, fp64 gradient copies for the norm");

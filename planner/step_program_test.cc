@@ -4,6 +4,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "planner/gpu_catalog.h"
 #include "planner/memory_model.h"
@@ -16,8 +18,13 @@ namespace {
 
 // Sizes of `preset` (or a configs/hf/ file) at a stage, with checkpointing every `every` blocks (0: none).
 StepSizes Sizes(const std::string& preset, int stage, int every, int64_t rank = 0) {
-  auto model = absl::EndsWith(preset, ".json") ? LoadHfConfig("configs/hf/" + preset) : LoadPreset(preset);
+  // "<config>+frozen-tower": a vision-language config with its tower frozen.
+  absl::string_view name = preset;
+  const bool frozen_tower = absl::ConsumeSuffix(&name, "+frozen-tower");
+  auto model = absl::EndsWith(name, ".json") ? LoadHfConfig(absl::StrCat("configs/hf/", name))
+                                             : LoadPreset(std::string(name));
   EXPECT_TRUE(model.ok()) << model.status();
+  if (frozen_tower) model->mutable_vision_language()->set_freeze_vision_tower(true);
   RunConfig config;
   config.mutable_cluster()->set_gpus_per_node(8);
   config.mutable_zero()->set_stage(stage);
@@ -27,10 +34,22 @@ StepSizes Sizes(const std::string& preset, int stage, int every, int64_t rank = 
   config.set_activation_checkpointing(every > 0);
   config.set_checkpoint_every_n_layers(std::max(every, 1));
   if (stage == 3) config.mutable_zero()->set_stage3_max_reuse_distance(CountParameters(*model));
+  // A Qwen tower's images: 224 px (64 image tokens).
+  if (model->has_vision_language() && model->vision_language().tower() != VISION_TOWER_CLIP) config.set_image_size(224);
   config = ResolveRunConfig(config);
   auto sizer = StepSizer::Create(*model, config, *FindGpu(config.cluster().gpu()));
   EXPECT_TRUE(sizer.ok()) << sizer.status();
   return sizer->ForRank(2, 512, rank);
+}
+
+// Vision-language models: a tower before the language model, llava's last
+// tower block without a backward; checkpointed every block or not at all.
+constexpr char kLlavaWide[] = "tiny/llava-wide.json";
+constexpr char kQwen2_5Vl[] = "tiny/qwen2_5_vl.json";
+constexpr char kLlavaFrozenTower[] = "tiny/llava-wide.json+frozen-tower";
+std::vector<int> EveryFor(absl::string_view preset) {
+  if (absl::StrContains(preset, "tiny/")) return {0, 1};
+  return {0, 1, 2, 3};
 }
 
 // Grouping identical blocks changes nothing in the step: the grouped
@@ -38,9 +57,10 @@ StepSizes Sizes(const std::string& preset, int stage, int every, int64_t rank = 
 TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
   // Gemma 3 1B at seq 512: five sliding layers (past the 512-token window:
   // masked) to one full, and the full layers' RoPE tables freed at layer 5.
-  for (const char* preset : {"debug-tiny", "gpt2", "1b", "llama3-8b", "gemma-3-1b-it.json"}) {
+  for (const char* preset : {"debug-tiny", "gpt2", "1b", "llama3-8b", "gemma-3-1b-it.json", kLlavaWide, kQwen2_5Vl,
+                             kLlavaFrozenTower}) {
     for (int stage = 0; stage <= 3; ++stage) {
-      for (int every : {0, 1, 2, 3}) {
+      for (int every : EveryFor(preset)) {
         for (int64_t rank : {0, 3, 7}) {
           const StepSizes s = Sizes(preset, stage, every, rank);
           SCOPED_TRACE(std::string(preset) + " stage " + std::to_string(stage) + " every " + std::to_string(every) +
@@ -64,9 +84,11 @@ TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
 
 // The fast evaluator finds the expansion's peak: bytes, breakdown and event.
 TEST(StepProgramTest, PeakIsTheExpansionsPeak) {
-  for (const char* preset : {"debug-tiny", "gpt2", "1b", "qwen3-0.6b", "llama3-8b", "gemma-3-1b-it.json"}) {
+  for (const char* preset :
+       {"debug-tiny", "gpt2", "1b", "qwen3-0.6b", "llama3-8b", "gemma-3-1b-it.json", kLlavaWide, kQwen2_5Vl,
+        kLlavaFrozenTower}) {
     for (int stage = 0; stage <= 3; ++stage) {
-      for (int every : {0, 1, 2, 3}) {
+      for (int every : EveryFor(preset)) {
         const StepSizes s = Sizes(preset, stage, every);
         const MemoryBreakdown fast = StepPeak(s);
         const SimulatedStep step = SimulateStep(s, /*record_events=*/false);
@@ -83,9 +105,9 @@ TEST(StepProgramTest, PeakIsTheExpansionsPeak) {
 // ALLOC names a handle not live, every FREE a live one of the same size and
 // component, and what is live at the end is the resident state.
 TEST(StepProgramTest, ExpandedHandlesPairAllocationsAndFrees) {
-  for (const char* preset : {"debug-tiny", "1b", "llama3-8b"}) {
+  for (const char* preset : {"debug-tiny", "1b", "llama3-8b", kLlavaWide, kQwen2_5Vl, kLlavaFrozenTower}) {
     for (int stage = 0; stage <= 3; ++stage) {
-      for (int every : {0, 1, 3}) {
+      for (int every : EveryFor(preset)) {
         const StepSizes s = Sizes(preset, stage, every);
         const SimulatedStep step = SimulateStep(s);
         ASSERT_EQ(step.event_handles.size(), step.events.size());

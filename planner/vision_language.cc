@@ -288,13 +288,4 @@ absl::Status ValidateVisionLanguage(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status RefuseVisionLanguagePlan(const ModelSpec& spec) {
-  if (!spec.has_vision_language() || spec.vision_language().tower() == VISION_TOWER_CLIP) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model_type \"", spec.model_type(), "\" is a vision-language model: zplan reads it and counts its parameters "
-      "(zplan count), but does not plan its memory yet (its vision tower's window attention, 2-D RoPE and merger "
-      "are not modelled; llava's CLIP tower is); plan its language model alone by saving text_config as its own "
-      "config.json"));
-}
-
 }  // namespace zplan

@@ -7,15 +7,12 @@
 // tower's and projector's parameters, exact in name, shape and order against
 // the model transformers builds, are inventory.h's VisionLanguageParameters.
 //
-// What is planned of such a model today: the parameters of all four types
-// (zplan count), and the memory of llava: its CLIP tower's blocks are a
-// ModelSpec of their own (vision_tower.h) that the block rules walk as they walk
-// a language model's, run before the language model's in one stack
-// (memory_model.h); its image tokens take images_per_sample x
-// ImageTokensPerImage positions of the sequence. The Qwen towers' memory
-// (window attention, 2-D RoPE, mergers) is not modelled yet, and zrun runs
-// no vision-language model: both are refused by name
-// (RefuseVisionLanguagePlan).
+// What is planned: the parameters (zplan count) and the memory of all four:
+// the tower's blocks are a ModelSpec of their own (vision_tower.h) that the
+// block rules walk as they walk a language model's, run before the language
+// model's in one stack (memory_model.h); its image tokens take
+// images_per_sample x ImageTokensPerImage positions of the sequence. zrun
+// trains no vision-language model yet and refuses them by name.
 //
 // Example:
 //   ZPLAN_ASSIGN_OR_RETURN(VisionLanguageConfig vl, ReadVisionLanguageConfig(config, "llava"));
@@ -60,10 +57,6 @@ absl::StatusOr<VisionLanguageConfig> ReadVisionLanguageConfig(const JsonObject& 
 // projector's widths against the language model's hidden size).
 absl::Status ValidateVisionLanguage(const ModelSpec& spec);
 
-// The refusal of a memory plan of a vision-language model whose tower is
-// not modelled (zplan's plans, a plan file given to zplan show): what is
-// missing and what to do. OK for llava and for language models.
-absl::Status RefuseVisionLanguagePlan(const ModelSpec& spec);
 
 }  // namespace zplan
 

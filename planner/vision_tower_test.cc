@@ -34,15 +34,36 @@ TEST(VisionTowerTest, TokensAndTheBlocksThatGetAGradient) {
   absl::StatusOr<ModelSpec> spec = ModelSpecFromHfConfig(kLlava, "llava.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
   VisionLanguageSpec v = spec->vision_language();
-  EXPECT_EQ(TowerTokensPerImage(v), 17);
-  EXPECT_EQ(ImageTokensPerImage(v), 16);
+  EXPECT_EQ(TowerTokensPerImage(v, 0), 17);
+  EXPECT_EQ(ImageTokensPerImage(v, 0), 16);
   EXPECT_EQ(TowerBlocksWithGradient(v), 2);
   v.set_feature_keeps_cls(true);
   v.set_feature_layer(-1);
-  EXPECT_EQ(ImageTokensPerImage(v), 17);
+  EXPECT_EQ(ImageTokensPerImage(v, 0), 17);
   EXPECT_EQ(TowerBlocksWithGradient(v), 3);
   v.set_feature_layer(1);  // hidden_states[1]: block 0's output
   EXPECT_EQ(TowerBlocksWithGradient(v), 1);
+}
+
+// Qwen2.5-VL: the side is the run's; 448 px in 14 px patches is 32 x 32
+// patches, merged 2 x 2 into 256 image tokens; every block gets a gradient.
+TEST(VisionTowerTest, QwenTowersTakeTheRunsImages) {
+  const std::string qwen2_5_vl = R"({"model_type": "qwen2_5_vl", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000,
+      "vision_config": {"depth": 2, "hidden_size": 32, "num_heads": 4, "intermediate_size": 64,
+      "out_hidden_size": 64, "fullatt_block_indexes": [1]}})";
+  absl::StatusOr<ModelSpec> spec = ModelSpecFromHfConfig(qwen2_5_vl, "qwen2_5_vl.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const VisionLanguageSpec& v = spec->vision_language();
+  EXPECT_EQ(TowerTokensPerImage(v, 448), 1024);
+  EXPECT_EQ(ImageTokensPerImage(v, 448), 256);
+  EXPECT_EQ(TowerBlocksWithGradient(v), 2);
+  const ModelSpec tower = TowerSpec(*spec);
+  EXPECT_TRUE(tower.fused_qkv_projection() && tower.mlp_bias());
+  EXPECT_EQ(tower.ffn_type(), FFN_SWIGLU);
+  EXPECT_EQ(tower.norm_type(), NORM_RMSNORM);
+  // Its multimodal RoPE makes the language model's tables per sequence.
+  EXPECT_TRUE(spec->rope_tables_per_sequence());
 }
 
 }  // namespace

@@ -137,8 +137,10 @@ absl::StatusOr<ModelSpec> BaseModel(const ZplanOptions& o) {
 // among them.
 absl::Status ApplyFreeze(const ZplanOptions& o, ModelSpec* spec) {
   if (!spec->has_vision_language()) {
-    if (!o.freeze.empty() || !o.images_per_sample.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(!o.freeze.empty() ? "--freeze" : "--images-per-sample",
+    if (!o.freeze.empty() || !o.images_per_sample.empty() || !o.image_size.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(!o.freeze.empty()              ? "--freeze"
+                                                     : !o.image_size.empty()        ? "--image-size"
+                                                                                    : "--images-per-sample",
                                                      ": only for vision-language models (", VisionLanguageModelTypes(),
                                                      "); ", spec->name(), " is a language model"));
     }
@@ -353,6 +355,10 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
   if (!o.images_per_sample.empty()) {
     ZPLAN_ASSIGN_OR_RETURN(int64_t images, ParseInt("images-per-sample", o.images_per_sample, 1, kMaxSeqLength));
     c.set_images_per_sample(images);
+  }
+  if (!o.image_size.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(int64_t side, ParseInt("image-size", o.image_size, 1, kMaxImageSize));
+    c.set_image_size(side);
   }
   // A ViT's image fixes its sequence (ValidateSizes refuses another).
   if (r.model.has_vision() && o.seq.empty()) c.set_seq_length(VisionTokens(r.model));

@@ -64,7 +64,7 @@ struct ZplanOptions {
   std::string lora_config, lora_r, lora_targets, lora_modules_to_save;
   // A vision-language model: the parts that do not train (comma-separated
   // vision_tower, projector, language_model) and images per sequence.
-  std::string freeze, images_per_sample;
+  std::string freeze, images_per_sample, image_size;
   // Run configuration; empty = not given.
   std::string ds_config;        // DeepSpeed JSON, applied before the flags below
   std::string seq;              // tokens per sequence (list in sweep mode)

@@ -426,10 +426,11 @@ AccuracyCase WithFusedLoss(AccuracyCase c) {
   return c;
 }
 
-AccuracyCase WithImages(AccuracyCase c, int images_per_sample, const std::string& freeze) {
+AccuracyCase WithImages(AccuracyCase c, int images_per_sample, const std::string& freeze, int image_size) {
   for (std::vector<std::string>* args : {&c.zplan_args, &c.oracle_args}) {
     args->insert(args->end(), {"--images-per-sample", absl::StrCat(images_per_sample)});
     if (!freeze.empty()) args->insert(args->end(), {"--freeze", freeze});
+    if (image_size > 0) args->insert(args->end(), {"--image-size", absl::StrCat(image_size)});
   }
   return c;
 }
@@ -502,7 +503,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   const std::string vit = "configs/hf/tiny/vit.json", vit_wide = "configs/hf/tiny/vit-wide.json";
   const std::string llama_heavy = "configs/hf/tiny/llama-heavy.json";  // its parameters outweigh its activations
   const std::string llama_deep = "configs/hf/tiny/llama-deep.json";    // eight layers
-  const std::string llava = "configs/hf/tiny/llava.json", llava_wide = "configs/hf/tiny/llava-wide.json";
+  const std::string llava = "configs/hf/tiny/llava.json", llava_wide = "configs/hf/tiny/llava-wide.json",
+                    qwen2_5_vl = "configs/hf/tiny/qwen2_5_vl.json", qwen3_vl = "configs/hf/tiny/qwen3_vl.json",
+                    qwen3_5_vl = "configs/hf/tiny/qwen3_5_vl.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -808,6 +811,67 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithImages(DeepSpeedCase("llava-wide-z1-bf16-2img-ckpt", llava_wide, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 640,
                                "sdpa", true),
                  2, ""),
+      // Qwen2.5-VL: 224 px images (16 x 16 patches in 4 windows of 64, 64 image tokens), the same recipes
+      // (LoRA: the Qwen recipe's adapters only, on every language-model linear); held out: 336 px (144
+      // tokens), two per sequence.
+      WithImages(DeepSpeedCase("qwen2_5_vl-z1-bf16-overlap", qwen2_5_vl,
+                               DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOverlap})), 2, 256),
+                 1, "", 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16", qwen2_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256), 1, "",
+                 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z3-bf16", qwen2_5_vl, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256), 1, "",
+                 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16-freeze-tower", qwen2_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                               256),
+                 1, "vision_tower", 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z3-bf16-freeze-tower", qwen2_5_vl, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2,
+                               256),
+                 1, "vision_tower", 224),
+      WithLora(WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16-lora-adapters-only", qwen2_5_vl,
+                                        DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
+                          1, "vision_tower,projector,language_model", 224),
+               lora_all),
+      WithLora(WithImages(DeepSpeedCase("qwen2_5_vl-z3-bf16-lora-adapters-only", qwen2_5_vl,
+                                        DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+                          1, "vision_tower,projector,language_model", 224),
+               lora_all),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16-ckpt", qwen2_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256,
+                               "sdpa", true),
+                 1, "", 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16-ckpt-freeze-tower", qwen2_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall),
+                               2, 256, "sdpa", true),
+                 1, "vision_tower", 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z3-bf16-ckpt", qwen2_5_vl, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256,
+                               "sdpa", true),
+                 1, "", 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z1-fp32", qwen2_5_vl, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256), 1, "",
+                 224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16-336px-2img", qwen2_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                               384),
+                 2, "", 336),
+      // Qwen3-VL (interpolated learned positions, a deepstack merger after block 1) at 256 px (64 image
+      // tokens), and Qwen3.5's vision tower (no deepstack) before its Gated DeltaNet language model;
+      // held out: Qwen3-VL at 384 px (144 tokens), two per sequence.
+      WithImages(DeepSpeedCase("qwen3_vl-z2-bf16", qwen3_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256), 1, "", 256),
+      WithImages(DeepSpeedCase("qwen3_vl-z3-bf16-freeze-tower", qwen3_vl, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256),
+                 1, "vision_tower", 256),
+      WithImages(DeepSpeedCase("qwen3_vl-z2-bf16-ckpt", qwen3_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "sdpa",
+                               true),
+                 1, "", 256),
+      WithLora(WithImages(DeepSpeedCase("qwen3_vl-z2-bf16-lora-adapters-only", qwen3_vl,
+                                        DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256),
+                          1, "vision_tower,projector,language_model", 256),
+               lora_all),
+      WithImages(DeepSpeedCase("qwen3_vl-z1-bf16-384px-2img", qwen3_vl, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 384), 2,
+                 "", 384),
+      WithImages(DeepSpeedCase("qwen3_5-vl-z2-bf16", qwen3_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256), 1, "",
+                 256),
+      WithImages(DeepSpeedCase("qwen3_5-vl-z3-bf16-freeze-tower", qwen3_5_vl, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2,
+                               256),
+                 1, "vision_tower", 256),
+      WithImages(DeepSpeedCase("qwen3_5-vl-z2-bf16-ckpt", qwen3_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256,
+                               "sdpa", true),
+                 1, "", 256),
   };
 }
 

@@ -59,9 +59,10 @@ AccuracyCase DeepSpeedCase(std::string name, const std::string& hf_config, std::
                            int seq, const std::string& attention = "sdpa", bool checkpointing = false);
 
 // `c` (a vision-language config) with images at the start of every
-// sequence and the parts that do not train (a comma list; "" none), given
-// to zplan and to the oracle alike.
-AccuracyCase WithImages(AccuracyCase c, int images_per_sample, const std::string& freeze);
+// sequence, the parts that do not train (a comma list; "" none) and the
+// images' side in pixels (0: the tower's own), given to zplan and to the
+// oracle alike.
+AccuracyCase WithImages(AccuracyCase c, int images_per_sample, const std::string& freeze, int image_size = 0);
 
 // `c` with LoRA adapters from a PEFT adapter_config.json (a path under the
 // workspace), given to zplan and to the oracle alike.
@@ -85,8 +86,8 @@ AccuracyCase WithDeepSpeedCheckpointing(AccuracyCase c, const std::string& block
 
 // The DeepSpeed agreement matrix: stages 0-3, offloads, checkpointing,
 // fp32/bf16, SDPA/eager, world 1, 2 and 4, default and small buckets, the
-// stage-3 knobs, the optimizer implementations, five model types, LoRA
-// (peft) on frozen models.
+// stage-3 knobs, the optimizer implementations, every supported family and
+// vision-language type (with images, frozen parts), LoRA (peft) on frozen models.
 std::vector<AccuracyCase> DeepSpeedMatrix();
 
 struct RankMeasurement {

@@ -95,10 +95,14 @@ absl::StatusOr<std::vector<std::string>> RunConfigFlags(const RunConfig& c, absl
   if (c.loss() != LOSS_IMPL_UNSPECIFIED) {
     args.insert(args.end(), {"--loss", c.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR ? "liger-fused" : "full"});
   }
+  if (c.images_per_sample() > 0) {
+    args.insert(args.end(), {"--images-per-sample", absl::StrCat(c.images_per_sample())});
+  }
+  if (c.image_size() > 0) args.insert(args.end(), {"--image-size", absl::StrCat(c.image_size())});
   for (auto clear : {&RunConfig::clear_precision, &RunConfig::clear_activation_checkpointing,
                      &RunConfig::clear_checkpoint_offload, &RunConfig::clear_micro_batch_size,
                      &RunConfig::clear_gradient_accumulation_steps, &RunConfig::clear_seq_length,
-                     &RunConfig::clear_loss}) {
+                     &RunConfig::clear_loss, &RunConfig::clear_images_per_sample, &RunConfig::clear_image_size}) {
     (rest.*clear)();
   }
   if (rest.cluster().ByteSizeLong() == 0) rest.clear_cluster();
@@ -142,13 +146,18 @@ absl::Status AddSeedCases(std::vector<CorpusCase>* corpus) {
     ZPLAN_RETURN_IF_ERROR(ParseProto(text, ProtoFormat::kText, path, &s));
     const std::string prefix = absl::StrCat("seed", s.seed_file().substr(0, 3));
     // The model as seed_tables.cc's ScenarioModel builds it: a row's own
-    // preset alone, else the scenario's published config (with its
+    // preset or published config (with its frozen parts) alone, else the scenario's published config (with its
     // vocabulary), preset or --params, with its LoRA.
     auto add = [&](const std::string& name, const SeedClaim& claim, const RunConfig& config) -> absl::Status {
       CorpusCase c;
       c.name = absl::StrCat(prefix, "-", name);
       if (!claim.model().empty()) {
         c.args = {"--model", claim.model()};
+      } else if (!claim.hf_config().empty()) {
+        ZPLAN_ASSIGN_OR_RETURN(const auto config, PublishedConfig(claim.hf_config()));
+        c.inputs.emplace_back(claim.hf_config(), config.second);
+        c.args = {"--hf-config", absl::StrCat(kInputsDir, "/", claim.hf_config())};
+        if (!claim.freeze().empty()) c.args.insert(c.args.end(), {"--freeze", claim.freeze()});
       } else {
         if (!s.hf_config().empty()) {
           ZPLAN_ASSIGN_OR_RETURN(const auto config, PublishedConfig(s.hf_config()));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -49,6 +50,23 @@ std::string Claimed(const SeedClaim& c) {
 absl::StatusOr<ModelSpec> ScenarioModel(const SeedScenario& s, const SeedClaim& c, int64_t rank = 0) {
   if (!c.model().empty()) return LoadPreset(c.model());
   ModelSpec model;
+  if (!c.hf_config().empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(const auto config, PublishedConfig(c.hf_config()));
+    ZPLAN_ASSIGN_OR_RETURN(model, ModelSpecFromHfConfig(config.second, config.first));
+    if (!c.freeze().empty()) {
+      if (!model.has_vision_language()) {
+        return absl::InvalidArgumentError(absl::StrCat("freeze: ", c.hf_config(), " is not a vision-language model"));
+      }
+      VisionLanguageSpec& v = *model.mutable_vision_language();
+      for (absl::string_view part : absl::StrSplit(c.freeze(), ',')) {
+        if (part == "vision_tower") v.set_freeze_vision_tower(true);
+        else if (part == "projector") v.set_freeze_projector(true);
+        else if (part == "language_model") v.set_freeze_language_model(true);
+        else return absl::InvalidArgumentError(absl::StrCat("freeze: \"", part, "\" is not a part"));
+      }
+    }
+    return model;
+  }
   if (!s.hf_config().empty()) {
     ZPLAN_ASSIGN_OR_RETURN(const auto config, PublishedConfig(s.hf_config()));
     ZPLAN_ASSIGN_OR_RETURN(model, ModelSpecFromHfConfig(config.second, config.first));
@@ -236,7 +254,7 @@ absl::StatusOr<Row> Judge(const SeedScenario& s, const SeedClaim& c) {
   }
   const bool point = c.low_gb() == c.high_gb();
   const bool agrees = InClaimedRange(c, v);
-  if (s.has_lora() && c.model().empty() &&
+  if (s.has_lora() && c.model().empty() && c.hf_config().empty() &&
       (c.quantity() == QUANTITY_DEVICE_GRADS || c.quantity() == QUANTITY_DEVICE_OPTIMIZER)) {
     ZPLAN_ASSIGN_OR_RETURN(row.verdict, LoraVerdict(s, c, v, agrees, note));
   } else if (agrees) {
@@ -271,6 +289,8 @@ RunConfig RowConfig(const SeedScenario& s, const SeedClaim& c) {
   }
   if (!c.gpu().empty()) config.mutable_cluster()->set_gpu(c.gpu());
   if (c.has_activation_checkpointing()) config.set_activation_checkpointing(c.activation_checkpointing());
+  if (c.images_per_sample() > 0) config.set_images_per_sample(c.images_per_sample());
+  if (c.image_size() > 0) config.set_image_size(c.image_size());
   return config;
 }
 

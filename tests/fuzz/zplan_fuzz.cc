@@ -90,7 +90,8 @@ bool RunFlags(absl::string_view payload) {
       {"attention", &ZplanOptions::attention}, {"gpu", &ZplanOptions::gpu},
       {"host_ram_gib", &ZplanOptions::host_ram_gib}, {"budget_gib", &ZplanOptions::budget_gib},
       {"format", &ZplanOptions::format},       {"lora_r", &ZplanOptions::lora_r},
-      {"lora_targets", &ZplanOptions::lora_targets}};
+      {"lora_targets", &ZplanOptions::lora_targets}, {"freeze", &ZplanOptions::freeze},
+      {"images_per_sample", &ZplanOptions::images_per_sample}, {"image_size", &ZplanOptions::image_size}};
   ZplanOptions o;
   for (absl::string_view line : absl::StrSplit(payload, '\n')) {
     const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
@@ -127,7 +128,16 @@ bool FuzzOneInput(absl::string_view input) {
   switch (static_cast<InputKind>(header % kKinds)) {
     case kHfConfig: {
       absl::StatusOr<ModelSpec> spec = ModelSpecFromHfConfig(payload, "config.json");
-      return OneLineError(spec.status()) && PlanAndCheck(*spec, DefaultRun(stage));
+      if (!OneLineError(spec.status())) return false;
+      RunConfig config = DefaultRun(stage);
+      // A Qwen tower's images: a side it takes (a multiple of patch x merge), one or two per sequence.
+      if (spec->has_vision_language() && spec->vision_language().tower() != VISION_TOWER_CLIP) {
+        const VisionLanguageSpec& v = spec->vision_language();
+        config.set_image_size(v.patch_size() * v.spatial_merge_size() * (2 + stage));
+        config.set_images_per_sample(1 + stage % 2);
+        config.set_seq_length(4096);
+      }
+      return PlanAndCheck(*spec, config);
     }
     case kDsConfig: {
       absl::StatusOr<ModelSpec> model = LoadPreset("debug-tiny");
