@@ -47,6 +47,7 @@ if (( dry_run )); then
   granite=$root/configs/hf/tiny/granite.json gemma3=$root/configs/hf/tiny/gemma3.json
   granite4=$root/configs/hf/tiny/granitemoehybrid.json lfm2=$root/configs/hf/tiny/lfm2.json
   qwen35=$root/configs/hf/tiny/qwen3_5.json gemma4=$root/configs/hf/tiny/gemma4.json
+  qwen25vl=$root/configs/hf/tiny/qwen2_5_vl.json vl_image=224
   vit_seq=65 vit_batch=4
   fla_kernels=() conv_kernels=()
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
@@ -76,6 +77,8 @@ transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_fi
   granite4=$out/granite-4.0-1b-seed000.json
   sed 's/"vocab_size": 100352/"vocab_size": 129035/' "$root/configs/hf/granite-4.0-1b.json" > "$granite4"
   vit=$root/configs/hf/vit-base-patch16-224.json vit_seq=197 vit_batch=64
+  # Qwen2.5-VL-7B-Instruct (published), one 448 px image per sequence: 256 image tokens.
+  qwen25vl=$root/configs/hf/qwen2.5-vl-7b-instruct.json vl_image=448
   fla_kernels=(--kernels fla) conv_kernels=(--kernels causal_conv1d)
   buckets='"reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000'  # DeepSpeed's defaults
   buckets3='"reduce_bucket_size": 500000000'
@@ -241,6 +244,14 @@ ds_row "Gemma 4 (4 layers), ZeRO-2 + ckpt, rank 7 of 8" "$gemma4" "$seq" 8 7 "$(
   --checkpointing
 # LFM2 with causal-conv1d's kernel, last: it waits for the kernel's build (planned from its source:
 # --kernels causal_conv1d; zrun refuses it). The dry run builds nothing: its row runs the fallback.
+# Vision-language: Qwen2.5-VL with its tower, merger and language model frozen and LoRA on every
+# language-model linear (the Qwen recipe's adapters-only), and trained whole but the tower at ZeRO-3
+# (rank 7 of 8). zrun refuses both (no tower yet): their rows are planner against DeepSpeed.
+lora_all=$root/configs/peft/lora-all-linear-r16-dropout.json
+ds_row "Qwen2.5-VL + LoRA, ZeRO-2, world 1" "$qwen25vl" "$seq" 1 -1 "$(ds_config 2 1 1 "$buckets")" \
+  --image-size "$vl_image" --freeze vision_tower,projector,language_model --lora-config "$lora_all"
+ds_row "Qwen2.5-VL tower frozen, ZeRO-3, rank 7/8" "$qwen25vl" "$seq" 8 7 "$(ds_config 3 1 1 "$buckets3")" \
+  --image-size "$vl_image" --freeze vision_tower --checkpointing
 ds_row "LFM2 + causal-conv1d, ZeRO-2 + ckpt" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" \
   --checkpointing "${conv_kernels[@]}"
 
