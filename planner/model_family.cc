@@ -59,6 +59,7 @@ std::vector<ModelFamily> BuildFamilies() {
     ModelFamily& f = families.emplace_back();
     f.model_type = "llama";
     f.read_from = "models/llama/configuration_llama.py (LlamaConfig), modeling_llama.py (LlamaMLP, LlamaAttention)";
+    f.class_sizes = {.vocab = 32000, .hidden = 4096, .intermediate = 11008, .layers = 32, .heads = 32};
     f.ffn_key = "intermediate_size";
     f.norm = NORM_RMSNORM;
     f.mlp = MlpKind::kGated;

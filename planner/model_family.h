@@ -89,6 +89,13 @@ struct ModelFamily {
   absl::string_view ffn_key;         // the FFN width: "intermediate_size", GPT-2's "n_inner"
   int64_t ffn_default_multiple = 0;  // > 0: absent or null means this x hidden (GPT-2: 4); 0: required
   int64_t default_head_dim = 0;      // head_dim when the config has none; 0: hidden / heads
+  // The config class's sizes, for a vision-language model's text_config,
+  // which transformers saves without the keys left at their defaults
+  // (llava-1.5's holds vocab_size and max_position_embeddings alone); all 0:
+  // such a text_config must name them.
+  struct Sizes {
+    int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0;
+  } class_sizes;
   bool tie_word_embeddings = false;  // the config class's default
   NormType norm = NORM_TYPE_UNSPECIFIED;
   MlpKind mlp = MlpKind::kGated;

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -674,10 +675,22 @@ absl::StatusOr<ModelSpec> LanguageModelFromHfConfig(const JsonObject& config, ab
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, family->ffn_key, &ffn));
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "vocab_size", &vocab));
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "max_position_embeddings", &positions));
+    // A vision-language model's text_config leaves out what its class defaults.
+    const ModelFamily::Sizes& d = family->class_sizes;
+    const bool class_defaults = vision_language.has_value() && d.hidden > 0;
+    if (class_defaults) {
+      const std::tuple<absl::string_view, int64_t*, int64_t> sizes[] = {
+          {"num_hidden_layers", &layers, d.layers}, {"hidden_size", &hidden, d.hidden},
+          {"num_attention_heads", &heads, d.heads}, {"vocab_size", &vocab, d.vocab},
+          {family->ffn_key, &ffn, d.intermediate}};
+      for (const auto& [key, value, fallback] : sizes) {
+        if (config.Find(key) == nullptr) *value = fallback;
+      }
+    }
     for (const auto& [key, legacy] : {std::pair{"num_hidden_layers", "n_layer"}, std::pair{"hidden_size", "n_embd"},
                                       std::pair{"num_attention_heads", "n_head"}, std::pair{"vocab_size", ""}}) {
       const bool legacy_given = family->gpt2_key_names && *legacy != '\0' && config.Find(legacy) != nullptr;
-      if (config.Find(key) == nullptr && !legacy_given) {
+      if (config.Find(key) == nullptr && !legacy_given && !class_defaults) {
         return config.Error(key, absl::StrCat("missing; zplan plans decoder language models from a transformers "
                                               "config.json, which has it (model_type ", QuoteInput(model_type), ")"));
       }
