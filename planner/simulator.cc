@@ -40,7 +40,7 @@ SimulatedStep ExpandStepProgram(const StepProgram& program, const StepSizes& siz
         if (total > peak_total) {
           peak_total = total;
           step.peak = live;
-          step.peak.set_peak_event(TensorName(op.tensor, layer));
+          step.peak.set_peak_event(TensorName(op.tensor, layer, sizes.tower_layers));
           step.peak_event_index = event_count;
         }
         ++event_count;
@@ -50,7 +50,7 @@ SimulatedStep ExpandStepProgram(const StepProgram& program, const StepSizes& siz
         event.set_kind(op.kind);
         event.set_component(op.component);
         event.set_bytes(op.bytes);
-        event.set_tensor(TensorName(op.tensor, layer));
+        event.set_tensor(TensorName(op.tensor, layer, sizes.tower_layers));
         event.set_phase(op.phase);
         event.set_layer(layer);
         event.set_live_bytes(total);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "planner/status_macros.h"
 
 namespace zplan {
@@ -259,7 +260,8 @@ class PeakSink {
 
   int64_t peak() const { return peak_; }  // tensor bytes; -1 without any op
   const Live& peak_live() const { return peak_live_; }
-  std::string peak_event() const { return TensorName(peak_name_, peak_layer_); }
+  const char* peak_name() const { return peak_name_; }  // '#' for the layer: TensorName
+  int peak_layer() const { return peak_layer_; }
 
  private:
   int64_t total_ = 0, peak_ = -1;
@@ -951,10 +953,14 @@ void FinishDeviceBreakdown(const StepSizes& s, MemoryBreakdown* b) {
   b->set_peak_bytes(tensors + b->runtime_bytes() + b->allocator_bytes());
 }
 
-std::string TensorName(const char* tensor, int layer) {
+std::string TensorName(const char* tensor, int layer, int tower_layers) {
   const char* mark = std::strchr(tensor, '#');
   if (mark == nullptr) return tensor;
-  return absl::StrCat(absl::string_view(tensor, mark - tensor), layer, mark + 1);
+  absl::string_view before(tensor, mark - tensor);
+  if (layer < tower_layers && absl::ConsumeSuffix(&before, "layer ")) {
+    return absl::StrCat(before, "vision layer ", layer, mark + 1);
+  }
+  return absl::StrCat(before, layer >= tower_layers ? layer - tower_layers : layer, mark + 1);
 }
 
 StepProgram BuildStepProgram(const StepSizes& sizes, bool grouped) {
@@ -983,7 +989,7 @@ MemoryBreakdown StepPeak(const StepSizes& s) {
     result.set_logits_bytes(live[COMPONENT_LOGITS - 1]);
     result.set_buffers_bytes(live[COMPONENT_BUFFERS - 1]);
     result.set_temporaries_bytes(live[COMPONENT_TEMPORARIES - 1]);
-    result.set_peak_event(sink.peak_event());
+    result.set_peak_event(TensorName(sink.peak_name(), sink.peak_layer(), s.tower_layers));
   }
   FinishDeviceBreakdown(s, &result);
   return result;

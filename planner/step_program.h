@@ -85,8 +85,10 @@ StepProgram BuildStepProgram(const StepSizes& sizes, bool grouped = true);
 // The same into `program`, reusing its storage (the fast evaluator's path).
 void BuildStepProgram(const StepSizes& sizes, bool grouped, StepProgram* program);
 
-// `tensor` with its '#' replaced by `layer`.
-std::string TensorName(const char* tensor, int layer);
+// `tensor` with its '#' replaced by `layer`: with a vision tower of
+// `tower_layers` blocks (the step's first), its blocks read "vision layer i",
+// the language model's are numbered from 0.
+std::string TensorName(const char* tensor, int layer, int tower_layers = 0);
 
 // The device breakdown at the step's peak, with peak_event set; runtime and
 // the allocator's cached bytes (allocator_cached) are included in peak_bytes.

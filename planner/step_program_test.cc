@@ -134,6 +134,9 @@ TEST(StepProgramTest, ExpandedHandlesPairAllocationsAndFrees) {
 TEST(StepProgramTest, TensorNameTakesTheLayer) {
   EXPECT_EQ(TensorName("forward, layer #, parameters gathered", 12), "forward, layer 12, parameters gathered");
   EXPECT_EQ(TensorName("the batch", 3), "the batch");
+  // After a tower of 24 blocks: its own, and the language model's from 0.
+  EXPECT_EQ(TensorName("backward, layer #, MLP gradients", 5, 24), "backward, vision layer 5, MLP gradients");
+  EXPECT_EQ(TensorName("backward, layer #, MLP gradients", 53, 24), "backward, layer 29, MLP gradients");
 }
 
 }  // namespace
