@@ -30,8 +30,13 @@ NVCC_FLAGS = ["-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIO
 def fetch(folder):
     if os.path.exists(os.path.join(folder, SDIST)):
         return 0
+    # pip reads an sdist's metadata by running its setup.py; in an isolated build environment that
+    # installs the newest CUDA torch (pyproject's build requirement, about 5 GiB: a CI machine ran out
+    # of disk). This venv's torch serves, with the package's own switch that skips the nvcc checks.
+    env = dict(os.environ, CAUSAL_CONV1D_SKIP_CUDA_BUILD="TRUE")
     return subprocess.call([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-                            "--no-deps", "--no-binary", "causal-conv1d", "-d", folder, PIN])
+                            "--no-deps", "--no-build-isolation", "--no-binary", "causal-conv1d",
+                            "-d", folder, PIN], env=env)
 
 
 def build(folder, out):
