@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "executor/counting_allocator.h"
 #include "executor/device_memory.h"
+#include "executor/fused_linear_cross_entropy.h"
 #include "executor/profiling.h"
 #include "executor/token_file.h"
 #include "executor/transformer.h"
@@ -26,6 +27,7 @@
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
+#include "planner/vision_tower.h"
 
 namespace zplan {
 namespace {
@@ -51,16 +53,38 @@ int64_t HostRss(const char* field) {
 
 // Batches: deterministic synthetic ids, windows of a uint16 token file, or
 // (a ViT) synthetic images N(0, 1) and labels, as tools/deepspeed_oracle.py.
+// A micro-batch: token ids and their next-token targets (a ViT: images and
+// labels), and a vision-language model's images.
+struct Batch {
+  at::Tensor inputs;
+  at::Tensor targets;
+  at::Tensor pixels;
+};
+
 class BatchSource {
  public:
-  static absl::StatusOr<BatchSource> Open(const std::string& path, const ModelSpec& model, int64_t seq) {
+  static absl::StatusOr<BatchSource> Open(const std::string& path, const ModelSpec& model, const RunConfig& config) {
     BatchSource source;
     source.vocab_ = std::max<int64_t>(model.vocab_size(), 1);
     source.vision_ = model.vision();
-    if (path.empty()) return source;
-    if (model.has_vision()) {
-      return absl::InvalidArgumentError("--data: a ViT trains on synthetic images; token files are for language models");
+    if (model.has_vision_language()) {
+      // As the oracle's image_batch lays them out (tools/deepspeed_oracle.py):
+      // every image's placeholders at the sequence's start, text drawn below
+      // the image token, the placeholders' targets ignored.
+      const VisionLanguageSpec& v = model.vision_language();
+      source.images_ = std::max<int64_t>(1, config.images_per_sample());
+      source.image_side_ = TowerImageSize(v, config.image_size());
+      source.channels_ = v.num_channels();
+      source.image_token_ = v.image_token_id();
+      source.prefix_ = source.images_ * ImageTokensPerImage(v, config.image_size());
+      source.vocab_ = std::min(source.vocab_, source.image_token_);
     }
+    if (path.empty()) return source;
+    if (model.has_vision() || model.has_vision_language()) {
+      return absl::InvalidArgumentError(
+          "--data: image models train on synthetic images; token files are for language models");
+    }
+    const int64_t seq = config.seq_length();
     const int64_t vocab = model.vocab_size();
     ZPLAN_ASSIGN_OR_RETURN(std::vector<uint16_t> ids, ReadTokenFile(path, vocab, seq));
     source.tokens_ = at::empty({static_cast<int64_t>(ids.size())}, at::kShort);
@@ -70,12 +94,13 @@ class BatchSource {
   }
 
   // ids and targets [b, s], or fp32 images [b, c, image, image] and labels [b], on `device`.
-  std::pair<at::Tensor, at::Tensor> Batch(int64_t b, int64_t s, uint64_t seed, at::Device device) const {
+  Batch Next(int64_t b, int64_t s, uint64_t seed, at::Device device) const {
     at::Tensor window;
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    const auto fp32 = at::TensorOptions().dtype(at::kFloat);
     if (vision_.num_labels() > 0) {
       const int64_t side = vision_.image_size();
-      return {at::randn({b, vision_.num_channels(), side, side}, gen, at::TensorOptions().dtype(at::kFloat)).to(device),
+      return {at::randn({b, vision_.num_channels(), side, side}, gen, fp32).to(device),
               at::randint(vision_.num_labels(), {b}, gen, at::TensorOptions().dtype(at::kLong)).to(device)};
     }
     if (tokens_.defined()) {
@@ -87,13 +112,26 @@ class BatchSource {
     } else {
       window = at::randint(vocab_, {b, s + 1}, gen, at::TensorOptions().dtype(at::kLong));
     }
-    return {window.narrow(1, 0, s).contiguous().to(device), window.narrow(1, 1, s).contiguous().to(device)};
+    Batch batch{window.narrow(1, 0, s).contiguous(), window.narrow(1, 1, s).contiguous(), {}};
+    if (prefix_ > 0) {
+      // Their own copies (one sequence's slices are contiguous views of the window).
+      batch.inputs = batch.inputs.clone();
+      batch.targets = batch.targets.clone();
+      batch.inputs.narrow(1, 0, prefix_).fill_(image_token_);
+      batch.targets.narrow(1, 0, prefix_ - 1).fill_(kIgnoreIndex);
+      batch.pixels = at::randn({b * images_, channels_, image_side_, image_side_}, gen, fp32).to(device);
+    }
+    batch.inputs = batch.inputs.to(device);
+    batch.targets = batch.targets.to(device);
+    return batch;
   }
 
  private:
   int64_t vocab_ = 1;
   VisionSpec vision_;  // num_labels 0: not a ViT
   at::Tensor tokens_;
+  // A vision-language model's images per sequence and their placeholders (prefix_ 0: none).
+  int64_t images_ = 0, image_side_ = 0, channels_ = 0, image_token_ = 0, prefix_ = 0;
 };
 
 void Sample(RankReport* report, const at::Device& device, Phase phase, int32_t step) {
@@ -204,12 +242,12 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   ZPLAN_RETURN_IF_ERROR(model.CheckAgainstInventory(inventory));
   ZPLAN_RETURN_IF_ERROR(model.CheckAttentionKernel(config.seq_length()));
   ZPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine, ZeroEngine::Create(&model, comm, config));
-  ZPLAN_ASSIGN_OR_RETURN(BatchSource data, BatchSource::Open(options.data_path, plan.model(), config.seq_length()));
+  ZPLAN_ASSIGN_OR_RETURN(BatchSource data, BatchSource::Open(options.data_path, plan.model(), config));
   const Checkpointing checkpointing = config.activation_checkpointing()
                                           ? Checkpointing{CheckpointEveryNLayers(config), config.checkpoint_offload(),
                                                           config.deepspeed_checkpointing()}
                                           : Checkpointing{};
-  const BlockHooks hooks = AttributedHooks(engine->hooks(), checkpointing, static_cast<int>(plan.model().num_layers()));
+  const BlockHooks hooks = AttributedHooks(engine->hooks(), checkpointing, StepNumBlocks(plan.model()));
 
   RankReport report;
   report.set_rank(comm->rank());
@@ -248,12 +286,12 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
     at::Tensor device_loss_sum;
     // The batch lives through the optimizer step, as the Trainer's inputs do
     // (planner/memory_model.h, step_batch).
-    std::pair<at::Tensor, at::Tensor> batch;
+    Batch batch;
     for (int64_t micro = 0; micro < accum; ++micro) {
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       BeginForwardPart();  // RoPE tables live until backward is done
-      batch = data.Batch(b, s, seed, device);
-      at::Tensor loss = model.Loss(batch.first, batch.second, checkpointing, hooks);
+      batch = data.Next(b, s, seed, device);
+      at::Tensor loss = model.Loss(batch.inputs, batch.targets, checkpointing, hooks, batch.pixels);
       if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
       if (device.is_cuda()) {
         const at::Tensor value = loss.detach().to(at::kFloat);

@@ -19,6 +19,7 @@
 #include "planner/block_layout.h"
 #include "planner/model_spec.h"
 #include "planner/status_macros.h"
+#include "planner/vision_tower.h"
 
 namespace zplan {
 namespace {
@@ -29,6 +30,7 @@ using torch::autograd::variable_list;
 constexpr double kNormEps = 1e-6;
 constexpr double kInitStd = 0.02;        // GPT-2 / Llama initialiser
 constexpr double kRopeTheta = 10000.0;
+constexpr double kQuickGeluScale = 1.702;  // transformers/activations.py, QuickGELUActivation
 
 at::ScalarType ScalarTypeOf(DType dtype) {
   switch (dtype) {
@@ -328,6 +330,10 @@ absl::StatusOr<Transformer> Transformer::Create(const ModelSpec& spec_in, at::Sc
   model.dtype_ = dtype;
   model.device_ = device;
   model.saves_ = saves;
+  if (spec.has_vision_language()) {
+    model.tower_ = TowerSpec(spec);
+    model.tower_layers_ = static_cast<int>(spec.vision_language().num_layers());
+  }
   for (const TensorSpec& t : ParameterInventory(spec)) {
     const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
     const uint64_t param_seed = seed + model.parameters_.size();
@@ -371,25 +377,33 @@ absl::Status Transformer::CheckAgainstInventory(const std::vector<TensorSpec>& i
 }
 
 absl::Status Transformer::CheckAttentionKernel(int64_t seq_length) const {
-  if (spec_.attention_impl() != ATTENTION_SDPA) return absl::OkStatus();
-  const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = spec_.head_dim();
+  // The language model's causal attention over the sequence; a ViT's or a
+  // vision tower's over an image's tokens, without a mask.
+  ZPLAN_RETURN_IF_ERROR(CheckAttentionKernelOf(spec_, spec_.has_vision() ? VisionTokens(spec_) : seq_length,
+                                               /*causal=*/!spec_.has_vision()));
+  if (tower_layers_ == 0) return absl::OkStatus();
+  return CheckAttentionKernelOf(tower_, TowerTokensPerImage(spec_.vision_language(), 0), /*causal=*/false);
+}
+
+absl::Status Transformer::CheckAttentionKernelOf(const ModelSpec& spec, int64_t seq_length, bool causal) const {
+  if (spec.attention_impl() != ATTENTION_SDPA) return absl::OkStatus();
+  const int64_t a = spec.num_attention_heads(), kv = spec.num_kv_heads(), d = spec.head_dim();
   const auto options = at::TensorOptions().dtype(dtype_).device(device_);
   // One sequence of the plan's length: the choice depends on shapes, dtype
   // and device, not on the batch.
   const at::Tensor q = at::empty({1, a, seq_length, d}, options);
   const at::Tensor kv_tensor = at::empty({1, kv, seq_length, d}, options);
-  const auto chosen = static_cast<at::SDPBackend>(at::_fused_sdp_choice(
-      q, kv_tensor, kv_tensor, /*attn_mask=*/{}, spec_.attention_dropout(), /*is_causal=*/!spec_.has_vision(),
-      /*scale=*/std::nullopt, /*enable_gqa=*/kv != a));
-  const bool planned_math =
-      SdpaRunsMath(spec_, device_.is_cuda() ? KernelDevice::kCuda : KernelDevice::kCpu);
+  const auto chosen = static_cast<at::SDPBackend>(
+      at::_fused_sdp_choice(q, kv_tensor, kv_tensor, /*attn_mask=*/{}, spec.attention_dropout(), causal,
+                            /*scale=*/std::nullopt, /*enable_gqa=*/kv != a));
+  const bool planned_math = SdpaRunsMath(spec, device_.is_cuda() ? KernelDevice::kCuda : KernelDevice::kCpu);
   if ((chosen == at::SDPBackend::math) == planned_math && chosen != at::SDPBackend::error) {
     return absl::OkStatus();
   }
   const int64_t scores_bytes = a * seq_length * seq_length * 4;
   return absl::FailedPreconditionError(absl::StrCat(
-      "scaled_dot_product_attention on ", device_.str(), " (", c10::toString(dtype_), ", ", a, "/", kv,
-      " heads of ", d, ", seq ", seq_length, ", dropout ", spec_.attention_dropout(), ") picks backend ",
+      "scaled_dot_product_attention on ", device_.str(), " (", spec.name(), ", ", c10::toString(dtype_), ", ", a,
+      "/", kv, " heads of ", d, ", seq ", seq_length, ", dropout ", spec.attention_dropout(), ") picks backend ",
       static_cast<int>(chosen), " (0 = math, 1 = flash, 2 = memory-efficient, 3 = cuDNN) but the plan counts ",
       planned_math ? "the math path" : "a fused kernel",
       planned_math ? "" : absl::StrCat(": the math path would materialize ", scores_bytes,
@@ -415,44 +429,54 @@ at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, boo
   return (out + update * (lora.alpha() / static_cast<double>(lora.rank()))).to(out.scalar_type());
 }
 
-at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& mask, const at::Tensor& per_layer_input) const {
-  const std::string p = absl::StrCat("layers.", layer, ".");
+  // The step's blocks are one stack (inventory.h, StepNumBlocks): a vision
+  // tower's first, described by its TowerSpec, then the language model's.
+  const bool in_tower = block < tower_layers_;
+  const ModelSpec& spec = in_tower ? tower_ : spec_;
+  const int layer = in_tower ? block : block - tower_layers_;
+  const std::string p = absl::StrCat(in_tower ? kVisionTowerPrefix : "", "layers.", layer, ".");
+  // A ViT's and a vision tower's attention sees every token of the image.
+  const bool causal = !spec.has_vision() && !in_tower;
   const int64_t b = x.size(0), s = x.size(1);
-  const int64_t a = spec_.num_attention_heads(), kv = spec_.num_kv_heads(), d = HeadDimOf(spec_, layer);
+  const int64_t a = spec.num_attention_heads(), kv = spec.num_kv_heads(), d = HeadDimOf(spec, layer);
   auto norm = [&](const at::Tensor& in, const std::string& name) {
-    if (spec_.norm_type() == NORM_LAYERNORM) {
+    if (spec.norm_type() == NORM_LAYERNORM) {
       return at::layer_norm(in, {in.size(-1)}, Param(name + ".weight"), Param(name + ".bias"), kNormEps);
     }
-    return HfRmsNorm(in, Param(name + ".weight"), spec_);
+    return HfRmsNorm(in, Param(name + ".weight"), spec);
   };
   // A gated MLP's activation: SiLU, or (Gemma3MLP) GELU's tanh form; each
   // keeps its input. Gemma 4's per-layer input gate has it too.
   auto gate_activation = [&](const at::Tensor& gate) {
-    return spec_.ffn_type() == FFN_GEGLU ? at::gelu(gate, "tanh") : at::silu(gate);
+    return spec.ffn_type() == FFN_GEGLU ? at::gelu(gate, "tanh") : at::silu(gate);
   };
   // The MLP's intermediates live until down_proj has run.
   auto mlp = [&](const at::Tensor& in, const std::string& m) {
-    const bool bias = spec_.mlp_bias();
-    if (GatedMlp(spec_) && spec_.fused_gate_up_projection()) {
+    const bool bias = spec.mlp_bias();
+    if (GatedMlp(spec) && spec.fused_gate_up_projection()) {
       // Phi3MLP: gate and up are views of one output, which the activation and the product keep.
       const std::vector<at::Tensor> gate_up = Linear(in, m + kGateUpProj, bias).chunk(2, -1);
       return Linear(gate_up[1] * gate_activation(gate_up[0]), m + "down_proj", bias);
     }
-    if (GatedMlp(spec_)) {
+    if (GatedMlp(spec)) {
       const at::Tensor gate = Linear(in, m + "gate_proj", bias);
       const at::Tensor up = Linear(in, m + "up_proj", bias);
       return Linear(gate_activation(gate) * up, m + "down_proj", bias);
     }
     const at::Tensor up = Linear(in, m + "up_proj", bias);
     at::Tensor act;
-    if (spec_.ffn_type() == FFN_GELU_NEW) {
+    if (spec.ffn_type() == FFN_GELU_NEW) {
       // transformers' NewGELUActivation, op by op as it is written (and saves).
       constexpr double kSqrt2OverPi = 0.7978845608028654;
       act = (up * 0.5) * (1.0 + at::tanh((up + at::pow(up, 3.0) * 0.044715) * kSqrt2OverPi));
+    } else if (spec.ffn_type() == FFN_QUICK_GELU) {
+      // transformers' QuickGELUActivation (CLIP): x * sigmoid(1.702 x), keeping x, the sigmoid and the product.
+      act = up * at::sigmoid(up * kQuickGeluScale);
     } else {
       // One op either way (the same memory): ViTIntermediate's GELU is exact.
-      act = at::gelu(up, spec_.has_vision() ? "none" : "tanh");
+      act = at::gelu(up, spec.has_vision() ? "none" : "tanh");
     }
     return Linear(act, m + "down_proj", bias);
   };
@@ -462,7 +486,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   at::Tensor current = x;  // what the next op reads
   at::Tensor q, k, v, attn, gate;
   std::vector<at::Tensor> norm_outputs;  // a pre-norm's output lives until the block returns
-  const std::vector<BlockOp> layout = BlockLayout(spec_, layer);
+  const std::vector<BlockOp> layout = BlockLayout(spec, layer);
   for (size_t i = 0; i < layout.size(); ++i) {
     const BlockOp& op = layout[i];
     const std::string m = p + op.module + ".";
@@ -473,8 +497,8 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         if (i + 1 < layout.size() && layout[i + 1].kind != BlockOpKind::kResidualAdd) norm_outputs.push_back(current);
         break;
       case BlockOpKind::kQkvProjection: {
-        const std::vector<BlockLinear> linears = OpLinears(spec_, op);
-        if (spec_.fused_qkv_projection()) {
+        const std::vector<BlockLinear> linears = OpLinears(spec, op);
+        if (spec.fused_qkv_projection()) {
           // Phi3Attention: q, k and v are slices (views) of one output.
           const at::Tensor qkv = Linear(current, m + kQkvProj, linears[0].bias);
           q = qkv.narrow(-1, 0, a * d).view({b, s, a, d});
@@ -482,7 +506,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           v = qkv.narrow(-1, (a + kv) * d, kv * d).view({b, s, kv, d});
           break;
         }
-        if (spec_.attention_output_gate()) {
+        if (spec.attention_output_gate()) {
           // Qwen3_5Attention: each head's query and gate, side by side; the
           // gate's reshape copies it (a non-contiguous chunk).
           const std::vector<at::Tensor> query_gate =
@@ -499,15 +523,15 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
       case BlockOpKind::kQkNorm: {
         const at::Tensor& q_weight = Param(absl::StrCat(m, kQNorm, ".weight"));
         const at::Tensor& k_weight = Param(absl::StrCat(m, kKNorm, ".weight"));
-        if (spec_.qk_norm_over_projection()) {
+        if (spec.qk_norm_over_projection()) {
           // Olmo2Attention: over the projection's output, before the view into heads.
-          q = HfRmsNorm(q.view({b, s, a * d}), q_weight, spec_).view({b, s, a, d});
-          k = HfRmsNorm(k.view({b, s, kv * d}), k_weight, spec_).view({b, s, kv, d});
+          q = HfRmsNorm(q.view({b, s, a * d}), q_weight, spec).view({b, s, a, d});
+          k = HfRmsNorm(k.view({b, s, kv * d}), k_weight, spec).view({b, s, kv, d});
         } else {
-          q = HfRmsNorm(q, q_weight, spec_);
-          k = HfRmsNorm(k, k_weight, spec_);
+          q = HfRmsNorm(q, q_weight, spec);
+          k = HfRmsNorm(k, k_weight, spec);
         }
-        if (spec_.value_norm()) v = HfRmsNorm(v, at::Tensor(), spec_);  // Gemma4TextAttention's v_norm
+        if (spec.value_norm()) v = HfRmsNorm(v, at::Tensor(), spec);  // Gemma4TextAttention's v_norm
         break;
       }
       case BlockOpKind::kAttention: {
@@ -515,21 +539,21 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         k = k.transpose(1, 2);
         v = v.transpose(1, 2);
         // SmolLM3Attention applies RoPE only where use_rope (ModelSpec.rope_layers).
-        const bool rope = spec_.position_embedding() == POSITION_ROPE &&
-                          (spec_.rope_layers().empty() || spec_.rope_layers(layer));
-        if (rope && spec_.rope_concatenates()) {
+        const bool rope = spec.position_embedding() == POSITION_ROPE &&
+                          (spec.rope_layers().empty() || spec.rope_layers(layer));
+        if (rope && spec.rope_concatenates()) {
           // Phi3's and Glm4's apply_rotary_pos_emb: the first rotary_dim of
           // each head rotated, joined to the rest; Glm4 interleaves half of
           // each table into new ones (which the multiplies keep) and turns pairs.
-          const int64_t r = RotaryDims(spec_);
+          const int64_t r = RotaryDims(spec);
           at::Tensor c = cos, sn = sin;
-          if (spec_.rope_interleaved()) {
+          if (spec.rope_interleaved()) {
             c = cos.narrow(-1, 0, r / 2).repeat_interleave(2, -1);
             sn = sin.narrow(-1, 0, r / 2).repeat_interleave(2, -1);
           }
           auto rotated = [&](const at::Tensor& t) {
             const at::Tensor part = t.narrow(-1, 0, r);
-            const at::Tensor turned = spec_.rope_interleaved() ? RotatePairs(part) : RotateHalf(part);
+            const at::Tensor turned = spec.rope_interleaved() ? RotatePairs(part) : RotateHalf(part);
             return at::cat({part * c + turned * sn, t.narrow(-1, r, d - r)}, -1);
           };
           q = rotated(q);
@@ -539,20 +563,20 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           q = (q * cos + RotateHalf(q) * sin).to(x.scalar_type());
           k = (k * cos + RotateHalf(k) * sin).to(x.scalar_type());
         }
-        const double dropout = spec_.attention_dropout();
+        const double dropout = spec.attention_dropout();
         // GraniteAttention's scaling is attention_multiplier; the others' head_dim^-0.5.
-        const double scale = spec_.attention_multiplier() != 0 ? spec_.attention_multiplier()
+        const double scale = spec.attention_multiplier() != 0 ? spec.attention_multiplier()
                                                                 : 1.0 / std::sqrt(static_cast<double>(d));
-        if (spec_.attention_impl() == ATTENTION_EAGER) {
+        if (spec.attention_impl() == ATTENTION_EAGER) {
           // transformers' eager_attention_forward: scores plus the additive
           // causal mask, softmax in fp32 (kept) cast back to the working
           // dtype (kept), or (GPT-2) softmax in the working dtype.
           const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
           at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * scale;
           // Gemma2's attn_logit_softcapping: cap x tanh(scores / cap), tanh keeping its output.
-          if (const double cap = spec_.attn_logit_softcapping(); cap > 0) scores = at::tanh(scores / cap) * cap;
+          if (const double cap = spec.attn_logit_softcapping(); cap > 0) scores = at::tanh(scores / cap) * cap;
           if (mask.defined()) scores = scores + mask;  // a ViT has none
-          at::Tensor probs = spec_.eager_softmax_in_working_dtype()
+          at::Tensor probs = spec.eager_softmax_in_working_dtype()
                                  ? at::softmax(scores, -1)
                                  : at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
           scores.reset();
@@ -563,13 +587,13 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
           // repeats k and v to every head and passes the bool mask, which ATen makes additive.
           attn = at::scaled_dot_product_attention(q, RepeatKv(k, a / kv), RepeatKv(v, a / kv), mask, dropout,
                                                   /*is_causal=*/false, /*scale=*/scale);
-        } else if (SdpaRepeatsKv(spec_, layer, /*masked=*/false)) {
+        } else if (SdpaRepeatsKv(spec, layer, /*masked=*/false)) {
           // Heads wider than 256: sdpa_attention_forward repeats k and v (use_gqa_in_sdpa is false).
           attn = at::scaled_dot_product_attention(q, RepeatKv(k, a / kv), RepeatKv(v, a / kv), /*attn_mask=*/{},
                                                   dropout, /*is_causal=*/true, /*scale=*/scale);
         } else {
           attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout,
-                                                  /*is_causal=*/!spec_.has_vision(), /*scale=*/scale,
+                                                  /*is_causal=*/causal, /*scale=*/scale,
                                                   /*enable_gqa=*/kv != a);
         }
         break;
@@ -577,7 +601,7 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
       case BlockOpKind::kOutProjection: {
         at::Tensor output = attn.transpose(1, 2).reshape({b, s, a * d});
         if (gate.defined()) output = output * at::sigmoid(gate);  // Qwen3_5Attention
-        current = Linear(output, m + "o_proj", spec_.attention_out_bias());
+        current = Linear(output, m + "o_proj", spec.attention_out_bias());
         // What transformers' attention module returns with: its locals are
         // gone (what autograd saved stays).
         q.reset();
@@ -589,14 +613,14 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
       }
       case BlockOpKind::kGatedDeltaNet:
         current = GatedDeltaNetForward(
-            current, spec_, [&](const at::Tensor& in, const std::string& name) { return Linear(in, m + name, false); },
+            current, spec, [&](const at::Tensor& in, const std::string& name) { return Linear(in, m + name, false); },
             [&](const std::string& name) -> const at::Tensor& { return Param(m + name); });
         break;
       case BlockOpKind::kResidualDropout:
-        current = at::dropout(current, spec_.residual_dropout(), /*train=*/true);
+        current = at::dropout(current, spec.residual_dropout(), /*train=*/true);
         break;
       case BlockOpKind::kResidualScale:
-        current = current * spec_.residual_multiplier();
+        current = current * spec.residual_multiplier();
         break;
       case BlockOpKind::kResidualAdd:
         stream = stream + current;
@@ -615,12 +639,12 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
         // x are views of in_proj's output, the conv's output a view of the
         // padded one; the product C y is laid out [b, s, h] already, so
         // .contiguous() after the transpose makes no copy.
-        const bool bias = spec_.conv_bias();
+        const bool bias = spec.conv_bias();
         const std::vector<at::Tensor> bcx = Linear(current, m + "in_proj", bias).transpose(-1, -2).chunk(3, -2);
         const at::Tensor conv_bias = bias ? Param(m + kConv + ".bias") : at::Tensor();
         const at::Tensor conv = at::conv1d(bcx[0] * bcx[2], Param(m + kConv + ".weight"), conv_bias, /*stride=*/1,
-                                           /*padding=*/spec_.conv_kernel_size() - 1, /*dilation=*/1,
-                                           /*groups=*/spec_.hidden_size())
+                                           /*padding=*/spec.conv_kernel_size() - 1, /*dilation=*/1,
+                                           /*groups=*/spec.hidden_size())
                                     .narrow(-1, 0, s);
         current = Linear((bcx[1] * conv).transpose(-1, -2).contiguous(), m + "out_proj", bias);
         break;
@@ -630,8 +654,65 @@ at::Tensor Transformer::Block(int layer, const at::Tensor& x, const at::Tensor& 
   return stream;
 }
 
+at::Tensor Transformer::TowerEmbeddings(const at::Tensor& pixels, bool input_grad) const {
+  // CLIPVisionEmbeddings.forward: the pixels cast to the patch conv's dtype
+  // (a copy the conv keeps when its weight trains), the CLS embedding before
+  // the flattened patches, the learned positions added; then pre_layrnorm.
+  const VisionLanguageSpec& v = spec_.vision_language();
+  const std::string t = kVisionTowerPrefix;
+  const int64_t n = pixels.size(0), c = v.hidden_size(), p = v.patch_size();
+  at::Tensor patches = at::conv2d(pixels.to(dtype_), Param(t + "embeddings.patch_embedding.weight"), {}, {p, p});
+  // enable_input_require_grads hooks CLIPVisionModel's input embeddings (the
+  // patch conv) too: a frozen tower's output still requires grad.
+  if (input_grad && !patches.requires_grad()) patches.requires_grad_(true);
+  const at::Tensor position_ids = at::arange(TowerTokensPerImage(v, 0), pixels.options().dtype(at::kLong));
+  const at::Tensor embeddings =
+      at::cat({Param(t + "embeddings.class_embedding").expand({n, 1, c}), patches.flatten(2).transpose(1, 2)}, 1) +
+      at::embedding(Param(t + "embeddings.position_embedding.weight"), position_ids).unsqueeze(0);
+  return at::layer_norm(embeddings, {c}, Param(t + "pre_layrnorm.weight"), Param(t + "pre_layrnorm.bias"), kNormEps);
+}
+
+Transformer::ImageFeatures Transformer::ProjectImages(const std::vector<at::Tensor>& hidden, const at::Tensor& ids,
+                                                      const BlockHooks& hooks) const {
+  // DeepSpeed gathers the tail and the projector as they run (part -1's parameters).
+  if (hooks.active()) hooks.before_forward(-1);
+  const VisionLanguageSpec& v = spec_.vision_language();
+  const std::string t = kVisionTowerPrefix;
+  const int64_t c = v.hidden_size();
+  ImageFeatures images;
+  // CLIPVisionModel.forward's pooled output: post_layernorm over the last
+  // block's CLS rows (a view: it keeps the whole output), unused by llava.
+  const at::Tensor& last = hidden.back();
+  images.kept.push_back(last);
+  const std::string pooled_norm = t + kTowerPooledNorm;
+  images.kept.push_back(at::layer_norm(last.select(1, 0), {c}, Param(pooled_norm + ".weight"),
+                                       Param(pooled_norm + ".bias"), kNormEps));
+  // LlavaModel.get_image_features: hidden_states[vision_feature_layer],
+  // less the CLS row ("default"), through LlavaMultiModalProjector; nn.Linear
+  // multiplies (and keeps) the rows as one matrix: a view for one image, a
+  // copy of the strided rows for more.
+  const at::Tensor& selected = hidden[TowerBlocksWithGradient(v)];
+  images.kept.push_back(selected);
+  const at::Tensor rows = v.feature_keeps_cls() ? selected : selected.narrow(1, 1, selected.size(1) - 1);
+  const bool bias = v.projector_bias();
+  const at::Tensor mid = Linear(rows.reshape({-1, c}), "multi_modal_projector.linear_1", bias);
+  at::Tensor projected =
+      Linear(at::gelu(mid, v.projector_activation() == "gelu" ? "none" : "tanh"), "multi_modal_projector.linear_2", bias)
+          .view({rows.size(0), rows.size(1), -1});
+  if (hooks.active()) {
+    hooks.after_forward(-1);
+    projected = BeforeBackward::apply(projected, &hooks, -1);
+  }
+  images.kept.push_back(projected);
+  // torch.cat(list(image_features)): a copy, returned with the model's output.
+  images.features = at::cat(projected.unbind(0), 0);
+  // get_placeholder_mask: the image tokens' positions, bool [b, s, 1].
+  images.mask = ids.eq(v.image_token_id()).unsqueeze(-1);
+  return images;
+}
+
 at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
-                             const BlockHooks& hooks) const {
+                             const BlockHooks& hooks, const at::Tensor& pixels) const {
   const bool vision = spec_.has_vision();
   const int64_t b = inputs.size(0), s = vision ? VisionTokens(spec_) : inputs.size(1);
   const int64_t h = spec_.hidden_size();
@@ -673,6 +754,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     }
   }
   at::Tensor x;
+  at::Tensor tower_input;  // a vision-language model's: its tower's first block's input
   if (hooks.active()) hooks.before_forward(-1);
   if (vision) {
     // ViTModel casts the pixels to the projection's dtype (the Conv2d keeps
@@ -687,6 +769,8 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
         Param("embed_patches.position_embeddings");
   } else if (spec_.vocab_size() > 0) {
     x = at::embedding(Param(EmbeddingWeightName(spec_)), inputs);
+    // LlavaModel.forward: the token embeddings, then the images' tower.
+    if (tower_layers_ > 0) tower_input = TowerEmbeddings(pixels, /*input_grad=*/checkpointing.every > 0);
   } else {
     // Continuous inputs (e.g. patch embeddings); requires_grad so that
     // checkpointed blocks still run their backward.
@@ -755,6 +839,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (hooks.active()) {
     hooks.after_forward(-1);
     x = BeforeBackward::apply(x, &hooks, -1);
+    if (tower_input.defined()) tower_input = BeforeBackward::apply(tower_input, &hooks, -1);
     // The per-layer embeddings' backward runs once block 0's is done: gathered then.
     if (per_layer_inputs.defined()) per_layer_inputs = BeforeBackward::apply(per_layer_inputs, &hooks, -1);
   }
@@ -764,26 +849,47 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (checkpointing.every > 0 && !x.requires_grad()) x.requires_grad_(true);
   // GraniteModel scales the embedding module's output (a new tensor, nothing saved).
   if (spec_.embedding_multiplier() != 0 && !scaled) x = x * spec_.embedding_multiplier();
-  for (int layer = 0; layer < spec_.num_layers(); ++layer) {
-    const at::Tensor& cos = cos_by_type[type_of(layer)];
-    const at::Tensor& sin = sin_by_type[type_of(layer)];
-    const at::Tensor& mask = masks[type_of(layer)];
-    const at::Tensor per_layer_input = per_layer_inputs.defined() ? per_layer_inputs.select(2, layer) : at::Tensor();
-    if (hooks.active()) hooks.before_forward(layer);
-    if (checkpointing.Checkpoints(layer)) {
+  // Step block `block` (tower blocks first, inventory.h StepNumBlocks) on `in`.
+  auto run_block = [&](int block, const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& mask, const at::Tensor& per_layer_input) {
+    at::Tensor out;
+    if (hooks.active()) hooks.before_forward(block);
+    if (checkpointing.Checkpoints(block)) {
       auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-      x = CheckpointedBlock::apply(x, this, static_cast<int64_t>(layer), given(cos), given(sin), given(mask),
-                                   given(per_layer_input), &hooks, &checkpointing);
+      out = CheckpointedBlock::apply(in, this, static_cast<int64_t>(block), given(cos), given(sin), given(mask),
+                                     given(per_layer_input), &hooks, &checkpointing);
     } else if (hooks.active()) {
-      x = AfterBackward::apply(x, &hooks, layer);
-      x = BeforeBackward::apply(Block(layer, x, cos, sin, mask, per_layer_input), &hooks, layer);
+      out = BeforeBackward::apply(Block(block, AfterBackward::apply(in, &hooks, block), cos, sin, mask, per_layer_input),
+                                  &hooks, block);
     } else {
-      x = Block(layer, x, cos, sin, mask, per_layer_input);
+      out = Block(block, in, cos, sin, mask, per_layer_input);
     }
-    if (hooks.active()) hooks.after_forward(layer);
+    if (hooks.active()) hooks.after_forward(block);
+    return out;
+  };
+  // A vision-language model's images: the tower's blocks, then the image
+  // features scattered into the token embeddings (ImageFeatures). What the
+  // language model's forward keeps of the tower goes when it returns.
+  ImageFeatures images;
+  if (tower_layers_ > 0) {
+    std::vector<at::Tensor> hidden = {tower_input};
+    tower_input.reset();
+    for (int block = 0; block < tower_layers_; ++block) {
+      hidden.push_back(run_block(block, hidden.back(), {}, {}, {}, {}));
+      // Only the selected hidden state and the last are kept (select_hidden_states, capture_outputs).
+      if (block != TowerBlocksWithGradient(spec_.vision_language())) hidden[block].reset();
+    }
+    images = ProjectImages(hidden, inputs, hooks);
+    x = x.masked_scatter(images.mask, images.features);
+    images.mask.reset();
+  }
+  for (int layer = 0; layer < spec_.num_layers(); ++layer) {
+    const at::Tensor per_layer_input = per_layer_inputs.defined() ? per_layer_inputs.select(2, layer) : at::Tensor();
+    x = run_block(tower_layers_ + layer, x, cos_by_type[type_of(layer)], sin_by_type[type_of(layer)],
+                  masks[type_of(layer)], per_layer_input);
   }
   // Final norm and LM head stay gathered from here until their backward is done.
-  const int head_part = static_cast<int>(spec_.num_layers());
+  const int head_part = StepNumBlocks(spec_);
   if (hooks.active()) {
     hooks.before_forward(head_part);
     x = AfterBackward::apply(x, &hooks, head_part);
@@ -799,6 +905,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   for (at::Tensor& mask : masks) mask.reset();
   for (at::Tensor& table : cos_by_type) table.reset();
   for (at::Tensor& table : sin_by_type) table.reset();
+  images.kept.clear();  // LlavaModel.forward returns its tower outputs with it
   if (vision) {
     // ViTForImageClassification: the classifier reads the CLS token's view
     // of the final norm's output (so it keeps all of it) and the loss is

@@ -1,6 +1,7 @@
 // File: transformer.h
 // The transformer of a ModelSpec, in ATen, for zrun: a decoder-only
-// language model, or (ModelSpec.vision) transformers' ViTForImageClassification.
+// language model, (ModelSpec.vision) transformers' ViTForImageClassification,
+// or (ModelSpec.vision_language) llava's LlavaForConditionalGeneration.
 //
 // Parameters are created in the planner's inventory order with the same names
 // and shapes (planner/inventory.h); CheckAgainstInventory() proves it before
@@ -49,7 +50,9 @@ namespace zplan {
 
 // Callbacks around each part's forward and backward, so a ZeRO-3 engine can
 // gather parameters before use and release them after. Parts are -1 (token
-// embedding), 0..L-1 (blocks) and L (final norm + LM head). Unset callbacks
+// embedding; a vision-language model's tower embeddings, tail and projector
+// too), 0..L-1 (the step's blocks, StepNumBlocks) and L (final norm + LM
+// head). Unset callbacks
 // cost nothing; the model then inserts no extra autograd nodes.
 struct BlockHooks {
   std::function<void(int part)> before_forward;
@@ -125,8 +128,11 @@ class Transformer {
   // [b, channels, image, image] against labels [b] (int64). Without either
   // (vocab_size 0) the inputs' values are ignored and the model runs on
   // deterministic ones; the loss is the mean square of the final norm's output.
+  // A vision-language model (llava) also takes its images' fp32 `pixels`
+  // [images, channels, side, side], `inputs` holding each image's
+  // placeholder tokens (vision_tower.h, ImageTokensPerImage).
   at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
-                  const BlockHooks& hooks = {}) const;
+                  const BlockHooks& hooks = {}, const at::Tensor& pixels = {}) const;
 
   // The SDPA kernel ATen will pick for this model's attention at
   // `seq_length` (at::_fused_sdp_choice with Block's arguments) must be the
@@ -143,14 +149,36 @@ class Transformer {
  private:
   Transformer() = default;
   const at::Tensor& Param(const std::string& name) const;
+  absl::Status CheckAttentionKernelOf(const ModelSpec& spec, int64_t seq_length, bool causal) const;
   // x W^T (+ b) of the linear `name`, plus its LoRA adapters' update.
   at::Tensor Linear(const at::Tensor& x, const std::string& name, bool bias) const;
   // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
   // `per_layer_input`: Gemma 4's [b, s, p] slice (undefined without per-layer embeddings).
-  at::Tensor Block(int layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+  // `block` of the step's one stack (inventory.h, StepNumBlocks): a vision
+  // tower's blocks, then the language model's.
+  at::Tensor Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& mask, const at::Tensor& per_layer_input) const;
 
+  // A vision-language model's joint, as its forward leaves it: the image
+  // features (the projector's output, concatenated) and the mask that
+  // places them among the token embeddings, and what stays alive until the
+  // language model's forward returns (the tower's outputs, the projector's).
+  struct ImageFeatures {
+    at::Tensor features;
+    at::Tensor mask;
+    std::vector<at::Tensor> kept;
+  };
+  // The tower's embeddings of `pixels`: its first block's input. `input_grad`:
+  // checkpointing's input-grad hook makes it require grad.
+  at::Tensor TowerEmbeddings(const at::Tensor& pixels, bool input_grad) const;
+  // `hidden`: the pre-norm embeddings and each tower block's output (those
+  // the model no longer holds reset); `ids`: the batch's tokens.
+  ImageFeatures ProjectImages(const std::vector<at::Tensor>& hidden, const at::Tensor& ids,
+                              const BlockHooks& hooks) const;
+
   ModelSpec spec_;
+  ModelSpec tower_;      // a vision-language model's tower blocks (vision_tower.h, TowerSpec)
+  int tower_layers_ = 0;  // the step stack's first blocks, the tower's
   uint64_t seed_ = 0;
   bool materialized_ = true;
   at::ScalarType dtype_ = at::kFloat;

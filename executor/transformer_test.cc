@@ -155,6 +155,58 @@ TEST(TransformerTest, VitTrainsEveryParameterAndCheckpointingMatches) {
   ExpectCheckpointingMatches(*model, MakeImages(*spec, 4), std::log(5.0), "ViT");  // the CLS token and positions too
 }
 
+// A tiny llava: a CLIP tower of three blocks over 28 px images (16 patches
+// and the CLS row), features from block 1's output, a two-block Llama.
+constexpr char kLlavaConfig[] = R"({"model_type": "llava",
+  "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 3, "num_attention_heads": 2, "patch_size": 7, "image_size": 28, "hidden_act": "quick_gelu"},
+  "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "tie_word_embeddings": false},
+  "image_token_index": 200, "projector_hidden_act": "gelu", "vision_feature_select_strategy": "default",
+  "vision_feature_layer": -2, "tie_word_embeddings": false})";
+
+// llava trains what a gradient reaches: every parameter but the tower's last
+// block and post_layernorm (past the selected features), none of a frozen
+// tower's; checkpointing every block gives the same loss and gradients.
+TEST(TransformerTest, LlavaTrainsWhatReachesTheLoss) {
+  auto spec = ModelSpecFromHfConfig(kLlavaConfig, "llava.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const int64_t b = 2, s = 40, images = 16;  // one image per sequence: 16 image tokens
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor ids = at::randint(200, {b, s}, gen, at::TensorOptions().dtype(at::kLong));
+  ids.narrow(1, 0, images).fill_(200);
+  const at::Tensor targets = at::randint(200, {b, s}, gen, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor pixels = at::randn({b, 3, 28, 28}, gen);
+  for (bool frozen_tower : {false, true}) {
+    spec->mutable_vision_language()->set_freeze_vision_tower(frozen_tower);
+    auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_TRUE(model->CheckAgainstInventory(ParameterInventory(*spec)).ok());
+    EXPECT_TRUE(model->CheckAttentionKernel(s).ok());
+    std::vector<at::Tensor> grads;
+    for (const Checkpointing& checkpointing : {Checkpointing{}, Checkpointing{1}}) {
+      const std::string with = absl::StrCat(frozen_tower ? "frozen tower" : "", " every ", checkpointing.every);
+      at::Tensor loss = model->Loss(ids, targets, checkpointing, {}, pixels);
+      EXPECT_NEAR(loss.item<double>(), std::log(256.0), 0.3) << with;
+      loss.backward();
+      size_t i = 0;
+      for (auto& [name, p] : model->mutable_parameters()) {
+        const bool tower = absl::StartsWith(name, "vision_tower.");
+        const bool reached = !(tower && (frozen_tower || absl::StartsWith(name, "vision_tower.layers.2.") ||
+                                         absl::StrContains(name, kTowerPooledNorm)));
+        EXPECT_EQ(p.grad().defined(), reached) << with << " " << name;
+        if (!p.grad().defined()) continue;
+        if (checkpointing.every == 0) {
+          grads.push_back(p.grad().clone());
+        } else {
+          EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << with << " " << name;
+        }
+        p.mutable_grad() = at::Tensor();
+      }
+    }
+  }
+}
+
 // Records the order in which AccumulateGrad finishes each parameter's
 // gradient: the moments DeepSpeed's (and zrun's) gradient hooks run.
 class HookOrder : public torch::autograd::FunctionPostHook {

@@ -220,8 +220,16 @@ absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
   }
   if (!last_micro_step) return absl::OkStatus();
   // Stage 0 (never offloaded, Create): all-reduce every gradient through
-  // one flat bucket, in order.
+  // one flat bucket, in order. A parameter that got no gradient (llava's
+  // tower past its feature layer) gets zeros, so every rank reduces the same
+  // (runtime/engine.py, _get_gradients_for_reduction).
   at::NoGradGuard no_grad;
+  {
+    ScopedMemoryTag tag(COMPONENT_GRADS);
+    for (Slot& slot : slots_) {
+      if (!slot.param.grad().defined()) slot.param.mutable_grad() = at::zeros_like(slot.param);
+    }
+  }
   const int64_t total = flat_params_.numel();
   const int64_t capacity = std::min(config_.zero().reduce_bucket_elements(), total);
   at::Tensor bucket = at::empty({capacity}, flat_params_.options());

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "executor/counting_allocator.h"
 #include "executor/device_memory.h"
+#include "planner/inventory.h"
 #include "planner/status_macros.h"
 #include "planner/zero_refusals.h"
 
@@ -62,7 +63,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   e->loss_scale_ = e->fp16_ ? kInitialLossScale : 1.0;
   const int world = comm->world_size();
   const int rank = comm->rank();
-  const int num_layers = static_cast<int>(model->spec().num_layers());
+  const int num_layers = StepNumBlocks(model->spec());  // the parts' blocks (inventory.h)
 
   // Frozen parameters (LoRA's base model) have no flat buffer, gradient or
   // optimizer state, as DeepSpeed's optimizers hold only the parameters they

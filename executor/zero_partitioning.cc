@@ -8,25 +8,23 @@
 #include <optional>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "executor/counting_allocator.h"
 #include "executor/zero_engine.h"
 #include "planner/inventory.h"
 #include "planner/memory_model.h"
 #include "planner/sharding.h"
+#include "planner/status_macros.h"
 
 namespace zplan {
 namespace {
 
-// Which part of the model a parameter belongs to: -1 embeddings, blocks, L head.
-int PartOf(const std::string& name, int num_layers) {
-  if (absl::StartsWith(name, "embed_")) return -1;
-  if (absl::StartsWith(name, "layers.")) {
-    int layer = 0;
-    const std::string rest = name.substr(7, name.find('.', 7) - 7);
-    if (absl::SimpleAtoi(rest, &layer)) return layer;
-  }
-  return num_layers;  // final_norm, lm_head
+// Which part of the model a parameter belongs to: -1 the embeddings (a
+// vision-language model's tower ends and projector too), the step's blocks
+// (inventory.h, StepBlockOf), num_blocks the final norm and head.
+int PartOf(const ModelSpec& spec, const TensorSpec& tensor, int num_blocks) {
+  if (const int block = StepBlockOf(spec, tensor); block >= 0) return block;
+  const bool embedding = tensor.part() != PART_LANGUAGE_MODEL || absl::StartsWith(tensor.name(), "embed_");
+  return embedding ? -1 : num_blocks;
 }
 
 }  // namespace
@@ -90,6 +88,9 @@ void ZeroEngine::PlaceParameters(int64_t total, int world, const at::TensorOptio
                                      : at::zeros({frozen_numel}, options.dtype(model->dtype()));
     }
     parts_.resize(static_cast<size_t>(num_layers) + 2);
+    // Stage 3 holds every parameter, in inventory order.
+    const std::vector<TensorSpec> inventory = ParameterInventory(model->spec());
+    ZPLAN_CHECK(inventory.size() == slots_.size());
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& slot = slots_[i];
       at::Tensor chunk = ShardsOf(slot).narrow(0, slot.own_dst, slot.own_hi - slot.own_lo);
@@ -106,7 +107,7 @@ void ZeroEngine::PlaceParameters(int64_t total, int world, const at::TensorOptio
       }
       if (unpartitioned_) slot.param.set_data(chunk.view(slot.shape));
       // A modules_to_save original is never called: never gathered.
-      if (!IsUnusedOriginal(slot.name)) parts_[PartOf(slot.name, num_layers) + 1].push_back(i);
+      if (!IsUnusedOriginal(slot.name)) parts_[PartOf(model->spec(), inventory[i], num_layers) + 1].push_back(i);
       slot.gathered = true;
     }
     // A tied LM head uses the embedding matrix.
@@ -114,7 +115,6 @@ void ZeroEngine::PlaceParameters(int64_t total, int world, const at::TensorOptio
     if (tied_head_) parts_[num_layers + 1].push_back(0);
     // What DeepSpeed's coordinator keeps gathered from forward to backward
     // (a module that runs no backward, e.g. a frozen embedding, is not kept).
-    const std::vector<TensorSpec> inventory = ParameterInventory(model->spec());
     const SavePolicy saves = SavePolicyFor(config);
     std::vector<bool> runs_backward;
     for (const TensorSpec& t : inventory) runs_backward.push_back(RunsBackward(model->spec(), t, saves));

@@ -407,11 +407,11 @@ constexpr int kMmapThresholdBytes = 1 << 20;
 // zrun trains transformers' torch fallbacks only (executor/linear_attention.h): LibTorch cannot run
 // fla's Triton kernels or causal-conv1d's CUDA extension.
 absl::Status RefuseFusedKernels(const ModelSpec& model) {
-  if (model.has_vision_language()) {
+  if (model.has_vision_language() && model.vision_language().tower() != VISION_TOWER_CLIP) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model.vision_language: zrun does not train vision-language models yet (zplan plans llava's memory; "
-        "the DeepSpeed oracle, tools/deepspeed_oracle.py --image-size, trains it): plan ", model.model_type(),
-        "'s language model alone to run it"));
+        "model.vision_language: zrun trains llava's CLIP tower, not ", model.model_type(),
+        "'s yet (zplan plans its memory; the DeepSpeed oracle, tools/deepspeed_oracle.py --image-size, trains it): "
+        "plan its language model alone to run it"));
   }
   if (model.linear_attention_impl() == LINEAR_ATTENTION_FLA) {
     return absl::InvalidArgumentError(

@@ -117,7 +117,7 @@ void ClipParameters(const ModelSpec& spec, std::vector<TensorSpec>* out) {
   // The blocks as the step sizes them (transformers registers k, v, q,
   // out_proj, layer_norm1, fc1, fc2, layer_norm2: the same tensors).
   AppendTowerBlocks(spec, out);
-  PartNorm(tower + "post_layernorm", c, true, PART_VISION_TOWER, -1, out);
+  PartNorm(tower + kTowerPooledNorm, c, true, PART_VISION_TOWER, -1, out);
   const int64_t h = spec.hidden_size();
   PartLinear("multi_modal_projector.linear_1", c, h, v.projector_bias(), PART_PROJECTOR, -1, out);
   PartLinear("multi_modal_projector.linear_2", h, h, v.projector_bias(), PART_PROJECTOR, -1, out);
@@ -414,6 +414,16 @@ bool BlockInputRequiresGrad(const ModelSpec& spec, int layer, const SavePolicy& 
 
 bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves) {
   if (IsUnusedOriginal(param.name())) return false;
+  if (param.part() != PART_LANGUAGE_MODEL) {
+    // A vision-language model's tower and projector: without a graph in the
+    // tower only a trained projector; with one, all but what lies past the
+    // selected features (llava's last blocks and post_layernorm).
+    const VisionLanguageSpec& v = spec.vision_language();
+    if (!TowerBuildsGraph(spec, saves)) return param.part() == PART_PROJECTOR && !v.freeze_projector();
+    if (param.part() == PART_PROJECTOR) return true;
+    return param.layer() < 0 ? !absl::StrContains(param.name(), kTowerPooledNorm)
+                             : param.layer() < TowerBlocksWithGradient(v);
+  }
   if (!spec.has_lora() || !param.frozen()) return true;
   if (absl::StartsWith(param.name(), "embed_")) return false;
   if (param.layer() < 0 || BlockInputRequiresGrad(spec, param.layer(), saves)) return true;

@@ -149,7 +149,12 @@ std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& param
 // through the block layout from the embedding's output (SavePolicy) and the
 // adapters (e.g. with q_proj targeted: not the attention norm or the q/k/v
 // base layers, but q_norm and everything after the attention).
+// A vision-language model's tower and projector run one where a gradient
+// reaches them (TowerBuildsGraph, TowerBlocksWithGradient).
 bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePolicy& saves);
+// CLIPVisionModel's post_layernorm, over the CLS row of the last block's
+// output (its pooled output, which llava does not use).
+inline constexpr char kTowerPooledNorm[] = "post_layernorm";
 
 int64_t CountParameters(const ModelSpec& spec);
 

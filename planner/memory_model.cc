@@ -420,7 +420,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     for (const TensorSpec& t : trainable) {
       if (t.layer() >= 0 || t.part() == PART_LANGUAGE_MODEL) continue;
       if (t.part() == PART_PROJECTOR) s.projector_grads += NumElements(t) * w;
-      if (t.part() == PART_VISION_TOWER && !absl::StrContains(t.name(), "post_layernorm")) {
+      if (t.part() == PART_VISION_TOWER && !absl::StrContains(t.name(), kTowerPooledNorm)) {
         s.tower_embed_grads += NumElements(t) * w;
       }
     }

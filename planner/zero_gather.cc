@@ -21,11 +21,14 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     auto partitioned = [&](const TensorSpec& t) { return NumElements(t) > zero.stage3_param_persistence_threshold(); };
     std::vector<std::vector<const TensorSpec*>> of_layer(s.num_layers);
     std::vector<int64_t> partitioned_elements(s.num_layers, 0);
+    std::vector<bool> runs_backward, block_backward(s.num_layers, false);
     for (const TensorSpec& t : params) {
+      runs_backward.push_back(RunsBackward(model, t, saves));
       const int block = StepBlockOf(model, t);
       if (block < 0) continue;
       of_layer[block].push_back(&t);
       if (partitioned(t)) partitioned_elements[block] += NumElements(t);
+      if (runs_backward.back()) block_backward[block] = true;
     }
     blocks->gather.assign(s.num_layers, 0);
     blocks->kept.assign(s.num_layers, 0);
@@ -43,13 +46,13 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
         if (partitioned(*t)) prefetched += NumElements(*t);
       }
       blocks->gather[i] = (partitioned_elements[i] + prefetched) * w;
-      blocks->kept[i] = partitioned_elements[i] * w;
+      // A block no gradient reaches (a vision tower's past its selected
+      // features, or frozen without a graph) is never kept for a backward.
+      blocks->kept[i] = block_backward[i] ? partitioned_elements[i] * w : 0;
     }
     // Kept parameters (sharding.h): the later the block, the nearer its
     // backward, so blocks from some index on are kept whole (the step
     // program's groups rely on it; the simulator test checks it).
-    std::vector<bool> runs_backward;
-    for (const TensorSpec& t : params) runs_backward.push_back(RunsBackward(model, t, saves));
     const Stage3Retention retention =
         Stage3RetentionOf(params, s.tied, zero, ParameterlessModulesOf(model), runs_backward);
     std::vector<int64_t> kept(s.num_layers, 0);

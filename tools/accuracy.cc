@@ -70,6 +70,11 @@ const std::vector<std::string> kGraniteHybrid = {"--hf-config", "configs/hf/tiny
 // fixes --seq).
 const std::vector<std::string> kVit = {"--hf-config", "configs/hf/tiny/vit.json"};
 const std::vector<std::string> kVitWide = {"--hf-config", "configs/hf/tiny/vit-wide.json"};
+// transformers' LlavaForConditionalGeneration: a CLIP tower (quick GELU, the
+// features of its last block but one), the projector and a Llama, 112 px images
+// (64 image tokens); a wider, deeper tower at 224 px (256 tokens per image).
+const std::vector<std::string> kLlava = {"--hf-config", "configs/hf/tiny/llava.json"};
+const std::vector<std::string> kLlavaWide = {"--hf-config", "configs/hf/tiny/llava-wide.json"};
 const std::vector<std::string> kWideGpt2 = {"--model", "gpt2",  "--layers", "2",    "--hidden", "1024", "--heads", "16",
                                             "--head-dim", "64", "--ffn",   "4096", "--vocab",  "32000"};
 // DeepSpeed's default 5e8-element buckets would dwarf these models.
@@ -372,6 +377,15 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen3_5-z2-bf16-w2-ckpt", kQwen3_5, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen3_5-z3-bf16-w2", kQwen3_5, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("olmo3-wide-z1-fp32-w2-eager", kOlmo3Wide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--attention", "eager", "--micro-batch", "2", "--seq", "128"}),
+      // llava as its recipes train it: everything, the tower frozen, LoRA with the projector or alone.
+      Case("llava-z1-bf16-w2", kLlava, {"--ds-config", ds, "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("llava-z0-fp32-w1", kLlava, {"--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "256"}),
+      Case("llava-z2-bf16-w2-ckpt-freeze-tower", kLlava, {"--ds-config", ds, "--freeze", "vision_tower", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("llava-z3-bf16-w2-freeze-tower", kLlava, {"--ds-config", ds, "--freeze", "vision_tower", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("llava-z2-bf16-w2-lora-projector", kLlava, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--freeze", "vision_tower,language_model", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("llava-z3-bf16-w2-ckpt-lora-adapters-only", kLlava, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--freeze", "vision_tower,projector,language_model", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("llava-wide-z3-bf16-w4-2img", kLlavaWide, {"--ds-config", ds, "--images-per-sample", "2", "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "2", "--seq", "640"}),
+      Case("llava-wide-z2-bf16-w2-3img-ckpt", kLlavaWide, {"--ds-config", ds, "--images-per-sample", "3", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "800"}),
   };
 }
 
