@@ -54,11 +54,14 @@ int64_t HostRss(const char* field) {
 // Batches: deterministic synthetic ids, windows of a uint16 token file, or
 // (a ViT) synthetic images N(0, 1) and labels, as tools/deepspeed_oracle.py.
 // A micro-batch: token ids and their next-token targets (a ViT: images and
-// labels), and a vision-language model's images.
+// labels), and a vision-language model's images (a Qwen tower's with the
+// processor's mm_token_type_ids [b, s], which the model reads for its
+// multimodal RoPE and zrun only holds).
 struct Batch {
   at::Tensor inputs;
   at::Tensor targets;
-  at::Tensor pixels;
+  ImageInputs images;
+  at::Tensor token_types;
 };
 
 class BatchSource {
@@ -72,9 +75,9 @@ class BatchSource {
       // every image's placeholders at the sequence's start, text drawn below
       // the image token, the placeholders' targets ignored.
       const VisionLanguageSpec& v = model.vision_language();
+      source.vision_language_ = v;
       source.images_ = std::max<int64_t>(1, config.images_per_sample());
       source.image_side_ = TowerImageSize(v, config.image_size());
-      source.channels_ = v.num_channels();
       source.image_token_ = v.image_token_id();
       source.prefix_ = source.images_ * ImageTokensPerImage(v, config.image_size());
       source.vocab_ = std::min(source.vocab_, source.image_token_);
@@ -112,14 +115,29 @@ class BatchSource {
     } else {
       window = at::randint(vocab_, {b, s + 1}, gen, at::TensorOptions().dtype(at::kLong));
     }
-    Batch batch{window.narrow(1, 0, s).contiguous(), window.narrow(1, 1, s).contiguous(), {}};
+    Batch batch{window.narrow(1, 0, s).contiguous(), window.narrow(1, 1, s).contiguous(), {}, {}};
     if (prefix_ > 0) {
       // Their own copies (one sequence's slices are contiguous views of the window).
       batch.inputs = batch.inputs.clone();
       batch.targets = batch.targets.clone();
       batch.inputs.narrow(1, 0, prefix_).fill_(image_token_);
       batch.targets.narrow(1, 0, prefix_ - 1).fill_(kIgnoreIndex);
-      batch.pixels = at::randn({b * images_, channels_, image_side_, image_side_}, gen, fp32).to(device);
+      const VisionLanguageSpec& v = vision_language_;
+      const int64_t count = b * images_, side = image_side_;
+      if (v.tower() == VISION_TOWER_CLIP) {
+        batch.images.pixels = at::randn({count, v.num_channels(), side, side}, gen, fp32).to(device);
+      } else {
+        // Qwen2VLImageProcessor: one frame, side / patch patches a side, each row its patch's pixels over temporal_patch_size frames.
+        const int64_t patches = side / v.patch_size();
+        batch.images.pixels = at::randn({count * patches * patches, v.num_channels() * v.temporal_patch_size() *
+                                                                        v.patch_size() * v.patch_size()},
+                                        gen, fp32)
+                                  .to(device);
+        batch.images.grid_thw = at::tensor(std::vector<int64_t>{1, patches, patches}, at::TensorOptions().dtype(at::kLong))
+                                    .repeat({count, 1})
+                                    .to(device);
+        batch.token_types = batch.inputs.eq(image_token_).to(at::kLong).to(device);
+      }
     }
     batch.inputs = batch.inputs.to(device);
     batch.targets = batch.targets.to(device);
@@ -131,7 +149,8 @@ class BatchSource {
   VisionSpec vision_;  // num_labels 0: not a ViT
   at::Tensor tokens_;
   // A vision-language model's images per sequence and their placeholders (prefix_ 0: none).
-  int64_t images_ = 0, image_side_ = 0, channels_ = 0, image_token_ = 0, prefix_ = 0;
+  VisionLanguageSpec vision_language_;
+  int64_t images_ = 0, image_side_ = 0, image_token_ = 0, prefix_ = 0;
 };
 
 void Sample(RankReport* report, const at::Device& device, Phase phase, int32_t step) {
@@ -291,7 +310,7 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       BeginForwardPart();  // RoPE tables live until backward is done
       batch = data.Next(b, s, seed, device);
-      at::Tensor loss = model.Loss(batch.inputs, batch.targets, checkpointing, hooks, batch.pixels);
+      at::Tensor loss = model.Loss(batch.inputs, batch.targets, checkpointing, hooks, batch.images);
       if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
       if (device.is_cuda()) {
         const at::Tensor value = loss.detach().to(at::kFloat);

@@ -189,8 +189,10 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
                             const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
                             const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& per_layer_input,
-                            const BlockHooks* hooks, const Checkpointing* checkpointing) {
+                            const std::vector<int64_t>& segments, const BlockHooks* hooks,
+                            const Checkpointing* checkpointing) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["segments"] = segments;
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["layer"] = layer;
     // The recomputation must draw the same dropout masks: stash the
@@ -236,12 +238,13 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     ctx->save_for_backward(
         {kept, cos.value_or(none), sin.value_or(none), mask.value_or(none), per_layer_input.value_or(none)});
     return BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none), mask.value_or(none),
-                        per_layer_input.value_or(none));
+                        per_layer_input.value_or(none), segments);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 
   static at::Tensor BlockForward(const Transformer* model, int layer, const at::Tensor& x, const at::Tensor& cos,
-                                 const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input);
+                                 const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
+                                 const std::vector<int64_t>& segments);
 };
 
 }  // namespace
@@ -249,8 +252,9 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 // Friend-free access to the private Block through a small bridge.
 struct TransformerBridge {
   static at::Tensor Block(const Transformer* m, int layer, const at::Tensor& x, const at::Tensor& cos,
-                          const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input) {
-    return m->Block(layer, x, cos, sin, mask, per_layer_input);
+                          const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
+                          const std::vector<int64_t>& segments) {
+    return m->Block(layer, x, cos, sin, mask, per_layer_input, segments);
   }
 };
 
@@ -258,8 +262,8 @@ namespace {
 
 at::Tensor CheckpointedBlock::BlockForward(const Transformer* model, int layer, const at::Tensor& x,
                                            const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
-                                           const at::Tensor& per_layer_input) {
-  return TransformerBridge::Block(model, layer, x, cos, sin, mask, per_layer_input);
+                                           const at::Tensor& per_layer_input, const std::vector<int64_t>& segments) {
+  return TransformerBridge::Block(model, layer, x, cos, sin, mask, per_layer_input, segments);
 }
 
 variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list grads) {
@@ -267,6 +271,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   const auto* model = reinterpret_cast<const Transformer*>(ctx->saved_data["model"].toInt());
   const auto* hooks = reinterpret_cast<const BlockHooks*>(ctx->saved_data["hooks"].toInt());
   const int layer = static_cast<int>(ctx->saved_data["layer"].toInt());
+  const std::vector<int64_t> segments = ctx->saved_data["segments"].toIntVector();
   // DeepSpeed drops its buffer list first: the spare buffers go.
   auto buffers = ctx->saved_data.find("buffers");
   if (buffers != ctx->saved_data.end()) buffers->second.toTensorList().clear();
@@ -288,7 +293,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
     at::AutoGradMode enable(true);
     auto stashed = ctx->saved_data.find("rng_state");
     if (stashed == ctx->saved_data.end()) {
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input);
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments);
     } else {
       // Replay the forward's random stream, then continue the current one
       // (the lock only around the swaps: dropout takes it too).
@@ -299,7 +304,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
         current = generator.get_state();
         generator.set_state(stashed->second.toTensor());
       }
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input);
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(current);
     }
@@ -314,7 +319,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
   const at::Tensor per_layer_grad = per_layer_input.defined() ? per_layer_input.grad() : at::Tensor();
   return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), per_layer_grad, at::Tensor(),
-          at::Tensor()};
+          at::Tensor(), at::Tensor()};
 }
 
 }  // namespace
@@ -382,7 +387,12 @@ absl::Status Transformer::CheckAttentionKernel(int64_t seq_length) const {
   ZPLAN_RETURN_IF_ERROR(CheckAttentionKernelOf(spec_, spec_.has_vision() ? VisionTokens(spec_) : seq_length,
                                                /*causal=*/!spec_.has_vision()));
   if (tower_layers_ == 0) return absl::OkStatus();
-  return CheckAttentionKernelOf(tower_, TowerTokensPerImage(spec_.vision_language(), 0), /*causal=*/false);
+  // Over CLIP's image, or over one of Qwen's windows (its images are any size).
+  const VisionLanguageSpec& v = spec_.vision_language();
+  const int64_t window_side = v.window_size() / v.patch_size();
+  return CheckAttentionKernelOf(
+      tower_, v.tower() == VISION_TOWER_CLIP ? TowerTokensPerImage(v, 0) : window_side * window_side,
+      /*causal=*/false);
 }
 
 absl::Status Transformer::CheckAttentionKernelOf(const ModelSpec& spec, int64_t seq_length, bool causal) const {
@@ -430,7 +440,8 @@ at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, boo
 }
 
 at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                              const at::Tensor& mask, const at::Tensor& per_layer_input) const {
+                              const at::Tensor& mask, const at::Tensor& per_layer_input,
+                              const std::vector<int64_t>& segments) const {
   // The step's blocks are one stack (inventory.h, StepNumBlocks): a vision
   // tower's first, described by its TowerSpec, then the language model's.
   const bool in_tower = block < tower_layers_;
@@ -541,7 +552,8 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         // SmolLM3Attention applies RoPE only where use_rope (ModelSpec.rope_layers).
         const bool rope = spec.position_embedding() == POSITION_ROPE &&
                           (spec.rope_layers().empty() || spec.rope_layers(layer));
-        if (rope && spec.rope_concatenates()) {
+        // A Qwen tower rotates whole heads in fp32 (apply_rotary_pos_emb_vision): the second branch, with fp32 tables.
+        if (rope && spec.rope_concatenates() && !in_tower) {
           // Phi3's and Glm4's apply_rotary_pos_emb: the first rotary_dim of
           // each head rotated, joined to the rest; Glm4 interleaves half of
           // each table into new ones (which the multiplies keep) and turns pairs.
@@ -582,6 +594,21 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
           scores.reset();
           if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
           attn = at::matmul(probs, vv);
+        } else if (!segments.empty()) {
+          // Qwen2_5_VLVisionAttention under SDPA: one call per image or
+          // window, each output laid out [1, n, heads, d], joined by
+          // torch.cat (a copy, which the projection keeps).
+          std::vector<at::Tensor> outs;
+          int64_t start = 0;
+          for (const int64_t n : segments) {
+            outs.push_back(at::scaled_dot_product_attention(q.narrow(2, start, n), k.narrow(2, start, n),
+                                                            v.narrow(2, start, n), /*attn_mask=*/{}, dropout,
+                                                            /*is_causal=*/false, /*scale=*/scale)
+                               .transpose(1, 2)
+                               .contiguous());
+            start += n;
+          }
+          attn = at::cat(outs, 1).transpose(1, 2);
         } else if (mask.defined()) {
           // A sliding layer past the window (SdpaSlidingMaskAt): sdpa_attention_forward
           // repeats k and v to every head and passes the bool mask, which ATen makes additive.
@@ -654,65 +681,159 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
   return stream;
 }
 
-at::Tensor Transformer::TowerEmbeddings(const at::Tensor& pixels, bool input_grad) const {
-  // CLIPVisionEmbeddings.forward: the pixels cast to the patch conv's dtype
-  // (a copy the conv keeps when its weight trains), the CLS embedding before
-  // the flattened patches, the learned positions added; then pre_layrnorm.
+Transformer::TowerInputs Transformer::TowerEmbeddings(const ImageInputs& images, bool input_grad) const {
   const VisionLanguageSpec& v = spec_.vision_language();
-  const std::string t = kVisionTowerPrefix;
-  const int64_t n = pixels.size(0), c = v.hidden_size(), p = v.patch_size();
-  at::Tensor patches = at::conv2d(pixels.to(dtype_), Param(t + "embeddings.patch_embedding.weight"), {}, {p, p});
-  // enable_input_require_grads hooks CLIPVisionModel's input embeddings (the
-  // patch conv) too: a frozen tower's output still requires grad.
-  if (input_grad && !patches.requires_grad()) patches.requires_grad_(true);
-  const at::Tensor position_ids = at::arange(TowerTokensPerImage(v, 0), pixels.options().dtype(at::kLong));
-  const at::Tensor embeddings =
-      at::cat({Param(t + "embeddings.class_embedding").expand({n, 1, c}), patches.flatten(2).transpose(1, 2)}, 1) +
-      at::embedding(Param(t + "embeddings.position_embedding.weight"), position_ids).unsqueeze(0);
-  return at::layer_norm(embeddings, {c}, Param(t + "pre_layrnorm.weight"), Param(t + "pre_layrnorm.bias"), kNormEps);
+  const int64_t c = v.hidden_size(), p = v.patch_size();
+  const at::Tensor& pixels = images.pixels;
+  TowerInputs tower;
+  if (v.tower() == VISION_TOWER_CLIP) {
+    // CLIPVisionEmbeddings.forward: the pixels cast to the patch conv's dtype
+    // (a copy the conv keeps when its weight trains), the CLS embedding before
+    // the flattened patches, the learned positions added; then pre_layrnorm.
+    const std::string t = kVisionTowerPrefix;
+    const int64_t n = pixels.size(0);
+    at::Tensor patches = at::conv2d(pixels.to(dtype_), Param(t + "embeddings.patch_embedding.weight"), {}, {p, p});
+    // enable_input_require_grads hooks CLIPVisionModel's input embeddings (the
+    // patch conv) too: a frozen tower's output still requires grad.
+    if (input_grad && !patches.requires_grad()) patches.requires_grad_(true);
+    const at::Tensor position_ids = at::arange(TowerTokensPerImage(v, 0), pixels.options().dtype(at::kLong));
+    const at::Tensor embeddings =
+        at::cat({Param(t + "embeddings.class_embedding").expand({n, 1, c}), patches.flatten(2).transpose(1, 2)}, 1) +
+        at::embedding(Param(t + "embeddings.position_embedding.weight"), position_ids).unsqueeze(0);
+    tower.x =
+        at::layer_norm(embeddings, {c}, Param(t + "pre_layrnorm.weight"), Param(t + "pre_layrnorm.bias"), kNormEps);
+    return tower;
+  }
+  // Qwen2_5_VisionTransformerPretrainedModel.forward. The layout first, on
+  // the host as transformers makes it (vision_utils.py): each image's patches
+  // in merge_size^2 blocks, its merged rows cut into windows of
+  // window_size / merge / patch merged rows a side (get_vision_window_index).
+  const int64_t m = v.spatial_merge_size(), unit = m * m, d = c / v.num_heads();
+  const int64_t window = v.window_size() / m / p;
+  const at::Tensor grid = images.grid_thw.to(at::kCPU);
+  std::vector<int64_t> window_index, h_pos, w_pos;
+  int64_t base = 0;
+  for (int64_t i = 0; i < grid.size(0); ++i) {
+    const int64_t frames = grid[i][0].item<int64_t>(), rows = grid[i][1].item<int64_t>(),
+                  cols = grid[i][2].item<int64_t>();
+    tower.image_segments.insert(tower.image_segments.end(), frames, rows * cols);
+    tower.tokens_per_image.push_back(frames * rows * cols / unit);
+    for (int64_t f = 0; f < frames; ++f) {
+      for (int64_t bh = 0; bh < rows / m; ++bh) {
+        for (int64_t bw = 0; bw < cols / m; ++bw) {
+          for (int64_t ih = 0; ih < m; ++ih) {
+            for (int64_t iw = 0; iw < m; ++iw) {
+              h_pos.push_back(bh * m + ih);
+              w_pos.push_back(bw * m + iw);
+            }
+          }
+        }
+      }
+      const int64_t merged_rows = rows / m, merged_cols = cols / m;
+      for (int64_t wh = 0; wh < merged_rows; wh += window) {
+        for (int64_t ww = 0; ww < merged_cols; ww += window) {
+          int64_t count = 0;
+          for (int64_t r = wh; r < std::min(wh + window, merged_rows); ++r) {
+            for (int64_t q = ww; q < std::min(ww + window, merged_cols); ++q, ++count) {
+              window_index.push_back(base + r * merged_cols + q);
+            }
+          }
+          tower.window_segments.push_back(count * unit);
+        }
+      }
+      base += merged_rows * merged_cols;
+    }
+  }
+  const auto on_device = [&](const std::vector<int64_t>& values) {
+    return at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device_);
+  };
+  tower.window_index = on_device(window_index);
+  const int64_t n = static_cast<int64_t>(h_pos.size());
+  // Qwen2_5_VisionPatchEmbed: the rows viewed as [patches, channels, frames,
+  // p, p], cast (get_image_features: a copy the conv keeps when it trains), Conv3d.
+  at::Tensor patches =
+      at::conv3d(pixels.to(dtype_).view({n, v.num_channels(), v.temporal_patch_size(), p, p}),
+                 Param("visual.patch_embed.proj.weight"), {}, {v.temporal_patch_size(), p, p});
+  if (input_grad && !patches.requires_grad()) patches.requires_grad_(true);  // its _input_embed_layer
+  // permute_input_for_window_attn: merged rows gathered in window order (the index keeps window_index).
+  auto window_order = [&](const at::Tensor& rows) {
+    return rows.reshape({n / unit, unit, -1}).index_select(0, tower.window_index).reshape({n, -1});
+  };
+  tower.x = window_order(patches.view({n, c})).unsqueeze(0);
+  // Qwen2_5_VLVisionRotaryEmbedding: axial RoPE, the rows' and columns'
+  // angles over a quarter of the head each, cos and sin [patches, d] fp32,
+  // in window order.
+  at::NoGradGuard no_grad;
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device_);
+  const at::Tensor inv_freq =
+      at::pow(kRopeTheta, at::arange(0, d / 2, 2, fp32).div(static_cast<double>(d / 2))).reciprocal();
+  const at::Tensor angles = at::cat({at::outer(on_device(h_pos).to(at::kFloat), inv_freq),
+                                     at::outer(on_device(w_pos).to(at::kFloat), inv_freq)}, -1);
+  const at::Tensor emb = at::cat({angles, angles}, -1);
+  tower.cos = window_order(emb.cos()).view({1, 1, n, d});
+  tower.sin = window_order(emb.sin()).view({1, 1, n, d});
+  return tower;
 }
 
-Transformer::ImageFeatures Transformer::ProjectImages(const std::vector<at::Tensor>& hidden, const at::Tensor& ids,
-                                                      const BlockHooks& hooks) const {
+Transformer::ImageFeatures Transformer::ProjectImages(const std::vector<at::Tensor>& hidden, const TowerInputs& tower,
+                                                      const at::Tensor& ids, const BlockHooks& hooks) const {
   // DeepSpeed gathers the tail and the projector as they run (part -1's parameters).
   if (hooks.active()) hooks.before_forward(-1);
   const VisionLanguageSpec& v = spec_.vision_language();
-  const std::string t = kVisionTowerPrefix;
   const int64_t c = v.hidden_size();
   ImageFeatures images;
-  // CLIPVisionModel.forward's pooled output: post_layernorm over the last
-  // block's CLS rows (a view: it keeps the whole output), unused by llava.
-  const at::Tensor& last = hidden.back();
-  images.kept.push_back(last);
-  const std::string pooled_norm = t + kTowerPooledNorm;
-  images.kept.push_back(at::layer_norm(last.select(1, 0), {c}, Param(pooled_norm + ".weight"),
-                                       Param(pooled_norm + ".bias"), kNormEps));
-  // LlavaModel.get_image_features: hidden_states[vision_feature_layer],
-  // less the CLS row ("default"), through LlavaMultiModalProjector; nn.Linear
-  // multiplies (and keeps) the rows as one matrix: a view for one image, a
-  // copy of the strided rows for more.
-  const at::Tensor& selected = hidden[TowerBlocksWithGradient(v)];
-  images.kept.push_back(selected);
-  const at::Tensor rows = v.feature_keeps_cls() ? selected : selected.narrow(1, 1, selected.size(1) - 1);
-  const bool bias = v.projector_bias();
-  const at::Tensor mid = Linear(rows.reshape({-1, c}), "multi_modal_projector.linear_1", bias);
-  at::Tensor projected =
-      Linear(at::gelu(mid, v.projector_activation() == "gelu" ? "none" : "tanh"), "multi_modal_projector.linear_2", bias)
-          .view({rows.size(0), rows.size(1), -1});
-  if (hooks.active()) {
-    hooks.after_forward(-1);
-    projected = BeforeBackward::apply(projected, &hooks, -1);
+  at::Tensor projected;
+  if (v.tower() == VISION_TOWER_CLIP) {
+    // CLIPVisionModel.forward's pooled output: post_layernorm over the last
+    // block's CLS rows (a view: it keeps the whole output), unused by llava.
+    const std::string pooled_norm = std::string(kVisionTowerPrefix) + kTowerPooledNorm;
+    const at::Tensor& last = hidden.back();
+    images.kept.push_back(last);
+    images.kept.push_back(at::layer_norm(last.select(1, 0), {c}, Param(pooled_norm + ".weight"),
+                                         Param(pooled_norm + ".bias"), kNormEps));
+    // LlavaModel.get_image_features: hidden_states[vision_feature_layer],
+    // less the CLS row ("default"), through LlavaMultiModalProjector; nn.Linear
+    // multiplies (and keeps) the rows as one matrix: a view for one image, a
+    // copy of the strided rows for more.
+    const at::Tensor& selected = hidden[TowerBlocksWithGradient(v)];
+    images.kept.push_back(selected);
+    const at::Tensor rows = v.feature_keeps_cls() ? selected : selected.narrow(1, 1, selected.size(1) - 1);
+    const bool bias = v.projector_bias();
+    const at::Tensor mid = Linear(rows.reshape({-1, c}), "multi_modal_projector.linear_1", bias);
+    projected = Linear(at::gelu(mid, v.projector_activation() == "gelu" ? "none" : "tanh"),
+                       "multi_modal_projector.linear_2", bias);
+    if (hooks.active()) {
+      hooks.after_forward(-1);
+      projected = BeforeBackward::apply(projected, &hooks, -1);
+    }
+    images.kept.push_back(projected);
+    // torch.cat(list(image_features)): a copy, returned with the model's output.
+    images.features = at::cat(projected.view({rows.size(0), rows.size(1), -1}).unbind(0), 0);
+  } else {
+    // Qwen2_5_VLPatchMerger on the last block's output [patches, C] (the
+    // tower's last_hidden_state): ln_q, each image token's merge_size^2
+    // patches side by side, mlp; then the windows' order undone.
+    const at::Tensor last = hidden.back().view({-1, c});
+    images.kept.push_back(last);
+    const int64_t merged = c * v.spatial_merge_size() * v.spatial_merge_size();
+    const at::Tensor normed = HfRmsNorm(last, Param("visual.merger.ln_q.weight"), tower_).view({-1, merged});
+    projected = Linear(at::gelu(Linear(normed, "visual.merger.mlp.0", true)), "visual.merger.mlp.2", true);
+    if (hooks.active()) {
+      hooks.after_forward(-1);
+      projected = BeforeBackward::apply(projected, &hooks, -1);
+    }
+    const at::Tensor pooled = projected.index_select(0, at::argsort(tower.window_index));
+    images.kept.push_back(pooled);
+    // get_image_features splits it per image; Qwen2_5_VLModel.forward joins them (a copy).
+    images.features = at::cat(pooled.split_with_sizes(tower.tokens_per_image), 0);
   }
-  images.kept.push_back(projected);
-  // torch.cat(list(image_features)): a copy, returned with the model's output.
-  images.features = at::cat(projected.unbind(0), 0);
   // get_placeholder_mask: the image tokens' positions, bool [b, s, 1].
   images.mask = ids.eq(v.image_token_id()).unsqueeze(-1);
   return images;
 }
 
 at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
-                             const BlockHooks& hooks, const at::Tensor& pixels) const {
+                             const BlockHooks& hooks, const ImageInputs& image_inputs) const {
   const bool vision = spec_.has_vision();
   const int64_t b = inputs.size(0), s = vision ? VisionTokens(spec_) : inputs.size(1);
   const int64_t h = spec_.hidden_size();
@@ -754,7 +875,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     }
   }
   at::Tensor x;
-  at::Tensor tower_input;  // a vision-language model's: its tower's first block's input
+  TowerInputs tower;  // a vision-language model's
   if (hooks.active()) hooks.before_forward(-1);
   if (vision) {
     // ViTModel casts the pixels to the projection's dtype (the Conv2d keeps
@@ -770,7 +891,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   } else if (spec_.vocab_size() > 0) {
     x = at::embedding(Param(EmbeddingWeightName(spec_)), inputs);
     // LlavaModel.forward: the token embeddings, then the images' tower.
-    if (tower_layers_ > 0) tower_input = TowerEmbeddings(pixels, /*input_grad=*/checkpointing.every > 0);
+    if (tower_layers_ > 0) tower = TowerEmbeddings(image_inputs, /*input_grad=*/checkpointing.every > 0);
   } else {
     // Continuous inputs (e.g. patch embeddings); requires_grad so that
     // checkpointed blocks still run their backward.
@@ -839,7 +960,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (hooks.active()) {
     hooks.after_forward(-1);
     x = BeforeBackward::apply(x, &hooks, -1);
-    if (tower_input.defined()) tower_input = BeforeBackward::apply(tower_input, &hooks, -1);
+    if (tower.x.defined()) tower.x = BeforeBackward::apply(tower.x, &hooks, -1);
     // The per-layer embeddings' backward runs once block 0's is done: gathered then.
     if (per_layer_inputs.defined()) per_layer_inputs = BeforeBackward::apply(per_layer_inputs, &hooks, -1);
   }
@@ -851,18 +972,20 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (spec_.embedding_multiplier() != 0 && !scaled) x = x * spec_.embedding_multiplier();
   // Step block `block` (tower blocks first, inventory.h StepNumBlocks) on `in`.
   auto run_block = [&](int block, const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& mask, const at::Tensor& per_layer_input) {
+                       const at::Tensor& mask, const at::Tensor& per_layer_input,
+                       const std::vector<int64_t>& segments) {
     at::Tensor out;
     if (hooks.active()) hooks.before_forward(block);
     if (checkpointing.Checkpoints(block)) {
       auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
       out = CheckpointedBlock::apply(in, this, static_cast<int64_t>(block), given(cos), given(sin), given(mask),
-                                     given(per_layer_input), &hooks, &checkpointing);
+                                     given(per_layer_input), segments, &hooks, &checkpointing);
     } else if (hooks.active()) {
-      out = BeforeBackward::apply(Block(block, AfterBackward::apply(in, &hooks, block), cos, sin, mask, per_layer_input),
-                                  &hooks, block);
+      out = BeforeBackward::apply(
+          Block(block, AfterBackward::apply(in, &hooks, block), cos, sin, mask, per_layer_input, segments), &hooks,
+          block);
     } else {
-      out = Block(block, in, cos, sin, mask, per_layer_input);
+      out = Block(block, in, cos, sin, mask, per_layer_input, segments);
     }
     if (hooks.active()) hooks.after_forward(block);
     return out;
@@ -872,21 +995,31 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // language model's forward keeps of the tower goes when it returns.
   ImageFeatures images;
   if (tower_layers_ > 0) {
-    std::vector<at::Tensor> hidden = {tower_input};
-    tower_input.reset();
+    const VisionLanguageSpec& v = spec_.vision_language();
+    const std::set<int64_t> full(v.full_attention_blocks().begin(), v.full_attention_blocks().end());
+    std::vector<at::Tensor> hidden = {tower.x};
+    tower.x.reset();
     for (int block = 0; block < tower_layers_; ++block) {
-      hidden.push_back(run_block(block, hidden.back(), {}, {}, {}, {}));
+      // A Qwen tower attends within each image, Qwen2.5-VL's within each window but in fullatt_block_indexes.
+      const std::vector<int64_t>& segments =
+          v.tower() == VISION_TOWER_CLIP ? std::vector<int64_t>{}
+          : v.tower() != VISION_TOWER_QWEN2_5_VL || full.count(block) ? tower.image_segments
+                                                                      : tower.window_segments;
+      hidden.push_back(run_block(block, hidden.back(), tower.cos, tower.sin, {}, {}, segments));
       // Only the selected hidden state and the last are kept (select_hidden_states, capture_outputs).
-      if (block != TowerBlocksWithGradient(spec_.vision_language())) hidden[block].reset();
+      if (block != TowerBlocksWithGradient(v)) hidden[block].reset();
     }
-    images = ProjectImages(hidden, inputs, hooks);
+    // The tower's forward returns: its tables go (what the rotations saved stays).
+    tower.cos.reset();
+    tower.sin.reset();
+    images = ProjectImages(hidden, tower, inputs, hooks);
     x = x.masked_scatter(images.mask, images.features);
     images.mask.reset();
   }
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     const at::Tensor per_layer_input = per_layer_inputs.defined() ? per_layer_inputs.select(2, layer) : at::Tensor();
     x = run_block(tower_layers_ + layer, x, cos_by_type[type_of(layer)], sin_by_type[type_of(layer)],
-                  masks[type_of(layer)], per_layer_input);
+                  masks[type_of(layer)], per_layer_input, {});
   }
   // Final norm and LM head stay gathered from here until their backward is done.
   const int head_part = StepNumBlocks(spec_);
@@ -905,7 +1038,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   for (at::Tensor& mask : masks) mask.reset();
   for (at::Tensor& table : cos_by_type) table.reset();
   for (at::Tensor& table : sin_by_type) table.reset();
-  images.kept.clear();  // LlavaModel.forward returns its tower outputs with it
+  images.kept.clear();  // the model's forward returns its tower outputs with it
   if (vision) {
     // ViTForImageClassification: the classifier reads the CLS token's view
     // of the final norm's output (so it keeps all of it) and the loss is

@@ -93,6 +93,15 @@ struct Checkpointing {
   c10::List<at::Tensor> contiguous_buffers = c10::List<at::Tensor>();
 };
 
+// A vision-language model's images as its processor gives them: llava's
+// fp32 pixels [images, channels, side, side]; a Qwen tower's patchified
+// fp32 rows [patches, channels x frames x patch^2] and each image's grid
+// int64 [images, 3] (frames, rows and columns of patches).
+struct ImageInputs {
+  at::Tensor pixels;
+  at::Tensor grid_thw;
+};
+
 class Transformer {
  public:
   friend struct TransformerBridge;
@@ -128,11 +137,10 @@ class Transformer {
   // [b, channels, image, image] against labels [b] (int64). Without either
   // (vocab_size 0) the inputs' values are ignored and the model runs on
   // deterministic ones; the loss is the mean square of the final norm's output.
-  // A vision-language model (llava) also takes its images' fp32 `pixels`
-  // [images, channels, side, side], `inputs` holding each image's
-  // placeholder tokens (vision_tower.h, ImageTokensPerImage).
+  // A vision-language model also takes its images, `inputs` holding each
+  // image's placeholder tokens (vision_tower.h, ImageTokensPerImage).
   at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
-                  const BlockHooks& hooks = {}, const at::Tensor& pixels = {}) const;
+                  const BlockHooks& hooks = {}, const ImageInputs& images = {}) const;
 
   // The SDPA kernel ATen will pick for this model's attention at
   // `seq_length` (at::_fused_sdp_choice with Block's arguments) must be the
@@ -155,9 +163,12 @@ class Transformer {
   // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
   // `per_layer_input`: Gemma 4's [b, s, p] slice (undefined without per-layer embeddings).
   // `block` of the step's one stack (inventory.h, StepNumBlocks): a vision
-  // tower's blocks, then the language model's.
+  // tower's blocks, then the language model's. `segments`: the lengths of
+  // the runs of tokens that attend to one another, one attention call each
+  // (a Qwen tower's images or windows); empty, the whole sequence.
   at::Tensor Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                   const at::Tensor& mask, const at::Tensor& per_layer_input) const;
+                   const at::Tensor& mask, const at::Tensor& per_layer_input,
+                   const std::vector<int64_t>& segments = {}) const;
 
   // A vision-language model's joint, as its forward leaves it: the image
   // features (the projector's output, concatenated) and the mask that
@@ -168,12 +179,22 @@ class Transformer {
     at::Tensor mask;
     std::vector<at::Tensor> kept;
   };
-  // The tower's embeddings of `pixels`: its first block's input. `input_grad`:
-  // checkpointing's input-grad hook makes it require grad.
-  at::Tensor TowerEmbeddings(const at::Tensor& pixels, bool input_grad) const;
+  // The tower's first block's input and what its blocks read beside it: a
+  // Qwen tower's fp32 RoPE tables [1, 1, patches, head_dim] and the runs of
+  // patches that attend to one another, each image's and (Qwen2.5-VL) each
+  // window's, its patches in window order (window_index: the merged rows').
+  struct TowerInputs {
+    at::Tensor x;
+    at::Tensor cos, sin;
+    at::Tensor window_index;
+    std::vector<int64_t> image_segments, window_segments;
+    std::vector<int64_t> tokens_per_image;  // Qwen: merged rows per image
+  };
+  // `input_grad`: checkpointing's input-grad hook makes the patch embedding's output require grad.
+  TowerInputs TowerEmbeddings(const ImageInputs& images, bool input_grad) const;
   // `hidden`: the pre-norm embeddings and each tower block's output (those
   // the model no longer holds reset); `ids`: the batch's tokens.
-  ImageFeatures ProjectImages(const std::vector<at::Tensor>& hidden, const at::Tensor& ids,
+  ImageFeatures ProjectImages(const std::vector<at::Tensor>& hidden, const TowerInputs& tower, const at::Tensor& ids,
                               const BlockHooks& hooks) const;
 
   ModelSpec spec_;

@@ -186,7 +186,7 @@ TEST(TransformerTest, LlavaTrainsWhatReachesTheLoss) {
     std::vector<at::Tensor> grads;
     for (const Checkpointing& checkpointing : {Checkpointing{}, Checkpointing{1}}) {
       const std::string with = absl::StrCat(frozen_tower ? "frozen tower" : "", " every ", checkpointing.every);
-      at::Tensor loss = model->Loss(ids, targets, checkpointing, {}, pixels);
+      at::Tensor loss = model->Loss(ids, targets, checkpointing, {}, {pixels, {}});
       EXPECT_NEAR(loss.item<double>(), std::log(256.0), 0.3) << with;
       loss.backward();
       size_t i = 0;
@@ -203,6 +203,52 @@ TEST(TransformerTest, LlavaTrainsWhatReachesTheLoss) {
         }
         p.mutable_grad() = at::Tensor();
       }
+    }
+  }
+}
+
+// A tiny Qwen2.5-VL: two tower blocks (block 1 over whole images, block 0
+// within windows of 4 x 4 patches), its merger, a Qwen2 language model.
+constexpr char kQwen2_5VlConfig[] = R"({"model_type": "qwen2_5_vl",
+  "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "patch_size": 14,
+    "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1],
+    "out_hidden_size": 64},
+  "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 256, "tie_word_embeddings": false},
+  "vision_start_token_id": 201, "vision_end_token_id": 202, "image_token_id": 200, "video_token_id": 203})";
+
+// Qwen2.5-VL at 168 px (6 x 6 merged rows in windows of 2 x 2) gives every
+// parameter a gradient, and the same loss and gradients with every block
+// checkpointed (the recomputation attends over the same windows).
+TEST(TransformerTest, Qwen2_5VlTrainsEveryParameterAndCheckpointingMatches) {
+  auto spec = ModelSpecFromHfConfig(kQwen2_5VlConfig, "qwen2_5_vl.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(model->CheckAgainstInventory(ParameterInventory(*spec)).ok());
+  EXPECT_TRUE(model->CheckAttentionKernel(64).ok());
+  const int64_t b = 2, s = 20, side = 12, tokens = side * side / 4;  // 168 px: 12 x 12 patches, 36 image tokens
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor ids = at::randint(200, {b, s + tokens}, gen, at::TensorOptions().dtype(at::kLong));
+  ids.narrow(1, 0, tokens).fill_(200);
+  const at::Tensor targets = at::randint(200, {b, s + tokens}, gen, at::TensorOptions().dtype(at::kLong));
+  const ImageInputs images{at::randn({b * side * side, 3 * 2 * 14 * 14}, gen),
+                           at::tensor(std::vector<int64_t>{1, side, side}, at::TensorOptions().dtype(at::kLong))
+                               .repeat({b, 1})};
+  std::vector<at::Tensor> grads;
+  for (const Checkpointing& checkpointing : {Checkpointing{}, Checkpointing{1}}) {
+    at::Tensor loss = model->Loss(ids, targets, checkpointing, {}, images);
+    EXPECT_NEAR(loss.item<double>(), std::log(256.0), 0.3);
+    loss.backward();
+    size_t i = 0;
+    for (auto& [name, p] : model->mutable_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << checkpointing.every << " " << name;
+      if (checkpointing.every == 0) {
+        grads.push_back(p.grad().clone());
+      } else {
+        EXPECT_TRUE(at::allclose(p.grad(), grads[i++], 1e-5, 1e-6)) << name;
+      }
+      p.mutable_grad() = at::Tensor();
     }
   }
 }

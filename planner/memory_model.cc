@@ -247,7 +247,10 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
                                        : sh.flat_shard_elements;
 
   // The ZeRO concerns, each in its file (zero_partitioning.h lists them).
-  const ZeroSizingInputs zero_in{model, config, params, trainable, w, owned, stage1_epilogue};
+  sizer.saves_ = SavePolicyFor(config);
+  const SavePolicy& saves = sizer.saves_;
+  const int64_t adapter_w = saves.adapter_dtype == DTYPE_UNSPECIFIED ? w : DTypeBytes(saves.adapter_dtype);
+  const ZeroSizingInputs zero_in{model, config, params, trainable, w, adapter_w, owned, stage1_epilogue};
   SizeModelStates(zero_in, &s);
   SizeReduceBuckets(zero_in, &s);
   SizeGradPartitions(zero_in, s, &sizer.variants_, &sizer.rank_variant_);
@@ -276,8 +279,6 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   }
   for (LayerStatics& l : statics) l.down_weight_grad_waiting = DownWeightGradWaitingBytes(zero_in, s, l.down_weight_elements);
   const KernelDevice device = KernelDeviceOf(s);
-  sizer.saves_ = SavePolicyFor(config);
-  const SavePolicy& saves = sizer.saves_;
   sizer.tower_without_graph_ = tower_layers > 0 && !TowerBuildsGraph(model, saves);
   // A block's stack: the tower's spec and its rows (images, tokens per
   // image), or the language model's.

@@ -29,8 +29,11 @@ ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_
       layout.trainable_elements += numel;
       layout.stage3_grad_shard_elements += chunk;
     }
+    const bool adapter = IsLoraAdapter(tensor);
+    if (adapter) layout.stage3_adapter_chunk_elements += chunk;
     if (numel <= persistence_threshold_elements) {
       layout.stage3_persistent_elements += numel;
+      if (adapter) layout.stage3_adapter_persistent_elements += numel;
     } else {
       layout.stage3_shard_elements += chunk;
     }

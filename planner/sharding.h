@@ -45,6 +45,10 @@ struct ShardLayout {
   int64_t stage3_persistent_elements = 0; // stage 3 params kept whole on every rank
   int64_t stage3_chunk_elements = 0;      // stage 3: every parameter's chunk, per rank
   int64_t stage3_grad_shard_elements = 0; // stage 3 gradient partition (trainable chunks), per rank
+  // Of the stage-3 chunks and persistent parameters, the LoRA adapters'
+  // (zero.Init makes them fp32: SavePolicy.adapter_dtype).
+  int64_t stage3_adapter_chunk_elements = 0;
+  int64_t stage3_adapter_persistent_elements = 0;
 };
 
 // Elements per rank of a flat buffer of `elements` split over `world` ranks.

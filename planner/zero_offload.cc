@@ -21,7 +21,7 @@ void SizeOffload(const ZeroSizingInputs& in, StepSizes* sizes) {
     // into the fp32 gradients at the accumulation boundary.
     if (s.stage == 3) s.host_grads += owned * w;
   }
-  if (s.offload_param) s.host_params = sh.stage3_chunk_elements * w;
+  if (s.offload_param) s.host_params = Stage3ChunkBytes(sh, w, in.adapter_w);
   int64_t largest = 0;  // trainable: the offload staging buffers hold gradients
   for (const TensorSpec& t : trainable) largest = std::max(largest, NumElements(t));
   if (s.offload_optimizer && s.stage <= 2) {

@@ -49,6 +49,7 @@ struct ZeroSizingInputs {
   const std::vector<TensorSpec>& params;     // ParameterInventory(model)
   const std::vector<TensorSpec>& trainable;  // TrainableParameters(params)
   int64_t w;                                 // bytes per working-dtype element
+  int64_t adapter_w;                         // bytes per LoRA adapter element (SavePolicy.adapter_dtype)
   int64_t owned;                             // elements of the optimizer partition this rank owns
   bool stage1_epilogue;                      // stage 1 without overlap_comm: reduces after backward
 };
@@ -61,7 +62,11 @@ void SizeModelStates(const ZeroSizingInputs& in, StepSizes* sizes);
 // builds its model and puts the parameters in place, before any optimizer
 // state (executor/zero_partitioning.cc, PlaceParameters).
 int64_t ConstructionPeakBytes(const std::vector<TensorSpec>& params, const ShardLayout& sh, const ZeroConfig& zero,
-                              int stage, int64_t w, bool cpu_ranks);
+                              int stage, int64_t w, int64_t adapter_w, bool cpu_ranks);
+
+// Stage 3: this rank's chunks of every parameter, in bytes (the LoRA
+// adapters' at their own width).
+int64_t Stage3ChunkBytes(const ShardLayout& sh, int64_t w, int64_t adapter_w);
 
 // construction (ConstructionPeakBytes) and host_init_per_rank.
 void SizeConstruction(const ZeroSizingInputs& in, StepSizes* sizes);

@@ -75,6 +75,10 @@ const std::vector<std::string> kVitWide = {"--hf-config", "configs/hf/tiny/vit-w
 // (64 image tokens); a wider, deeper tower at 224 px (256 tokens per image).
 const std::vector<std::string> kLlava = {"--hf-config", "configs/hf/tiny/llava.json"};
 const std::vector<std::string> kLlavaWide = {"--hf-config", "configs/hf/tiny/llava-wide.json"};
+// transformers' Qwen2_5_VLForConditionalGeneration: a tower of four blocks (RMSNorm, fused qkv, 2-D RoPE,
+// SwiGLU; blocks 1 and 3 attend over the whole image, 0 and 2 within windows of 8 x 8 patches), its merger and
+// a Qwen2 language model; images of any multiple of 28 px.
+const std::vector<std::string> kQwen2_5Vl = {"--hf-config", "configs/hf/tiny/qwen2_5_vl.json"};
 const std::vector<std::string> kWideGpt2 = {"--model", "gpt2",  "--layers", "2",    "--hidden", "1024", "--heads", "16",
                                             "--head-dim", "64", "--ffn",   "4096", "--vocab",  "32000"};
 // DeepSpeed's default 5e8-element buckets would dwarf these models.
@@ -386,6 +390,17 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("llava-z3-bf16-w2-ckpt-lora-adapters-only", kLlava, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--freeze", "vision_tower,projector,language_model", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("llava-wide-z3-bf16-w4-2img", kLlavaWide, {"--ds-config", ds, "--images-per-sample", "2", "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "2", "--seq", "640"}),
       Case("llava-wide-z2-bf16-w2-3img-ckpt", kLlavaWide, {"--ds-config", ds, "--images-per-sample", "3", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "800"}),
+      // Qwen2.5-VL at 224 px (64 image tokens, four windows), 280 px (uneven windows), 336 and 448 px.
+      Case("qwen2_5_vl-z1-bf16-w2", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "224", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen2_5_vl-z0-fp32-w1", kQwen2_5Vl, {"--image-size", "224", "--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen2_5_vl-z2-bf16-w2-ckpt-freeze-tower", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "224", "--freeze", "vision_tower", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen2_5_vl-z3-bf16-w2-freeze-tower", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "224", "--freeze", "vision_tower", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen2_5_vl-z3-bf16-w2-lora-adapters-only", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "224", "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--freeze", "vision_tower,projector,language_model", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen2_5_vl-z3-bf16-w2-ckpt-336px-2img", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "336", "--images-per-sample", "2", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen2_5_vl-z3-bf16-w4-448px-b1", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "448", "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "1", "--seq", "400"}),
+      Case("qwen2_5_vl-z1-bf16-w2-280px-3img", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "280", "--images-per-sample", "3", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "300"}),
+      // ZeRO-3's fp32 adapters (zero.Init), many of them: their chunks and persistent copies at 4 bytes.
+      Case("qwen3-lora-all-z3-bf16-w2", kQwen3, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
   };
 }
 

@@ -246,7 +246,7 @@ ds_row "Gemma 4 (4 layers), ZeRO-2 + ckpt, rank 7 of 8" "$gemma4" "$seq" 8 7 "$(
 # --kernels causal_conv1d; zrun refuses it). The dry run builds nothing: its row runs the fallback.
 # Vision-language: Qwen2.5-VL with its tower, merger and language model frozen and LoRA on every
 # language-model linear (the Qwen recipe's adapters-only), and trained whole but the tower at ZeRO-3
-# (rank 7 of 8). zrun refuses both (no tower yet): their rows are planner against DeepSpeed.
+# (rank 7 of 8). zrun trains both (its Qwen2.5-VL tower: docs/vlm_sources.md).
 lora_all=$root/configs/peft/lora-all-linear-r16-dropout.json
 ds_row "Qwen2.5-VL + LoRA, ZeRO-2, world 1" "$qwen25vl" "$seq" 1 -1 "$(ds_config 2 1 1 "$buckets")" \
   --image-size "$vl_image" --freeze vision_tower,projector,language_model --lora-config "$lora_all"
