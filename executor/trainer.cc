@@ -127,13 +127,12 @@ class BatchSource {
       if (v.tower() == VISION_TOWER_CLIP) {
         batch.images.pixels = at::randn({count, v.num_channels(), side, side}, gen, fp32).to(device);
       } else {
-        // Qwen2VLImageProcessor: one frame, side / patch patches a side, each row its patch's pixels over temporal_patch_size frames.
+        // Qwen2VLImageProcessor: one frame, side / patch patches a side, a
+        // row per patch: its pixels over temporal_patch_size frames.
         const int64_t patches = side / v.patch_size();
-        batch.images.pixels = at::randn({count * patches * patches, v.num_channels() * v.temporal_patch_size() *
-                                                                        v.patch_size() * v.patch_size()},
-                                        gen, fp32)
-                                  .to(device);
-        batch.images.grid_thw = at::tensor(std::vector<int64_t>{1, patches, patches}, at::TensorOptions().dtype(at::kLong))
+        const int64_t row = v.num_channels() * v.temporal_patch_size() * v.patch_size() * v.patch_size();
+        batch.images.pixels = at::randn({count * patches * patches, row}, gen, fp32).to(device);
+        batch.images.grid_thw = at::tensor(std::vector<int64_t>{1, patches, patches}, at::kLong)
                                     .repeat({count, 1})
                                     .to(device);
         batch.token_types = batch.inputs.eq(image_token_).to(at::kLong).to(device);

@@ -387,12 +387,14 @@ absl::Status Transformer::CheckAttentionKernel(int64_t seq_length) const {
   ZPLAN_RETURN_IF_ERROR(CheckAttentionKernelOf(spec_, spec_.has_vision() ? VisionTokens(spec_) : seq_length,
                                                /*causal=*/!spec_.has_vision()));
   if (tower_layers_ == 0) return absl::OkStatus();
-  // Over CLIP's image, or over one of Qwen's windows (its images are any size).
+  // Over CLIP's image; a Qwen tower's images are any size: over one of
+  // Qwen2.5-VL's windows, or an image of Qwen3's position table's size.
   const VisionLanguageSpec& v = spec_.vision_language();
   const int64_t window_side = v.window_size() / v.patch_size();
-  return CheckAttentionKernelOf(
-      tower_, v.tower() == VISION_TOWER_CLIP ? TowerTokensPerImage(v, 0) : window_side * window_side,
-      /*causal=*/false);
+  const int64_t tokens = v.tower() == VISION_TOWER_CLIP         ? TowerTokensPerImage(v, 0)
+                         : v.tower() == VISION_TOWER_QWEN2_5_VL ? window_side * window_side
+                                                                : v.num_position_embeddings();
+  return CheckAttentionKernelOf(tower_, tokens, /*causal=*/false);
 }
 
 absl::Status Transformer::CheckAttentionKernelOf(const ModelSpec& spec, int64_t seq_length, bool causal) const {
@@ -704,14 +706,16 @@ Transformer::TowerInputs Transformer::TowerEmbeddings(const ImageInputs& images,
         at::layer_norm(embeddings, {c}, Param(t + "pre_layrnorm.weight"), Param(t + "pre_layrnorm.bias"), kNormEps);
     return tower;
   }
-  // Qwen2_5_VisionTransformerPretrainedModel.forward. The layout first, on
-  // the host as transformers makes it (vision_utils.py): each image's patches
-  // in merge_size^2 blocks, its merged rows cut into windows of
-  // window_size / merge / patch merged rows a side (get_vision_window_index).
+  // Qwen2_5_VisionTransformerPretrainedModel.forward and Qwen3_5VisionModel's
+  // (Qwen3-VL's without deepstack). The layout first, on the host as
+  // transformers makes it (vision_utils.py): each image's patches in
+  // merge_size^2 blocks, and for Qwen2.5-VL its merged rows cut into windows
+  // of window_size / merge / patch merged rows a side (get_vision_window_index).
+  const bool windows = v.tower() == VISION_TOWER_QWEN2_5_VL;
   const int64_t m = v.spatial_merge_size(), unit = m * m, d = c / v.num_heads();
   const int64_t window = v.window_size() / m / p;
   const at::Tensor grid = images.grid_thw.to(at::kCPU);
-  std::vector<int64_t> window_index, h_pos, w_pos;
+  std::vector<int64_t> window_index, h_pos, w_pos, h_size, w_size;
   int64_t base = 0;
   for (int64_t i = 0; i < grid.size(0); ++i) {
     const int64_t frames = grid[i][0].item<int64_t>(), rows = grid[i][1].item<int64_t>(),
@@ -725,12 +729,14 @@ Transformer::TowerInputs Transformer::TowerEmbeddings(const ImageInputs& images,
             for (int64_t iw = 0; iw < m; ++iw) {
               h_pos.push_back(bh * m + ih);
               w_pos.push_back(bw * m + iw);
+              h_size.push_back(rows);
+              w_size.push_back(cols);
             }
           }
         }
       }
       const int64_t merged_rows = rows / m, merged_cols = cols / m;
-      for (int64_t wh = 0; wh < merged_rows; wh += window) {
+      for (int64_t wh = 0; windows && wh < merged_rows; wh += window) {
         for (int64_t ww = 0; ww < merged_cols; ww += window) {
           int64_t count = 0;
           for (int64_t r = wh; r < std::min(wh + window, merged_rows); ++r) {
@@ -747,22 +753,51 @@ Transformer::TowerInputs Transformer::TowerEmbeddings(const ImageInputs& images,
   const auto on_device = [&](const std::vector<int64_t>& values) {
     return at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device_);
   };
-  tower.window_index = on_device(window_index);
+  if (windows) tower.window_index = on_device(window_index);
   const int64_t n = static_cast<int64_t>(h_pos.size());
-  // Qwen2_5_VisionPatchEmbed: the rows viewed as [patches, channels, frames,
-  // p, p], cast (get_image_features: a copy the conv keeps when it trains), Conv3d.
+  // The patch embedding: the rows viewed as [patches, channels, frames, p,
+  // p], cast (get_image_features: a copy the conv keeps when it trains), a
+  // Conv3d (Qwen3's with a bias).
+  const at::Tensor bias = windows ? at::Tensor() : Param("visual.patch_embed.proj.bias");
   at::Tensor patches =
       at::conv3d(pixels.to(dtype_).view({n, v.num_channels(), v.temporal_patch_size(), p, p}),
-                 Param("visual.patch_embed.proj.weight"), {}, {v.temporal_patch_size(), p, p});
+                 Param("visual.patch_embed.proj.weight"), bias, {v.temporal_patch_size(), p, p});
   if (input_grad && !patches.requires_grad()) patches.requires_grad_(true);  // its _input_embed_layer
+  at::Tensor x = patches.view({n, c});
+  if (!windows) {
+    // fast_pos_embed_interpolate: the learned side x side table resampled to
+    // each image's grid, bilinear with aligned corners
+    // (get_vision_interpolation_indices_and_weights): four rows per patch
+    // gathered (the embedding keeps their indices [n, 4]) and weighted (the
+    // product keeps the fp32 weights [n, 4, 1]), summed and cast.
+    const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(v.num_position_embeddings()))));
+    auto taps = [&](const std::vector<int64_t>& index, const std::vector<int64_t>& size) {
+      const at::Tensor src = on_device(index).to(at::kFloat) * static_cast<double>(side - 1) /
+                             on_device(size).sub(1).clamp_min(1).to(at::kFloat);
+      const at::Tensor floor = src.floor();
+      const at::Tensor offsets = at::arange(2, floor.options());
+      const at::Tensor tap = (floor.unsqueeze(1) + offsets).clamp(0, side - 1).to(at::kLong);
+      const at::Tensor weight = (1 - (src.unsqueeze(1) - floor.unsqueeze(1) - offsets).abs()).clamp_min(0);
+      return std::pair{tap, weight};
+    };
+    at::Tensor indices, weights;
+    {
+      at::NoGradGuard no_grad;
+      const auto [h_tap, h_weight] = taps(h_pos, h_size);
+      const auto [w_tap, w_weight] = taps(w_pos, w_size);
+      indices = (h_tap.unsqueeze(2) * side + w_tap.unsqueeze(1)).reshape({n, 4});
+      weights = (h_weight.unsqueeze(2) * w_weight.unsqueeze(1)).reshape({n, 4});
+    }
+    x = x + (at::embedding(Param("visual.pos_embed.weight"), indices) * weights.unsqueeze(2)).sum(1).to(dtype_);
+  }
   // permute_input_for_window_attn: merged rows gathered in window order (the index keeps window_index).
   auto window_order = [&](const at::Tensor& rows) {
-    return rows.reshape({n / unit, unit, -1}).index_select(0, tower.window_index).reshape({n, -1});
+    return windows ? rows.reshape({n / unit, unit, -1}).index_select(0, tower.window_index).reshape({n, -1}) : rows;
   };
-  tower.x = window_order(patches.view({n, c})).unsqueeze(0);
-  // Qwen2_5_VLVisionRotaryEmbedding: axial RoPE, the rows' and columns'
-  // angles over a quarter of the head each, cos and sin [patches, d] fp32,
-  // in window order.
+  tower.x = window_order(x).unsqueeze(0);
+  // Qwen2_5_VLVisionRotaryEmbedding (Qwen3.5's is the same): axial RoPE, the
+  // rows' and columns' angles over a quarter of the head each, cos and sin
+  // [patches, d] fp32, in window order.
   at::NoGradGuard no_grad;
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device_);
   const at::Tensor inv_freq =
@@ -775,13 +810,31 @@ Transformer::TowerInputs Transformer::TowerEmbeddings(const ImageInputs& images,
   return tower;
 }
 
-Transformer::ImageFeatures Transformer::ProjectImages(const std::vector<at::Tensor>& hidden, const TowerInputs& tower,
-                                                      const at::Tensor& ids, const BlockHooks& hooks) const {
+at::Tensor Transformer::DeepstackMerger(int k, const at::Tensor& hidden, const BlockHooks& hooks) const {
+  // Qwen3VLVisionPatchMerger(use_postshuffle_norm=True) on [patches, C]
+  // viewed merged: a LayerNorm over 4C (keeping the view), linear_fc1, GELU,
+  // linear_fc2; gathered as it runs (part -1's parameters).
+  if (hooks.active()) hooks.before_forward(-1);
+  const VisionLanguageSpec& v = spec_.vision_language();
+  const int64_t merged = v.hidden_size() * v.spatial_merge_size() * v.spatial_merge_size();
+  const std::string m = absl::StrCat("visual.deepstack_merger_list.", k, ".");
+  const at::Tensor normed =
+      at::layer_norm(hidden.view({-1, merged}), {merged}, Param(m + "norm.weight"), Param(m + "norm.bias"), kNormEps);
+  at::Tensor out = Linear(at::gelu(Linear(normed, m + "linear_fc1", true)), m + "linear_fc2", true);
+  if (hooks.active()) {
+    hooks.after_forward(-1);
+    out = BeforeBackward::apply(out, &hooks, -1);
+  }
+  return out;
+}
+
+void Transformer::ProjectImages(const std::vector<at::Tensor>& hidden, const TowerInputs& tower, const at::Tensor& ids,
+                                const BlockHooks& hooks, ImageFeatures* out) const {
   // DeepSpeed gathers the tail and the projector as they run (part -1's parameters).
   if (hooks.active()) hooks.before_forward(-1);
   const VisionLanguageSpec& v = spec_.vision_language();
   const int64_t c = v.hidden_size();
-  ImageFeatures images;
+  ImageFeatures& images = *out;
   at::Tensor projected;
   if (v.tower() == VISION_TOWER_CLIP) {
     // CLIPVisionModel.forward's pooled output: post_layernorm over the last
@@ -816,20 +869,28 @@ Transformer::ImageFeatures Transformer::ProjectImages(const std::vector<at::Tens
     const at::Tensor last = hidden.back().view({-1, c});
     images.kept.push_back(last);
     const int64_t merged = c * v.spatial_merge_size() * v.spatial_merge_size();
-    const at::Tensor normed = HfRmsNorm(last, Param("visual.merger.ln_q.weight"), tower_).view({-1, merged});
-    projected = Linear(at::gelu(Linear(normed, "visual.merger.mlp.0", true)), "visual.merger.mlp.2", true);
+    const bool windows = v.tower() == VISION_TOWER_QWEN2_5_VL;
+    if (windows) {
+      const at::Tensor normed = HfRmsNorm(last, Param("visual.merger.ln_q.weight"), tower_).view({-1, merged});
+      projected = Linear(at::gelu(Linear(normed, "visual.merger.mlp.0", true)), "visual.merger.mlp.2", true);
+    } else {
+      // Qwen3_5VisionPatchMerger: a LayerNorm over C, linear_fc1, GELU, linear_fc2.
+      const at::Tensor normed = at::layer_norm(last, {c}, Param("visual.merger.norm.weight"),
+                                               Param("visual.merger.norm.bias"), kNormEps)
+                                    .view({-1, merged});
+      projected = Linear(at::gelu(Linear(normed, "visual.merger.linear_fc1", true)), "visual.merger.linear_fc2", true);
+    }
     if (hooks.active()) {
       hooks.after_forward(-1);
       projected = BeforeBackward::apply(projected, &hooks, -1);
     }
-    const at::Tensor pooled = projected.index_select(0, at::argsort(tower.window_index));
+    const at::Tensor pooled = windows ? projected.index_select(0, at::argsort(tower.window_index)) : projected;
     images.kept.push_back(pooled);
     // get_image_features splits it per image; Qwen2_5_VLModel.forward joins them (a copy).
     images.features = at::cat(pooled.split_with_sizes(tower.tokens_per_image), 0);
   }
   // get_placeholder_mask: the image tokens' positions, bool [b, s, 1].
   images.mask = ids.eq(v.image_token_id()).unsqueeze(-1);
-  return images;
 }
 
 at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
@@ -1006,20 +1067,38 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
           : v.tower() != VISION_TOWER_QWEN2_5_VL || full.count(block) ? tower.image_segments
                                                                       : tower.window_segments;
       hidden.push_back(run_block(block, hidden.back(), tower.cos, tower.sin, {}, {}, segments));
+      // Qwen3-VL: a deepstack merger on this block's output, for the language model's first layers.
+      for (int k = 0; k < v.deepstack_blocks_size(); ++k) {
+        if (v.deepstack_blocks(k) == block) images.deepstack.push_back(DeepstackMerger(k, hidden.back(), hooks));
+      }
       // Only the selected hidden state and the last are kept (select_hidden_states, capture_outputs).
       if (block != TowerBlocksWithGradient(v)) hidden[block].reset();
     }
     // The tower's forward returns: its tables go (what the rotations saved stays).
     tower.cos.reset();
     tower.sin.reset();
-    images = ProjectImages(hidden, tower, inputs, hooks);
+    ProjectImages(hidden, tower, inputs, hooks, &images);
     x = x.masked_scatter(images.mask, images.features);
-    images.mask.reset();
+    // Qwen3VLModel.forward: each deepstack merger's features joined (a copy
+    // the language model holds), the image tokens' positions [b, s] (a view
+    // of the mask) where its first layers add them.
+    for (at::Tensor& features : images.deepstack) {
+      images.kept.push_back(features);
+      features = at::cat(features.split_with_sizes(tower.tokens_per_image), 0);
+    }
+    images.mask = images.mask.select(-1, 0);
   }
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     const at::Tensor per_layer_input = per_layer_inputs.defined() ? per_layer_inputs.select(2, layer) : at::Tensor();
     x = run_block(tower_layers_ + layer, x, cos_by_type[type_of(layer)], sin_by_type[type_of(layer)],
                   masks[type_of(layer)], per_layer_input, {});
+    if (layer < static_cast<int>(images.deepstack.size())) {
+      // Qwen3VLTextModel._deepstack_process: a copy of the layer's output,
+      // its image tokens' rows plus the features written back.
+      const c10::List<std::optional<at::Tensor>> rows({images.mask});
+      x = x.clone();
+      x.index_put_(rows, at::index(x, rows) + images.deepstack[layer]);
+    }
   }
   // Final norm and LM head stay gathered from here until their backward is done.
   const int head_part = StepNumBlocks(spec_);
@@ -1038,7 +1117,9 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   for (at::Tensor& mask : masks) mask.reset();
   for (at::Tensor& table : cos_by_type) table.reset();
   for (at::Tensor& table : sin_by_type) table.reset();
-  images.kept.clear();  // the model's forward returns its tower outputs with it
+  // The model's forward returns: its tower's outputs go with it.
+  images.kept.clear();
+  images.deepstack.clear();
   if (vision) {
     // ViTForImageClassification: the classifier reads the CLS token's view
     // of the final norm's output (so it keeps all of it) and the loss is

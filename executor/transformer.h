@@ -172,11 +172,13 @@ class Transformer {
 
   // A vision-language model's joint, as its forward leaves it: the image
   // features (the projector's output, concatenated) and the mask that
-  // places them among the token embeddings, and what stays alive until the
-  // language model's forward returns (the tower's outputs, the projector's).
+  // places them among the token embeddings, Qwen3-VL's deepstack features,
+  // and what stays alive until the language model's forward returns (the
+  // tower's outputs, the projector's).
   struct ImageFeatures {
     at::Tensor features;
     at::Tensor mask;
+    std::vector<at::Tensor> deepstack;
     std::vector<at::Tensor> kept;
   };
   // The tower's first block's input and what its blocks read beside it: a
@@ -194,8 +196,10 @@ class Transformer {
   TowerInputs TowerEmbeddings(const ImageInputs& images, bool input_grad) const;
   // `hidden`: the pre-norm embeddings and each tower block's output (those
   // the model no longer holds reset); `ids`: the batch's tokens.
-  ImageFeatures ProjectImages(const std::vector<at::Tensor>& hidden, const TowerInputs& tower, const at::Tensor& ids,
-                              const BlockHooks& hooks) const;
+  void ProjectImages(const std::vector<at::Tensor>& hidden, const TowerInputs& tower, const at::Tensor& ids,
+                     const BlockHooks& hooks, ImageFeatures* images) const;
+  // Qwen3-VL's deepstack merger k on a tower block's output [1, patches, C].
+  at::Tensor DeepstackMerger(int k, const at::Tensor& hidden, const BlockHooks& hooks) const;
 
   ModelSpec spec_;
   ModelSpec tower_;      // a vision-language model's tower blocks (vision_tower.h, TowerSpec)

@@ -217,11 +217,39 @@ constexpr char kQwen2_5VlConfig[] = R"({"model_type": "qwen2_5_vl",
     "num_key_value_heads": 2, "vocab_size": 256, "tie_word_embeddings": false},
   "vision_start_token_id": 201, "vision_end_token_id": 202, "image_token_id": 200, "video_token_id": 203})";
 
-// Qwen2.5-VL at 168 px (6 x 6 merged rows in windows of 2 x 2) gives every
+// Qwen3.5 with its tower (Qwen3-VL's without deepstack: the learned
+// position table interpolated to each image, LayerNorm blocks attending over
+// whole images) before a language model of one linear-attention layer and
+// one full-attention layer.
+constexpr char kQwen3_5VlConfig[] = R"({"model_type": "qwen3_5",
+  "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "patch_size": 14,
+    "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16, "out_hidden_size": 64},
+  "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "vocab_size": 256,
+    "layer_types": ["linear_attention", "full_attention"], "tie_word_embeddings": false},
+  "image_token_id": 200, "video_token_id": 201, "vision_start_token_id": 202, "vision_end_token_id": 203,
+  "tie_word_embeddings": false})";
+
+// Qwen3-VL: Qwen3.5's tower with block 0's output through a deepstack
+// merger, added to the language model's first layer's image tokens.
+constexpr char kQwen3VlConfig[] = R"({"model_type": "qwen3_vl",
+  "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "patch_size": 14,
+    "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16, "out_hidden_size": 64,
+    "deepstack_visual_indexes": [0]},
+  "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "tie_word_embeddings": false},
+  "image_token_id": 200, "video_token_id": 201, "vision_start_token_id": 202, "vision_end_token_id": 203,
+  "tie_word_embeddings": false})";
+
+// A Qwen tower at 168 px (Qwen2.5-VL: 6 x 6 merged rows in windows of 2 x 2;
+// Qwen3.5 and Qwen3-VL: the 4 x 4 position table resampled to 12 x 12 patches) gives every
 // parameter a gradient, and the same loss and gradients with every block
-// checkpointed (the recomputation attends over the same windows).
-TEST(TransformerTest, Qwen2_5VlTrainsEveryParameterAndCheckpointingMatches) {
-  auto spec = ModelSpecFromHfConfig(kQwen2_5VlConfig, "qwen2_5_vl.json");
+// checkpointed (the recomputation attends over the same runs of patches).
+class QwenTowerTest : public testing::TestWithParam<const char*> {};
+
+TEST_P(QwenTowerTest, TrainsEveryParameterAndCheckpointingMatches) {
+  auto spec = ModelSpecFromHfConfig(GetParam(), "config.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
   ASSERT_TRUE(model.ok()) << model.status();
@@ -252,6 +280,8 @@ TEST(TransformerTest, Qwen2_5VlTrainsEveryParameterAndCheckpointingMatches) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Towers, QwenTowerTest, testing::Values(kQwen2_5VlConfig, kQwen3_5VlConfig, kQwen3VlConfig));
 
 // Records the order in which AccumulateGrad finishes each parameter's
 // gradient: the moments DeepSpeed's (and zrun's) gradient hooks run.

@@ -407,13 +407,6 @@ constexpr int kMmapThresholdBytes = 1 << 20;
 // zrun trains transformers' torch fallbacks only (executor/linear_attention.h): LibTorch cannot run
 // fla's Triton kernels or causal-conv1d's CUDA extension.
 absl::Status RefuseFusedKernels(const ModelSpec& model) {
-  if (model.has_vision_language() && model.vision_language().tower() != VISION_TOWER_CLIP &&
-      model.vision_language().tower() != VISION_TOWER_QWEN2_5_VL) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.vision_language: zrun trains llava's and Qwen2.5-VL's towers, not ", model.model_type(),
-        "'s yet (zplan plans its memory; the DeepSpeed oracle, tools/deepspeed_oracle.py --image-size, trains it): "
-        "plan its language model alone to run it"));
-  }
   if (model.linear_attention_impl() == LINEAR_ATTENTION_FLA) {
     return absl::InvalidArgumentError(
         "model.linear_attention_impl: LINEAR_ATTENTION_FLA (fla's Triton kernels) cannot run under LibTorch; zrun "

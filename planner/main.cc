@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   zplan::CommandLine cl;
   const std::string usage =
       absl::StrCat(kUsage, "\n\nsupported model_types (--hf-config): ", zplan::SupportedModelTypes(),
-                   "\nvision-language model_types (with --image-size for the Qwen ones; zrun trains llava and qwen2_5_vl): ",
+                   "\nvision-language model_types (with --image-size for the Qwen ones): ",
                    zplan::VisionLanguageModelTypes());
   if (const std::optional<int> code = zplan::HandleCommandLine(argc, argv, "zplan", usage, __FILE__, &cl)) {
     return *code;

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "planner/limits.h"
 #include "planner/status_macros.h"
 
@@ -233,6 +235,23 @@ absl::StatusOr<VisionLanguageConfig> ReadVisionLanguageConfig(const JsonObject& 
   spec.set_text_model_type(family);
   VisionLanguageConfig out{std::move(spec), std::move(text), tied || root_tied};
   return out;
+}
+
+absl::Status FreezeParts(absl::string_view parts, VisionLanguageSpec* v) {
+  for (absl::string_view part : absl::StrSplit(parts, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    if (part == "vision_tower") {
+      v->set_freeze_vision_tower(true);
+    } else if (part == "projector") {
+      v->set_freeze_projector(true);
+    } else if (part == "language_model") {
+      v->set_freeze_language_model(true);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", part, "\" is not a part: a comma list of vision_tower, projector, language_model"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateVisionLanguage(const ModelSpec& spec) {

@@ -57,6 +57,11 @@ absl::StatusOr<VisionLanguageConfig> ReadVisionLanguageConfig(const JsonObject& 
 // projector's widths against the language model's hidden size).
 absl::Status ValidateVisionLanguage(const ModelSpec& spec);
 
+// Freezes the parts `parts` names, a comma list of vision_tower, projector
+// and language_model (the oracle's --freeze); kInvalidArgument names an
+// unknown part.
+absl::Status FreezeParts(absl::string_view parts, VisionLanguageSpec* v);
+
 
 }  // namespace zplan
 

@@ -118,5 +118,16 @@ TEST(VisionLanguageTest, RefusesWhatIsNotModelledByKey) {
   EXPECT_THAT(ModelSpecFromHfConfig(qwen3_vl, "q.json").status().message(), HasSubstr("out_hidden_size"));
 }
 
+TEST(VisionLanguageTest, FreezePartsByName) {
+  VisionLanguageSpec v;
+  ASSERT_TRUE(FreezeParts("vision_tower, language_model", &v).ok());
+  EXPECT_TRUE(v.freeze_vision_tower());
+  EXPECT_FALSE(v.freeze_projector());
+  EXPECT_TRUE(v.freeze_language_model());
+  const absl::Status unknown = FreezeParts("projector,tower", &v);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(), HasSubstr("\"tower\" is not a part"));
+}
+
 }  // namespace
 }  // namespace zplan

@@ -147,12 +147,8 @@ absl::Status ApplyFreeze(const ZplanOptions& o, ModelSpec* spec) {
     return absl::OkStatus();
   }
   VisionLanguageSpec& v = *spec->mutable_vision_language();
-  for (absl::string_view part : absl::StrSplit(o.freeze, ',', absl::SkipWhitespace())) {
-    part = absl::StripAsciiWhitespace(part);
-    if (part == "vision_tower") v.set_freeze_vision_tower(true);
-    else if (part == "projector") v.set_freeze_projector(true);
-    else if (part == "language_model") v.set_freeze_language_model(true);
-    else return FlagError("freeze", std::string(part), "a comma list of vision_tower, projector, language_model");
+  if (absl::Status s = FreezeParts(o.freeze, &v); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--freeze: ", s.message()));
   }
   if (spec->has_lora() && !v.freeze_language_model()) {
     return absl::InvalidArgumentError(

@@ -79,6 +79,12 @@ const std::vector<std::string> kLlavaWide = {"--hf-config", "configs/hf/tiny/lla
 // SwiGLU; blocks 1 and 3 attend over the whole image, 0 and 2 within windows of 8 x 8 patches), its merger and
 // a Qwen2 language model; images of any multiple of 28 px.
 const std::vector<std::string> kQwen2_5Vl = {"--hf-config", "configs/hf/tiny/qwen2_5_vl.json"};
+// transformers' Qwen3_5ForConditionalGeneration: a tower of three LayerNorm blocks over whole images (its
+// 8 x 8 position table interpolated to each image's grid, 16 px patches) before Qwen3.5's language model.
+const std::vector<std::string> kQwen3_5Vl = {"--hf-config", "configs/hf/tiny/qwen3_5_vl.json"};
+// transformers' Qwen3VLForConditionalGeneration: four tower blocks, block 1's output through a deepstack
+// merger added to the language model's first layer's image tokens.
+const std::vector<std::string> kQwen3Vl = {"--hf-config", "configs/hf/tiny/qwen3_vl.json"};
 const std::vector<std::string> kWideGpt2 = {"--model", "gpt2",  "--layers", "2",    "--hidden", "1024", "--heads", "16",
                                             "--head-dim", "64", "--ffn",   "4096", "--vocab",  "32000"};
 // DeepSpeed's default 5e8-element buckets would dwarf these models.
@@ -399,6 +405,20 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen2_5_vl-z3-bf16-w2-ckpt-336px-2img", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "336", "--images-per-sample", "2", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen2_5_vl-z3-bf16-w4-448px-b1", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "448", "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "1", "--seq", "400"}),
       Case("qwen2_5_vl-z1-bf16-w2-280px-3img", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "280", "--images-per-sample", "3", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "300"}),
+      // Qwen3.5 with its tower at 224 px (49 image tokens), 384 and 448 px (the table resampled further).
+      Case("qwen3_5_vl-z2-bf16-w2", kQwen3_5Vl, {"--ds-config", ds, "--image-size", "224", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_5_vl-z0-fp32-w1", kQwen3_5Vl, {"--image-size", "224", "--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_5_vl-z3-bf16-w2-freeze-tower", kQwen3_5Vl, {"--ds-config", ds, "--image-size", "224", "--freeze", "vision_tower", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_5_vl-z2-bf16-w2-ckpt", kQwen3_5Vl, {"--ds-config", ds, "--image-size", "224", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_5_vl-z3-bf16-w2-lora-adapters-only", kQwen3_5Vl, {"--ds-config", ds, "--image-size", "224", "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--freeze", "vision_tower,projector,language_model", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_5_vl-z1-bf16-w2-384px-2img", kQwen3_5Vl, {"--ds-config", ds, "--image-size", "384", "--images-per-sample", "2", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "400"}),
+      Case("qwen3_5_vl-z3-bf16-w4-448px-ckpt-b1", kQwen3_5Vl, {"--ds-config", ds, "--image-size", "448", "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--checkpointing", "true", "--micro-batch", "1", "--seq", "300"}),
+      // Qwen3-VL: the deepstack merger trained, frozen with the tower, and gathered at ZeRO-3.
+      Case("qwen3_vl-z2-bf16-w2", kQwen3Vl, {"--ds-config", ds, "--image-size", "224", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_vl-z0-fp32-w1", kQwen3Vl, {"--image-size", "224", "--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_vl-z3-bf16-w2-freeze-tower", kQwen3Vl, {"--ds-config", ds, "--image-size", "224", "--freeze", "vision_tower", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_vl-z3-bf16-w2-ckpt", kQwen3Vl, {"--ds-config", ds, "--image-size", "224", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen3_vl-z1-bf16-w2-384px-2img", kQwen3Vl, {"--ds-config", ds, "--image-size", "384", "--images-per-sample", "2", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "400"}),
       // ZeRO-3's fp32 adapters (zero.Init), many of them: their chunks and persistent copies at 4 bytes.
       Case("qwen3-lora-all-z3-bf16-w2", kQwen3, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
   };

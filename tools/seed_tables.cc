@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -16,6 +15,7 @@
 #include "planner/proto_io.h"
 #include "planner/status_macros.h"
 #include "planner/units.h"
+#include "planner/vision_language.h"
 #include "proto/seed.pb.h"
 
 namespace zplan {
@@ -57,12 +57,8 @@ absl::StatusOr<ModelSpec> ScenarioModel(const SeedScenario& s, const SeedClaim& 
       if (!model.has_vision_language()) {
         return absl::InvalidArgumentError(absl::StrCat("freeze: ", c.hf_config(), " is not a vision-language model"));
       }
-      VisionLanguageSpec& v = *model.mutable_vision_language();
-      for (absl::string_view part : absl::StrSplit(c.freeze(), ',')) {
-        if (part == "vision_tower") v.set_freeze_vision_tower(true);
-        else if (part == "projector") v.set_freeze_projector(true);
-        else if (part == "language_model") v.set_freeze_language_model(true);
-        else return absl::InvalidArgumentError(absl::StrCat("freeze: \"", part, "\" is not a part"));
+      if (absl::Status s = FreezeParts(c.freeze(), model.mutable_vision_language()); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("freeze: ", s.message()));
       }
     }
     return model;
