@@ -310,6 +310,10 @@ std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& param
   return out;
 }
 
+bool BaseWeightsTrain(const ModelSpec& spec) {
+  return !spec.has_lora() && !(spec.has_vision_language() && spec.vision_language().freeze_language_model());
+}
+
 bool SavesModule(const ModelSpec& spec, absl::string_view module) {
   if (!spec.has_lora()) return false;
   const auto& saved = spec.lora().modules_to_save();
@@ -327,7 +331,8 @@ bool EmbeddingOutputRequiresGrad(const ModelSpec& spec, const SavePolicy& saves)
   // grad while the projector or the tower trains.
   const bool images_train = spec.has_vision_language() &&
                             (!spec.vision_language().freeze_projector() || !spec.vision_language().freeze_vision_tower());
-  return !spec.has_lora() || images_train || SavesModule(spec, "embed_tokens") || saves.embedding_output_requires_grad;
+  return BaseWeightsTrain(spec) || images_train || SavesModule(spec, "embed_tokens") ||
+         saves.embedding_output_requires_grad;
 }
 
 bool IsUnusedOriginal(absl::string_view parameter_name) {
@@ -387,7 +392,7 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
         // at.gate: the gate's output; at.up: the product, which the trained
         // per-layer inputs make require grad whatever the stream does.
         at.gate = current || IsLoraTarget(spec, kPerLayerInputGate);
-        at.up = at.gate || !spec.has_lora();
+        at.up = at.gate || BaseWeightsTrain(spec);
         current = at.up || IsLoraTarget(spec, kPerLayerProjection);
         break;
       case BlockOpKind::kMlp:
@@ -424,7 +429,7 @@ bool RunsBackward(const ModelSpec& spec, const TensorSpec& param, const SavePoli
     return param.layer() < 0 ? !absl::StrContains(param.name(), kTowerPooledNorm)
                              : param.layer() < TowerBlocksWithGradient(v);
   }
-  if (!spec.has_lora() || !param.frozen()) return true;
+  if (BaseWeightsTrain(spec) || !param.frozen()) return true;
   if (absl::StartsWith(param.name(), "embed_")) return false;
   if (param.layer() < 0 || BlockInputRequiresGrad(spec, param.layer(), saves)) return true;
   // A frozen module of a block whose input does not require grad runs
@@ -463,9 +468,6 @@ int64_t CountParameters(const ModelSpec& spec) {
 }
 
 namespace {
-
-// Whether a base weight trains: all of them in full fine-tuning, none with LoRA.
-bool BaseWeightsTrain(const ModelSpec& spec) { return !spec.has_lora(); }
 
 // What one norm over the last dimension of `shape` saves (see below) when
 // its input requires grad; RMSNorm's `weight * normalized` keeps the
@@ -1165,11 +1167,11 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
     const int64_t kv_saved = SdpaCopiesKv(spec, SdpaRepeatsKvAt(spec, d, /*masked=*/false)) ? a : kv;
     const int64_t sdpa_saved = bs * ((2 * a + 2 * kv_saved) * d * w + 4 * a);
     const int64_t stats = spec.norm_pow_mean_square() ? 8 : 4;  // per row, fp32
-    const int64_t normalized = spec.has_lora() ? 0 : spec.norm_weight_in_fp32() ? 4 : w;  // for the weight's gradient
+    const int64_t normalized = !BaseWeightsTrain(spec) ? 0 : spec.norm_weight_in_fp32() ? 4 : w;  // the weight's gradient
     const int64_t k_norm_saved = bs * kv * ((4 + normalized) * d + stats);
     const int64_t v_norm_saved = spec.value_norm() ? bs * kv * (4 * d + stats) : 0;
     const int64_t q_path = residual_grads + bs * spec.hidden_size() * w + bs * a * d * w;
-    t.qk_norm_bytes = q_path + RmsNormBackwardTransientBytes(spec, bs * a * d, dtype, !spec.has_lora()) -
+    t.qk_norm_bytes = q_path + RmsNormBackwardTransientBytes(spec, bs * a * d, dtype, BaseWeightsTrain(spec)) -
                       sdpa_saved - k_norm_saved - v_norm_saved;
   }
   return t;

@@ -142,6 +142,12 @@ bool BlockInputRequiresGrad(const ModelSpec& spec, int layer, const SavePolicy& 
 // optimizer, the gradients and ZeRO-1/2's flat partition hold.
 std::vector<TensorSpec> TrainableParameters(const std::vector<TensorSpec>& parameters);
 
+// Whether the model's own weights train: all of them in full fine-tuning;
+// none with LoRA (the adapters do), nor a vision-language model's frozen
+// language model (--freeze language_model: its blocks pass the gradient on
+// to the projector through frozen weights, as LoRA's base blocks do).
+bool BaseWeightsTrain(const ModelSpec& spec);
+
 // Whether the module holding `param` runs a backward pass (its output
 // requires grad), which is when ZeRO-3 gathers it again: every module in
 // full fine-tuning; with LoRA not the frozen embeddings, nor a frozen

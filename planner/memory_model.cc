@@ -120,10 +120,6 @@ absl::Status RefuseVisionLanguageStep(const ModelSpec& model, const RunConfig& c
     return refuse("--attention eager: a Qwen tower's eager attention (a [heads, n, n] product per window) is not "
                   "planned; use SDPA");
   }
-  if (v.freeze_language_model() && !model.has_lora()) {
-    return refuse("a frozen language model without LoRA (projector-only pre-training: its blocks pass the "
-                  "projector's gradient through frozen weights) is not planned yet; plan it with --lora-config");
-  }
   if (config.activation_checkpointing() && (CheckpointEveryNLayers(config) != 1 || config.checkpoint_offload() ||
                                             config.deepspeed_checkpointing().enabled())) {
     return refuse("activation checkpointing is planned for every block, on the device, through torch's "
@@ -538,7 +534,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
                                                                   : 2;
     st.ffn_live = ffn_branches * rows_b * rows_seq * m.ffn_hidden_size() * w;
     st.fwd_transient = BlockForwardTransientBytes(m, rows_b, rows_seq, dtype, device);
-    st.pre_norm_transient = RmsNormBackwardTransientBytes(m, rows_b * rows_seq * m.hidden_size(), dtype, !m.has_lora());
+    st.pre_norm_transient =
+        RmsNormBackwardTransientBytes(m, rows_b * rows_seq * m.hidden_size(), dtype, BaseWeightsTrain(m));
     st.conv = ShortConvTransientBytes(m, rows_b, rows_seq, dtype);
     st.delta_rule = DeltaRuleTransientBytes(m, rows_b, rows_seq, dtype);
     return st;
@@ -655,7 +652,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         0, rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w - k.bwd_mlp_transient);
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;
     if (m.norm_placement() != NORM_PLACEMENT_PRE) {
-      k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, !m.has_lora());
+      k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, BaseWeightsTrain(m));
     }
   }
   // Checkpoints on the host: the language model's blocks (a vision-language

@@ -311,7 +311,7 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
       // Every down_proj keeps its input unless LoRA freezes it. The MLP half,
       // all FirstReductionPartByRank reads of a layout, is alike in every layer.
       from = FirstReductionPartByRank(model, KernelDeviceOf(s), BlockLayout(model, 0), trainable, partitions, s.num_layers,
-                                      zero.reduce_bucket_elements(), model.ffn_type() == FFN_GELU && !model.has_lora());
+                                      zero.reduce_bucket_elements(), model.ffn_type() == FFN_GELU && BaseWeightsTrain(model));
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
       RankVariant v;

@@ -394,6 +394,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("llava-z3-bf16-w2-freeze-tower", kLlava, {"--ds-config", ds, "--freeze", "vision_tower", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("llava-z2-bf16-w2-lora-projector", kLlava, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--freeze", "vision_tower,language_model", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("llava-z3-bf16-w2-ckpt-lora-adapters-only", kLlava, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--freeze", "vision_tower,projector,language_model", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      // LLaVA's pre-training stage: the projector alone trains, its gradient through the frozen language model.
+      Case("llava-z2-bf16-w2-projector-only", kLlava, {"--ds-config", ds, "--freeze", "vision_tower,language_model", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("llava-wide-z3-bf16-w4-2img", kLlavaWide, {"--ds-config", ds, "--images-per-sample", "2", "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "2", "--seq", "640"}),
       Case("llava-wide-z2-bf16-w2-3img-ckpt", kLlavaWide, {"--ds-config", ds, "--images-per-sample", "3", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "800"}),
       // Qwen2.5-VL at 224 px (64 image tokens, four windows), 280 px (uneven windows), 336 and 448 px.
@@ -404,6 +406,7 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen2_5_vl-z3-bf16-w2-lora-adapters-only", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "224", "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--freeze", "vision_tower,projector,language_model", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("qwen2_5_vl-z3-bf16-w2-ckpt-336px-2img", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "336", "--images-per-sample", "2", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen2_5_vl-z3-bf16-w4-448px-b1", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "448", "--zero-stage", "3", "--precision", "bf16", "--gpus", "4", "--micro-batch", "1", "--seq", "400"}),
+      Case("qwen2_5_vl-z3-bf16-w2-merger-only", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "224", "--freeze", "vision_tower,language_model", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
       Case("qwen2_5_vl-z1-bf16-w2-280px-3img", kQwen2_5Vl, {"--ds-config", ds, "--image-size", "280", "--images-per-sample", "3", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "300"}),
       // Qwen3.5 with its tower at 224 px (49 image tokens), 384 and 448 px (the table resampled further).
       Case("qwen3_5_vl-z2-bf16-w2", kQwen3_5Vl, {"--ds-config", ds, "--image-size", "224", "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
@@ -850,6 +853,12 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                                "sdpa", true),
                  1, "vision_tower"),
       WithImages(DeepSpeedCase("llava-z1-fp32", llava, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256), 1, ""),
+      // LLaVA's pre-training stage: the projector alone trains, its gradient passed back through the frozen
+      // language model (its blocks keep what their input gradient needs, as LoRA's frozen blocks do).
+      WithImages(DeepSpeedCase("llava-z2-bf16-projector-only", llava, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256), 1,
+                 "vision_tower,language_model"),
+      WithImages(DeepSpeedCase("llava-z3-bf16-projector-only", llava, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256), 1,
+                 "vision_tower,language_model"),
       // Held out (nothing above was sized on it): a wider, deeper tower at 224 px (256 image tokens),
       // two and three images per sequence, where the tower's activations outweigh the language model's.
       WithImages(DeepSpeedCase("llava-wide-z2-bf16-2img", llava_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 640), 2,
@@ -895,6 +904,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                  1, "", 224),
       WithImages(DeepSpeedCase("qwen2_5_vl-z1-fp32", qwen2_5_vl, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256), 1, "",
                  224),
+      WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16-merger-only", qwen2_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                               256),
+                 1, "vision_tower,language_model", 224),
       WithImages(DeepSpeedCase("qwen2_5_vl-z2-bf16-336px-2img", qwen2_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
                                384),
                  2, "", 336),
