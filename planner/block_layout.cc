@@ -43,7 +43,7 @@ std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer) {
     half_end("attn", "attn_post_norm");
   }
   if (pre) ops.push_back({BlockOpKind::kNorm, "mlp_norm"});
-  ops.push_back({BlockOpKind::kMlp, "mlp"});
+  ops.push_back({LayerIsMoe(spec, layer) ? BlockOpKind::kMoe : BlockOpKind::kMlp, "mlp"});
   half_end("mlp", "mlp_post_norm");
   if (spec.per_layer_input_size() > 0) {
     // Gemma4TextDecoderLayer's third half: no norm before, post_per_layer_input_norm after.
@@ -91,6 +91,18 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
         linears.push_back({"up_proj", h, f, spec.mlp_bias()});
       }
       linears.push_back({kDownProj, f, h, spec.mlp_bias()});
+      return linears;
+    }
+    case BlockOpKind::kMoe: {
+      // The router and the shared expert; the fused experts are no linears (BlockParameters).
+      const MoeSpec& moe = spec.moe();
+      std::vector<BlockLinear> linears = {{kRouter, h, moe.num_experts(), false}};
+      if (const int64_t fs = moe.shared_expert_ffn_hidden_size(); fs > 0) {
+        linears.push_back({"shared_expert.gate_proj", h, fs, false});
+        linears.push_back({"shared_expert.up_proj", h, fs, false});
+        linears.push_back({"shared_expert.down_proj", fs, h, false});
+        if (moe.shared_expert_gate()) linears.push_back({kSharedExpertGate, h, 1, false});
+      }
       return linears;
     }
     default: return {};
@@ -148,6 +160,8 @@ bool IsDownProjTensor(const std::vector<BlockOp>& layout, const TensorSpec& tens
   const absl::string_view module = ModuleOf(tensor.name(), &rest);
   for (const BlockOp& op : layout) {
     if (op.kind == BlockOpKind::kMlp && op.module == module) return absl::StartsWith(rest, absl::StrCat(kDownProj, "."));
+    // The experts' down projection: its gradient comes first in the MoE's backward.
+    if (op.kind == BlockOpKind::kMoe && op.module == module) return rest == kExpertsDown;
   }
   return false;
 }
@@ -165,7 +179,7 @@ bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved) {
       if (op.kind == BlockOpKind::kResidualDropout && rest == "resid_dropout_mask") return true;
     }
     if (op.kind == BlockOpKind::kOutProjection || op.kind == BlockOpKind::kShortConv ||
-        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp) {
+        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp || op.kind == BlockOpKind::kMoe) {
       tail = true;
     }
     if (op.kind == BlockOpKind::kResidualAdd) tail = false;
@@ -181,7 +195,7 @@ bool IsPreNormTensor(const std::vector<BlockOp>& layout, const TensorSpec& saved
     // Its ".output" is what the projections after it keep.
     if (op.kind == BlockOpKind::kNorm && before_main && op.module == module) return rest != "output";
     if (op.kind == BlockOpKind::kQkvProjection || op.kind == BlockOpKind::kShortConv ||
-        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp ||
+        op.kind == BlockOpKind::kGatedDeltaNet || op.kind == BlockOpKind::kMlp || op.kind == BlockOpKind::kMoe ||
         op.kind == BlockOpKind::kPerLayerInput) {
       before_main = false;
     }

@@ -54,6 +54,15 @@ enum class BlockOpKind {
   // activation (ffn_type's), times the layer's [b, s, p] slice of the
   // model's per-layer inputs, "<module>.per_layer_projection" [p -> h].
   kPerLayerInput,
+  // A mixture-of-experts MLP (MoeSpec; transformers' *SparseMoeBlock under
+  // grouped_mm): the router "<module>.gate" [h -> E], its softmax and top
+  // k, the token-expert pairs sorted by expert and gathered, the experts'
+  // fused "<module>.experts.gate_up_proj" [E, 2I, h] and
+  // "<module>.experts.down_proj" [E, h, I] as grouped products, the pairs
+  // weighted and summed back per token; and a shared expert, a gated MLP
+  // "<module>.shared_expert.*" every token runs, scaled by
+  // sigmoid("<module>.shared_expert_gate").
+  kMoe,
 };
 
 struct BlockOp {
@@ -66,6 +75,18 @@ struct BlockOp {
 // mixes tokens (LayerMixesByConv: a short convolution in place of the
 // attention ops); everything else is alike.
 std::vector<BlockOp> BlockLayout(const ModelSpec& spec, int layer);
+
+// Whether layer `layer`'s MLP is a mixture of experts (kMoe).
+inline bool LayerIsMoe(const ModelSpec& spec, int layer) {
+  return spec.has_moe() && !(layer < spec.moe().dense_layers_size() && spec.moe().dense_layers(layer));
+}
+
+// kMoe's fused expert parameters, within its module, and their shapes.
+inline constexpr char kExpertsGateUp[] = "experts.gate_up_proj";  // [E, 2I, h]
+inline constexpr char kExpertsDown[] = "experts.down_proj";       // [E, h, I]
+inline constexpr char kRouter[] = "gate";                         // Linear(h -> E), no bias
+inline constexpr char kSharedExpert[] = "shared_expert.";         // its gate_proj, up_proj, down_proj
+inline constexpr char kSharedExpertGate[] = "shared_expert_gate"; // Linear(h -> 1), no bias
 
 // Whether layer `layer` is a LAYER_CONV one.
 inline bool LayerMixesByConv(const ModelSpec& spec, int layer) {

@@ -191,7 +191,8 @@ int64_t NumElements(const TensorSpec& tensor) {
 
 int64_t DTypeBytes(DType dtype) {
   switch (dtype) {
-    case DTYPE_FP32: return 4;
+    case DTYPE_FP32:
+    case DTYPE_INT32: return 4;
     case DTYPE_BF16:
     case DTYPE_FP16: return 2;
     case DTYPE_INT64: return 8;
@@ -224,8 +225,18 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
       out.push_back(Param(m + kConv1dWeight, {w.conv_channels(), 1, spec.conv_kernel_size()}, layer));
       out.push_back(Param(m + kGatedNormWeight, {w.value_dim}, layer));
     }
+    // A mixture of experts' fused experts, before its router or after it
+    // (MoeSpec.router_before_experts: the *SparseMoeBlock's module order).
+    auto add_experts = [&] {
+      const MoeSpec& moe = spec.moe();
+      const int64_t e = moe.num_experts(), f = moe.expert_ffn_hidden_size(), h = spec.hidden_size();
+      out.push_back(Param(absl::StrCat(p, ".", module, kExpertsGateUp), {e, 2 * f, h}, layer));
+      out.push_back(Param(absl::StrCat(p, ".", module, kExpertsDown), {e, h, f}, layer));
+    };
+    if (op.kind == BlockOpKind::kMoe && !spec.moe().router_before_experts()) add_experts();
     for (const BlockLinear& l : OpLinears(spec, op)) {
       AddBlockLinear(spec, p, module + std::string(l.name), l.in_features, l.out_features, l.bias, layer, &out);
+      if (op.kind == BlockOpKind::kMoe && l.name == kRouter && spec.moe().router_before_experts()) add_experts();
       // A short conv's depthwise conv runs between its projections: [h, 1, kernel] (nn.Conv1d, groups=h).
       if (op.kind == BlockOpKind::kShortConv && l.name == "in_proj") {
         const std::string conv = absl::StrCat(p, ".", module, kConv);
@@ -394,6 +405,10 @@ std::vector<OpGradients> BlockGradientFlow(const ModelSpec& spec, const std::vec
         at.gate = current || IsLoraTarget(spec, kPerLayerInputGate);
         at.up = at.gate || BaseWeightsTrain(spec);
         current = at.up || IsLoraTarget(spec, kPerLayerProjection);
+        break;
+      case BlockOpKind::kMoe:
+        at.up = current || BaseWeightsTrain(spec);
+        current = at.up;
         break;
       case BlockOpKind::kMlp:
         at.up = current || IsLoraTarget(spec, "up_proj");
@@ -921,6 +936,55 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
       case BlockOpKind::kResidualAdd:
         current.clear();
         break;
+      case BlockOpKind::kMoe: {
+        // What a *SparseMoeBlock under grouped_mm keeps (measured with
+        // tools/saved_tensors.py; integrations/moe.py,
+        // grouped_mm_experts_forward), T = b·s tokens and S = T·k pairs. A
+        // frozen block whose input requires grad keeps what the input's
+        // gradient needs: not the input of its linears and grouped products.
+        if (!current_grad && !BaseWeightsTrain(spec)) break;
+        const bool trains = BaseWeightsTrain(spec);
+        const MoeSpec& moe = spec.moe();
+        const int64_t e = moe.num_experts(), k = moe.experts_per_token(), fe = moe.expert_ffn_hidden_size();
+        const int64_t fs = moe.shared_expert_ffn_hidden_size();
+        if (trains) act(read_name(), {b, s, h}, dtype);  // the router's and the shared expert's input
+        if (fs > 0) {
+          // The shared expert first (Qwen2MoeSparseMoeBlock.forward): a gated MLP.
+          act(m + "shared_expert.gate", {b, s, fs}, dtype);
+          act(m + "shared_expert.up", {b, s, fs}, dtype);
+          act(m + "shared_expert.act", {b, s, fs}, dtype);
+          if (trains) act(m + "shared_expert.product", {b, s, fs}, dtype);
+        }
+        // The router: softmax's fp32 output, top-k's indices, and the
+        // renormalization's sum and quotient.
+        act(m + "router.probs", {b, s, e}, DTYPE_FP32);
+        act(m + "router.top_k_indices", {b, s, k}, DTYPE_INT64);
+        if (moe.renormalize_top_k()) {
+          act(m + "router.top_k_sum", {b, s, 1}, DTYPE_FP32);
+          act(m + "router.top_k_weights", {b, s, k}, DTYPE_FP32);
+        }
+        // The experts: the pairs' gather indices (perm // k, perm), the
+        // cumulative counts per expert, the gathered tokens, gate_up's output
+        // (silu's input and up, views of it), the activation, the product
+        // (down's input), the pair weights, down's output (the weighting's)
+        // and the inverse permutation.
+        act(m + "experts.token_index", {b, s, k}, DTYPE_INT64);
+        act(m + "experts.pair_index", {b, s, k}, DTYPE_INT64);
+        act(m + "experts.offsets", {e}, DTYPE_INT32);
+        if (trains) act(m + "experts.gathered", {b, s, k, h}, dtype);
+        act(m + "experts.gate_up", {b, s, k, 2 * fe}, dtype);
+        act(m + "experts.act", {b, s, k, fe}, dtype);
+        if (trains) act(m + "experts.product", {b, s, k, fe}, dtype);
+        act(m + "experts.pair_weights", {b, s, k}, moe.routing_weights_fp32() ? DTYPE_FP32 : dtype);
+        act(m + "experts.down", {b, s, k, h}, dtype);
+        act(m + "experts.inverse_index", {b, s, k}, DTYPE_INT64);
+        if (moe.shared_expert_gate()) {
+          act(m + "shared_expert_gate.sigmoid", {b, s, 1}, dtype);
+          act(m + "shared_expert.output", {b, s, h}, dtype);
+        }
+        current.clear();
+        break;
+      }
       case BlockOpKind::kMlp: {
         const bool input_grad = current_grad;
         bool keeps = false;  // the projections of the MLP's input: all but down_proj
@@ -1174,6 +1238,35 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
     t.qk_norm_bytes = q_path + RmsNormBackwardTransientBytes(spec, bs * a * d, dtype, BaseWeightsTrain(spec)) -
                       sdpa_saved - k_norm_saved - v_norm_saved;
   }
+  return t;
+}
+
+MixerTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+  const MoeSpec& moe = spec.moe();
+  const int64_t w = DTypeBytes(dtype), h = spec.hidden_size(), tokens = b * s;
+  const int64_t e = moe.num_experts(), k = moe.experts_per_token(), f = moe.expert_ffn_hidden_size();
+  const int64_t pairs = tokens * k, fs = moe.shared_expert_ffn_hidden_size();
+  // The weighted pairs' dtype: the pair weights' (fp32 ones promote the product).
+  const int64_t weighted = moe.routing_weights_fp32() ? 4 : w;
+  // Beside them to the end of the block's forward: the router logits (the
+  // forward's `_`), the sorted expert ids (int64), histc's float copy of
+  // them, the counts per expert (fp32) and, cast from fp32, the top-k weights.
+  const int64_t routing = tokens * e * w + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
+  MixerTransients t;
+  t.forward_bytes = 2 * pairs * h * weighted + routing;
+  // Under no_grad each pair tensor lives until the next is made: gathered
+  // and gate_up, gate_up with the activation and product, down and the
+  // weighted pairs, the weighted pairs and their reordered copy; the
+  // indices (perm, perm // k, the inverse) throughout. A shared expert runs
+  // first (three f_s-wide tensors), its output kept through the experts.
+  const int64_t chain = std::max({pairs * (h + 2 * f) * w, pairs * 4 * f * w, pairs * h * (w + weighted),
+                                  2 * pairs * h * weighted});
+  const int64_t experts = chain + routing + 3 * pairs * 8 + tokens * e * 4 + tokens * k * 8;
+  t.nograd_bytes = fs > 0 ? std::max(3 * tokens * fs * w, tokens * h * w + experts) : experts;
+  // Backward, at its start: the output gradient expanded to the pairs (a
+  // copy), the zeros it is scattered into in pair order and the scatter's
+  // result (with fp32 pairs, the cast's fp32 output gradient too).
+  t.backward_bytes = 3 * pairs * h * weighted + (moe.routing_weights_fp32() ? tokens * h * 4 : 0);
   return t;
 }
 

@@ -327,6 +327,16 @@ MixerTransients ShortConvTransientBytes(const ModelSpec& spec, int64_t micro_bat
 // backward's whole-size gradients of each chunk's reads.
 MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
 
+// A mixture-of-experts MLP's (kMoe, grouped_mm) temporaries in the same
+// terms, read from the oracle's allocation trace and tools/saved_tensors.py
+// (integrations/moe.py, grouped_mm_experts_forward): forward, at the
+// reordering of the weighted pairs, both copies (S x h, fp32 with Mixtral's
+// fp32 weights) beside the router logits, the sorted expert ids and the
+// working-dtype top-k weights; under no_grad the widest of the chain of
+// pair tensors; backward, the gradients of the pair tensors, widest at
+// gate_up's grouped product.
+MixerTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
+
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights
 // (block linears and the LM head) + 12 x layers x heads x head_dim x seq.

@@ -46,10 +46,25 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
 }
 
 
+// A mixture of experts' MLP half at its weight gradients, beyond what it
+// saved (elements, `w` bytes each): down_proj's [E, h, I]
+// beside its input gradient (the pairs' [S, I]); gate_up_proj's [E, 2I, h]
+// once the pair tensors after it are freed (the activation, the product,
+// gate_up's output, less its own input gradients). Under ZeRO-3 DeepSpeed
+// makes the block a leaf (parameter_offload.py, _register_deepspeed_module:
+// its default leaf_module classes) and reduces its parameters' gradients
+// after its backward: down_proj's waits beside gate_up_proj's.
+int64_t MoeWeightGradientBytes(const ModelSpec& m, int64_t tokens, int64_t down_elements, int64_t gate_up_elements,
+                               bool leaf_gradients, int64_t w) {
+  const int64_t pair_ffn = tokens * m.moe().experts_per_token() * m.moe().expert_ffn_hidden_size() * w;
+  const int64_t down = down_elements * w, gate_up = gate_up_elements * w;
+  return std::max(down + pair_ffn, gate_up + (leaf_gradients ? down : 0) - 2 * pair_ffn);
+}
+
 // A BlockKind's fields, to find equal kinds.
 auto BlockKindTie(const StepSizes::BlockKind& k) {
   return std::tie(k.input, k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved,
-                  k.mlp_pre_norm_bwd, k.attn_pre_norm_bwd, k.fwd_transient, k.nograd_peak, k.bwd_attn_transient,
+                  k.mlp_pre_norm_bwd, k.attn_pre_norm_bwd, k.fwd_transient, k.mlp_fwd_transient, k.nograd_peak, k.bwd_attn_transient,
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
                   k.down_weight_grad_waiting, k.post_norm_bwd_transient, k.forward_only);
@@ -136,6 +151,34 @@ absl::Status RefuseVisionLanguageStep(const ModelSpec& model, const RunConfig& c
   return absl::OkStatus();
 }
 
+// What of a mixture of experts' training zplan does not plan, by name:
+// the experts implementations other than grouped_mm (batched_mm with what
+// its weight copies would take).
+absl::Status RefuseMoeStep(const ModelSpec& model, const RunConfig& config) {
+  const MoeSpec& moe = model.moe();
+  if (moe.experts_impl() == EXPERTS_EAGER) {
+    return absl::InvalidArgumentError(
+        "_experts_implementation: \"eager\" (the *Experts class's loop over the experts hit) is not planned yet; "
+        "use \"grouped_mm\", transformers' default (leave the key out)");
+  }
+  if (moe.experts_impl() == EXPERTS_BATCHED_MM) {
+    // batched_mm_experts_forward (integrations/moe.py) gathers each pair's
+    // expert weights, gate_up [2I, h] and down [h, I], and autograd keeps both.
+    const int64_t pairs = config.micro_batch_size() * config.seq_length() * moe.experts_per_token();
+    const int64_t per_layer =
+        pairs * 3 * moe.expert_ffn_hidden_size() * model.hidden_size() * DTypeBytes(WorkingDtype(config.precision()));
+    int moe_layers = 0;
+    for (int layer = 0; layer < model.num_layers(); ++layer) moe_layers += LayerIsMoe(model, layer) ? 1 : 0;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "_experts_implementation: \"batched_mm\" keeps a copy of every token-expert pair's expert weights for "
+        "backward: ", FormatBytes(per_layer), " per MoE layer at micro-batch ", config.micro_batch_size(), " x seq ",
+        config.seq_length(), ", ", FormatBytes(per_layer * moe_layers), " over the ", moe_layers,
+        " MoE layers; it is transformers' decoding path and is not planned for training: use \"grouped_mm\", "
+        "the default (leave the key out)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 SavePolicy SavePolicyFor(const RunConfig& config) {
@@ -160,6 +203,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   s.world_size = WorldSize(config);
   s.ranks_per_node = config.cluster().gpus_per_node();
   s.num_layers = StepNumBlocks(model);
+  if (model.has_moe()) ZPLAN_RETURN_IF_ERROR(RefuseMoeStep(model, config));
   if (model.has_vision_language()) {
     ZPLAN_RETURN_IF_ERROR(RefuseVisionLanguageStep(model, config));
     const VisionLanguageSpec& v = model.vision_language();
@@ -314,21 +358,27 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     f.per_token_sq = (g3 - 2 * g2 + g1) / 2;
     f.per_token = g2 - g1 - 3 * f.per_token_sq;
     f.per_batch = g1 - f.per_token - f.per_token_sq;
-    // f(1, s) - X s - Y s^2 - V = Z s^2 + W s.
+    // f(1, s) - X s - Y s^2 - V = Z s^2 + W s + C.
     const int64_t r1 = f11 - f.per_token - f.per_token_sq - f.per_batch;
     const int64_t r2 = f12 - 2 * f.per_token - 4 * f.per_token_sq - f.per_batch;
-    f.per_seq_sq = (r2 - 2 * r1) / 2;
-    f.per_seq = r1 - f.per_seq_sq;
+    const int64_t r3 = f13 - 3 * f.per_token - 9 * f.per_token_sq - f.per_batch;
+    f.per_seq_sq = (r3 - 2 * r2 + r1) / 2;
+    f.per_seq = r2 - r1 - 3 * f.per_seq_sq;
+    f.constant = r1 - f.per_seq_sq - f.per_seq;
     ZPLAN_CHECK(saved(3, 5) + saved_where(3, 5, true) == f.Bytes(3, 5));
     ZPLAN_CHECK(saved(3, 200) + saved_where(3, 200, true) == f.Bytes(3, 200));
     // The halves' shares, linear in the rows: per token of a language
-    // model's block, per sample of a tower's.
-    for (const TensorSpec& t : saved_tensors(block, 1, 1, saves)) {
-      if (InMlpHalf(layout, t)) f.mlp_per_token += TensorBytes(t);
-      if (IsBlockInputItself(layout, t, dtype)) f.input_per_token += TensorBytes(t);
-      if (InHalfTail(layout, t)) (InMlpHalf(layout, t) ? f.mlp_tail_per_token : f.attn_tail_per_token) += TensorBytes(t);
-      if (IsPreNormTensor(layout, t)) {
-        (InMlpHalf(layout, t) ? f.mlp_pre_norm_per_token : f.attn_pre_norm_per_token) += TensorBytes(t);
+    // model's block, per sample of a tower's (two rows less one: no constant).
+    for (int64_t rows : {2, 1}) {
+      const int64_t sign = rows == 2 ? 1 : -1;
+      for (const TensorSpec& t : saved_tensors(block, rows, 1, saves)) {
+        const int64_t bytes = sign * TensorBytes(t);
+        if (InMlpHalf(layout, t)) f.mlp_per_token += bytes;
+        if (IsBlockInputItself(layout, t, dtype)) f.input_per_token += bytes;
+        if (InHalfTail(layout, t)) (InMlpHalf(layout, t) ? f.mlp_tail_per_token : f.attn_tail_per_token) += bytes;
+        if (IsPreNormTensor(layout, t)) {
+          (InMlpHalf(layout, t) ? f.mlp_pre_norm_per_token : f.attn_pre_norm_per_token) += bytes;
+        }
       }
     }
     return f;
@@ -336,13 +386,13 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   // A layer's saved tensors depend on it only through its stack, being
   // block 0, whether its input requires grad, its mixer and whether it
   // slides (under the mask): one fit per such signature.
-  std::map<std::tuple<bool, bool, bool, int, bool, bool, int64_t>, int> fit_of;
+  std::map<std::tuple<bool, bool, bool, int, bool, bool, int64_t, bool>, int> fit_of;
   auto fit_index = [&](int block, bool masked) {
     const ModelSpec& m = spec_of(block);
     const int layer = local(block);
     const auto key = std::make_tuple(block < tower_layers, layer == 0, BlockInputRequiresGrad(m, layer, saves),
                                      m.layer_types_size() > layer ? m.layer_types(layer) : 0, LayerSlides(m, layer),
-                                     masked, HeadDimOf(m, layer));
+                                     masked, HeadDimOf(m, layer), LayerIsMoe(m, layer));
     auto [it, inserted] = fit_of.try_emplace(key, static_cast<int>(sizer.fits_.size()));
     if (inserted) {
       SavePolicy policy = saves;
@@ -360,6 +410,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     l.forward_only = l.tower && (sizer.tower_without_graph_ || block >= tower_with_gradient);
     l.conv = LayerMixesByConv(m, layer);
     l.delta_rule = LayerMixesByDeltaRule(m, layer);
+    l.moe = LayerIsMoe(m, layer);
+    l.leaf_gradients = l.moe && s.stage == 3 && m.moe().deepspeed_leaf();
     l.head_dim = HeadDimOf(m, layer);
     l.fit = fit_index(block, false);
     if (LayerSlides(m, layer) && m.attention_impl() == ATTENTION_SDPA) l.masked_fit = fit_index(block, true);
@@ -518,7 +570,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     int64_t b, seq;
     bool down_input_saved;
     int64_t fwd_transient, pre_norm_transient, ffn_live;
-    MixerTransients conv, delta_rule;
+    MixerTransients conv, delta_rule, moe;
   };
   auto stack = [&](const ModelSpec& m, int64_t rows_b, int64_t rows_seq, bool down_saved) {
     Stack st{&m, rows_b, rows_seq, down_saved};
@@ -538,6 +590,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         RmsNormBackwardTransientBytes(m, rows_b * rows_seq * m.hidden_size(), dtype, BaseWeightsTrain(m));
     st.conv = ShortConvTransientBytes(m, rows_b, rows_seq, dtype);
     st.delta_rule = DeltaRuleTransientBytes(m, rows_b, rows_seq, dtype);
+    if (m.has_moe()) st.moe = MoeTransientBytes(m, rows_b, rows_seq, dtype);
     return st;
   };
   const Stack language = stack(model, b, seq, down_input_saved_);
@@ -616,15 +669,18 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     };
     k.mlp_pre_norm_bwd = pre_norm_backward(f.mlp_pre_norm_per_token);
     k.attn_pre_norm_bwd = pre_norm_backward(f.attn_pre_norm_per_token);
+    // A mixture of experts' MLP in place of the dense one (its no_grad chain for the FFN's).
+    const int64_t ffn_live = l.moe ? st.moe.nograd_bytes : st.ffn_live;
+    if (l.moe) k.mlp_fwd_transient = st.moe.forward_bytes;
     if (l.conv || l.delta_rule) {
       const MixerTransients& mixer = l.conv ? st.conv : st.delta_rule;
       k.fwd_transient = mixer.forward_bytes;
-      k.nograd_peak = k.input + std::max(st.ffn_live, mixer.nograd_bytes);
+      k.nograd_peak = k.input + std::max(ffn_live, mixer.nograd_bytes);
       k.bwd_attn_transient = mixer.backward_bytes;
     } else {
       const AttentionSizes z = attention_sizes(st, l.head_dim, masked_here);
       k.fwd_transient = z.fwd_transient;
-      k.nograd_peak = k.input + std::max(st.ffn_live, z.live);
+      k.nograd_peak = k.input + std::max(ffn_live, z.live);
       k.bwd_attn_transient = z.bwd_transient;
       k.bwd_qk_norm_transient = z.bwd_qk_norm_transient;
     }
@@ -639,7 +695,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const int64_t output_grad = k.mlp_tail_saved > 0 ? rows * width * w : 0;
     k.mlp_output_grad = GatedMlp(m) ? 0 : output_grad;
     k.bwd_mlp_transient =
-        BlockBackwardTransientBytes(m, st.b, st.seq, dtype, device, st.down_input_saved, m.head_dim()).mlp_bytes +
+        (l.moe ? st.moe.backward_bytes
+               : BlockBackwardTransientBytes(m, st.b, st.seq, dtype, device, st.down_input_saved, m.head_dim())
+                     .mlp_bytes) +
         k.mlp_output_grad;
     k.grads_mlp = l.mlp_elements * w;
     k.grads_down = l.down_elements * w;
@@ -649,7 +707,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // dropout's, a post-norm's), not beside the half's widest moment: it adds
     // only what exceeds that.
     k.max_mlp_grad = std::max<int64_t>(
-        0, rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w - k.bwd_mlp_transient);
+        0, (l.moe ? MoeWeightGradientBytes(m, rows, l.down_elements, l.largest_mlp, l.leaf_gradients, w)
+                  : rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w) -
+               k.bwd_mlp_transient);
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;
     if (m.norm_placement() != NORM_PLACEMENT_PRE) {
       k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, BaseWeightsTrain(m));

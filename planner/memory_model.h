@@ -110,6 +110,7 @@ class StepSizer {
     int64_t per_seq_sq = 0;
     int64_t per_seq = 0;             // Glm4's per-layer RoPE tables [s, rotary_dim]
     int64_t per_batch = 0;           // a short conv's padded output: kernel - 1 more tokens per sequence
+    int64_t constant = 0;            // a mixture of experts' counts per expert
     int64_t mlp_per_token = 0;
     int64_t input_per_token = 0;     // IsBlockInputItself
     int64_t mlp_tail_per_token = 0;   // of that, what the ops after the MLP save (InHalfTail)
@@ -123,7 +124,7 @@ class StepSizer {
     int64_t Bytes(int64_t b, int64_t seq) const {
       const int64_t chunks = DeltaRuleChunks(seq);
       return per_token * b * seq + per_token_sq * b * seq * seq + per_seq_sq * seq * seq + per_seq * seq +
-             per_batch * b + per_batch_chunk * b * chunks + chunk_constant +
+             per_batch * b + constant + per_batch_chunk * b * chunks + chunk_constant +
              (chunks == 1 ? one_chunk_per_batch * b : 0);
     }
   };
@@ -136,6 +137,8 @@ class StepSizer {
     int masked_fit = -1;  // -1: never masked
     bool conv = false;        // LayerMixesByConv
     bool delta_rule = false;  // LayerMixesByDeltaRule
+    bool moe = false;         // LayerIsMoe
+    bool leaf_gradients = false;  // ZeRO-3 reduces the MoE block's gradients after its backward
     int64_t head_dim = 0;     // HeadDimOf
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
     // The MLP half's gradients (elements): all, down_proj's, the largest
@@ -146,7 +149,7 @@ class StepSizer {
     bool forward_only = false;  // StepSizes::BlockKind::forward_only
     bool operator==(const LayerStatics& o) const {
       return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && delta_rule == o.delta_rule &&
-             head_dim == o.head_dim && grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
+             moe == o.moe && leaf_gradients == o.leaf_gradients && head_dim == o.head_dim && grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
              gather == o.gather && gather_kept == o.gather_kept && mlp_elements == o.mlp_elements &&
              down_elements == o.down_elements && largest_mlp == o.largest_mlp &&
              down_weight_elements == o.down_weight_elements && tower == o.tower && forward_only == o.forward_only;

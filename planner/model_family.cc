@@ -50,6 +50,17 @@ constexpr int64_t kQwen3_5DefaultHeadDim = 256;
 constexpr double kQwen3_5PartialRotaryFactor = 0.25;
 // Qwen3_5TextConfig.__post_init__: full_attention_interval 4, linear attention between.
 constexpr int64_t kQwen3_5FullAttentionInterval = 4;
+// The MoE configs' defaults: Qwen3MoeConfig (num_experts 128,
+// num_experts_per_tok 8, moe_intermediate_size 768), MixtralConfig
+// (num_local_experts 8, num_experts_per_tok 2; its experts are
+// intermediate_size wide), Qwen2MoeConfig (num_experts 60, num_experts_per_tok
+// 4, moe_intermediate_size 1408, shared_expert_intermediate_size 5632).
+constexpr int64_t kQwen3MoeExperts = 128, kQwen3MoeExpertsPerToken = 8, kQwen3MoeExpertFfn = 768;
+constexpr int64_t kMixtralExperts = 8, kMixtralExpertsPerToken = 2, kMixtralIntermediate = 14336;
+constexpr int64_t kQwen2MoeExperts = 60, kQwen2MoeExpertsPerToken = 4, kQwen2MoeExpertFfn = 1408,
+                  kQwen2MoeSharedExpertFfn = 5632;
+// Where BuildFamilies puts mistral and qwen2.
+constexpr size_t kMistralEntry = 1, kQwen2Entry = 2;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
 constexpr int64_t kSmolLm3NoRopeLayerInterval = 4;
 
@@ -344,6 +355,53 @@ std::vector<ModelFamily> BuildFamilies() {
     f.rope_tables_per_sequence = true;  // Qwen3_5TextModel.forward: position_ids expanded to the batch
     families.push_back(f);
   }
+  // The mixtures of experts: their dense models' attention, each MLP a
+  // *SparseMoeBlock (or, where the config says, the dense one).
+  // output_router_logits adds the load-balancing loss's kept router logits
+  // (load_balancing_loss_func): not modelled yet.
+  {
+    ModelFamily f = families[kQwen3Entry];
+    ZPLAN_CHECK(f.model_type == "qwen3");
+    f.model_type = "qwen3_moe";
+    f.read_from = "models/qwen3_moe/configuration_qwen3_moe.py (Qwen3MoeConfig), modeling_qwen3_moe.py "
+                  "(Qwen3MoeAttention as Qwen3's; Qwen3MoeSparseMoeBlock: experts, then gate; "
+                  "Qwen3MoeTopKRouter: fp32 softmax, top-k weights cast back; Qwen3MoeDecoderLayer: dense "
+                  "Qwen3MoeMLP on mlp_only_layers and off decoder_sparse_step); integrations/moe.py";
+    f.default_head_dim = 0;  // Qwen3MoeAttention: hidden / heads when the config has none
+    f.moe = {"num_experts", kQwen3MoeExperts, kQwen3MoeExpertsPerToken, "moe_intermediate_size", kQwen3MoeExpertFfn,
+             "", 0, /*sparse_step_keys=*/true, /*router_before_experts=*/false, /*routing_weights_fp32=*/false};
+    f.unmodelled_keys = {"use_sliding_window", "output_router_logits"};
+    families.push_back(f);
+  }
+  {
+    ModelFamily f = families[kMistralEntry];
+    ZPLAN_CHECK(f.model_type == "mistral");
+    f.model_type = "mixtral";
+    f.read_from = "models/mixtral/configuration_mixtral.py (MixtralConfig: sliding_window None), "
+                  "modeling_mixtral.py (MixtralAttention as Mistral's; MixtralSparseMoeBlock: gate, then experts; "
+                  "MixtralTopKRouter: fp32 softmax and top-k weights); integrations/moe.py";
+    f.default_sliding_window = 0;
+    f.moe = {"num_local_experts", kMixtralExperts, kMixtralExpertsPerToken, "intermediate_size", kMixtralIntermediate,
+             "", 0, /*sparse_step_keys=*/false, /*router_before_experts=*/true, /*routing_weights_fp32=*/true,
+             /*renormalizes_always=*/true};
+    // router_jitter_noise > 0 multiplies the input by a noise tensor in training.
+    f.unmodelled_keys = {"output_router_logits", "router_jitter_noise"};
+    families.push_back(f);
+  }
+  {
+    ModelFamily f = families[kQwen2Entry];
+    ZPLAN_CHECK(f.model_type == "qwen2");
+    f.model_type = "qwen2_moe";
+    f.read_from = "models/qwen2_moe/configuration_qwen2_moe.py (Qwen2MoeConfig), modeling_qwen2_moe.py "
+                  "(Qwen2MoeAttention: qkv_bias; Qwen2MoeSparseMoeBlock: gate, experts, shared_expert, "
+                  "shared_expert_gate); integrations/moe.py";
+    f.qkv_bias_key = "qkv_bias";
+    f.moe = {"num_experts", kQwen2MoeExperts, kQwen2MoeExpertsPerToken, "moe_intermediate_size",
+             kQwen2MoeExpertFfn, "shared_expert_intermediate_size", kQwen2MoeSharedExpertFfn,
+             /*sparse_step_keys=*/true, /*router_before_experts=*/true, /*routing_weights_fp32=*/false};
+    f.unmodelled_keys = {"use_sliding_window", "output_router_logits"};
+    families.push_back(f);
+  }
   {
     ModelFamily& f = families.emplace_back();
     f.model_type = "gpt2";
@@ -407,6 +465,14 @@ const ModelFamily* FindModelFamily(absl::string_view model_type) {
     if (family.model_type == model_type) return &family;
   }
   return nullptr;
+}
+
+std::string MoeModelTypes() {
+  std::vector<absl::string_view> types;
+  for (const ModelFamily& f : ModelFamilies()) {
+    if (!f.moe.experts_key.empty()) types.push_back(f.model_type);
+  }
+  return absl::StrJoin(types, ", ");
 }
 
 std::string SupportedModelTypes() {

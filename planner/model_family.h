@@ -2,7 +2,8 @@
 // The transformers model types zplan plans, as data: one ModelFamily per
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite,
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
-// smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, gpt2, vit -- holding what that
+// smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, and
+// the mixtures of experts qwen3_moe, mixtral and qwen2_moe, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
@@ -198,6 +199,28 @@ struct ModelFamily {
   // layer), position_embedding_type "rope" (null: no positions at all) and
   // num_local_experts 0 (absent: 8); anything else is refused by its key.
   bool granite_hybrid_layers = false;
+  // A mixture-of-experts family's config keys (MoeSpec) and its config
+  // class's defaults; experts_key empty: a dense family.
+  struct MoeKeys {
+    absl::string_view experts_key;          // "num_experts"; Mixtral's "num_local_experts"
+    int64_t default_experts = 0;
+    int64_t default_experts_per_token = 0;  // num_experts_per_tok
+    absl::string_view expert_ffn_key;       // "moe_intermediate_size"; Mixtral's "intermediate_size"
+    int64_t default_expert_ffn = 0;
+    // "shared_expert_intermediate_size" (Qwen2-MoE), gated by
+    // shared_expert_gate; empty: no shared expert.
+    absl::string_view shared_expert_ffn_key;
+    int64_t default_shared_expert_ffn = 0;
+    // decoder_sparse_step and mlp_only_layers pick the dense layers
+    // ((i + 1) % step != 0 or i listed); false: every layer is MoE.
+    bool sparse_step_keys = false;
+    bool router_before_experts = false;
+    bool routing_weights_fp32 = false;
+    // Whether the top-k weights are renormalized: always (Mixtral), or as
+    // norm_topk_prob says (false when absent).
+    bool renormalizes_always = false;
+    bool deepspeed_leaf = true;  // MoeSpec.deepspeed_leaf: true for all three
+  } moe;
   // Config keys whose value, unless absent, null or false, builds what zplan
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
   // final_logit_softcapping).
@@ -212,8 +235,11 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// gemma4_text, lfm2, qwen3_5_text, gpt2, vit".
+// gemma4_text, lfm2, qwen3_5_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit".
 std::string SupportedModelTypes();
+
+// The families with experts (MoeKeys), e.g. "qwen3_moe, mixtral, qwen2_moe".
+std::string MoeModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with
 // "silu" or "swish" is FFN_SWIGLU, with "gelu_pytorch_tanh" FFN_GEGLU; kPlain

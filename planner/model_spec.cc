@@ -88,8 +88,24 @@ absl::Status ValidateLora(const ModelSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("model.lora.target_modules: empty; name some of ",
                                                    absl::StrJoin(known, ", ")));
   }
+  // peft matches a target by the module name's last part: in a mixture of
+  // experts' layers that reaches the router and the shared expert, whose
+  // adapters are not modelled (nor the fused experts, which are no Linear).
+  std::set<std::string> in_experts_layers;
+  if (spec.has_moe()) {
+    for (const BlockLinear& linear : OpLinears(spec, {BlockOpKind::kMoe, "mlp", 0})) {
+      const std::string name(linear.name);
+      in_experts_layers.insert(name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1));
+    }
+  }
   std::set<std::string> seen;
   for (const std::string& target : lora.target_modules()) {
+    if (in_experts_layers.count(target) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.lora.target_modules: ", QuoteInput(target), " adapts the mixture-of-experts layers' router or "
+          "shared expert, which is not modelled yet; target the attention's projections (q_proj, k_proj, v_proj, "
+          "o_proj)"));
+    }
     if (std::find(known.begin(), known.end(), target) == known.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.lora.target_modules: ", QuoteInput(target), " is not a block linear of this model; use ",
@@ -393,6 +409,80 @@ absl::Status ReadRopeLayers(const JsonObject& config, const ModelFamily& family,
 // softmax's dtype. Planned as another type's family (`approximated`), an
 // activation that family's MLP does not model is planned as its default, and
 // *substituted says so.
+// A mixture-of-experts family's keys (ModelFamily::MoeKeys): the experts,
+// their width and top-k, the shared expert, which layers stay dense, and the
+// experts' implementation (config.json's _experts_implementation; transformers
+// picks grouped_mm when none is asked: modeling_utils.py,
+// get_correct_experts_implementation).
+absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+  const ModelFamily::MoeKeys& keys = family.moe;
+  MoeSpec& moe = *spec->mutable_moe();
+  int64_t experts = keys.default_experts, per_token = keys.default_experts_per_token, width = keys.default_expert_ffn,
+          shared = keys.default_shared_expert_ffn, sparse_step = 1;
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, keys.experts_key, &experts));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_experts_per_tok", &per_token));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, keys.expert_ffn_key, &width));
+  if (!keys.shared_expert_ffn_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadInt(config, keys.shared_expert_ffn_key, &shared));
+  if (experts < 1) return config.Error(keys.experts_key, "must be at least 1 expert");
+  if (per_token < 1 || per_token > experts) {
+    return config.Error("num_experts_per_tok", absl::StrCat(per_token, ": must be between 1 and ", keys.experts_key,
+                                                            " (", experts, ")"));
+  }
+  if (width < 1) return config.Error(keys.expert_ffn_key, "must be a positive width");
+  if (shared < 0) return config.Error(keys.shared_expert_ffn_key, "must be a width, or 0 for no shared expert");
+  moe.set_num_experts(experts);
+  moe.set_experts_per_token(per_token);
+  moe.set_expert_ffn_hidden_size(width);
+  moe.set_shared_expert_ffn_hidden_size(shared);
+  moe.set_shared_expert_gate(shared > 0);
+  moe.set_router_before_experts(keys.router_before_experts);
+  moe.set_routing_weights_fp32(keys.routing_weights_fp32);
+  bool renormalize = keys.renormalizes_always;
+  if (!keys.renormalizes_always) ZPLAN_RETURN_IF_ERROR(ReadBool(config, "norm_topk_prob", &renormalize));
+  moe.set_renormalize_top_k(renormalize);
+  moe.set_deepspeed_leaf(keys.deepspeed_leaf);
+  if (keys.sparse_step_keys) {
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "decoder_sparse_step", &sparse_step));
+    if (sparse_step < 1) return config.Error("decoder_sparse_step", "must be at least 1 (every layer MoE)");
+    std::vector<int64_t> dense_listed;
+    if (const google::protobuf::Value* listed = config.Find("mlp_only_layers");
+        listed != nullptr && !listed->has_null_value()) {
+      if (!listed->has_list_value()) return config.Error("mlp_only_layers", "must be a list of layer indices or null");
+      for (const google::protobuf::Value& v : listed->list_value().values()) {
+        if (!v.has_number_value() || v.number_value() < 0 || v.number_value() != static_cast<int64_t>(v.number_value())) {
+          return config.Error("mlp_only_layers", "must hold layer indices (non-negative integers)");
+        }
+        dense_listed.push_back(static_cast<int64_t>(v.number_value()));
+      }
+    }
+    bool any_dense = false;
+    std::vector<bool> dense(spec->num_layers());
+    for (int64_t i = 0; i < spec->num_layers(); ++i) {
+      dense[i] = (i + 1) % sparse_step != 0 ||
+                 std::find(dense_listed.begin(), dense_listed.end(), i) != dense_listed.end();
+      any_dense = any_dense || dense[i];
+    }
+    if (any_dense) {
+      for (bool d : dense) moe.add_dense_layers(d);
+    }
+  }
+  std::string impl;
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "experts_implementation", &impl));
+  ZPLAN_RETURN_IF_ERROR(ReadString(config, "_experts_implementation", &impl));
+  if (impl.empty() || impl == "grouped_mm") {
+    moe.set_experts_impl(EXPERTS_GROUPED_MM);
+  } else if (impl == "eager") {
+    moe.set_experts_impl(EXPERTS_EAGER);
+  } else if (impl == "batched_mm") {
+    moe.set_experts_impl(EXPERTS_BATCHED_MM);
+  } else {
+    return config.Error("_experts_implementation",
+                        absl::StrCat(QuoteInput(impl), " is not modelled; zplan plans \"grouped_mm\" (the default), "
+                                     "\"eager\" and \"batched_mm\""));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& family, bool approximated,
                               ModelSpec* spec, std::string* substituted) {
   std::string act(family.default_activation), attn;
@@ -456,6 +546,7 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   if (family.delta_rule_layers) ZPLAN_RETURN_IF_ERROR(ReadDeltaRuleConfig(config, spec));
   if (family.granite_hybrid_layers) ZPLAN_RETURN_IF_ERROR(ReadGraniteHybridLayers(config, family, spec));
   if (family.gemma4_layers) ZPLAN_RETURN_IF_ERROR(ReadGemma4Layers(config, spec));
+  if (!family.moe.experts_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadMoeConfig(config, family, spec));
   for (absl::string_view key : family.unmodelled_keys) {
     const google::protobuf::Value* given = config.Find(key);
     if (given == nullptr || given->has_null_value() || (given->has_bool_value() && !given->bool_value()) ||
@@ -731,15 +822,22 @@ absl::StatusOr<ModelSpec> LanguageModelFromHfConfig(const JsonObject& config, ab
 absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(absl::string_view text, absl::string_view source,
                                                 absl::string_view approximate_as) {
   ZPLAN_ASSIGN_OR_RETURN(const JsonObject config, ParseJsonObject(text, source));
-  for (absl::string_view moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
-    int64_t experts = 0;
-    ZPLAN_RETURN_IF_ERROR(ReadInt(config, moe_key, &experts));
-    if (experts > 1) {
-      return config.Error(moe_key, "mixture-of-experts models are not supported; plan a dense model");
-    }
-  }
   std::string model_type, name;
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "model_type", &model_type));
+  // Experts in a model_type whose family has none (MoeKeys) are refused by
+  // name, never planned as a dense model.
+  const ModelFamily* own = FindModelFamily(model_type);
+  if (own == nullptr || own->moe.experts_key.empty()) {
+    for (absl::string_view moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+      int64_t experts = 0;
+      ZPLAN_RETURN_IF_ERROR(ReadInt(config, moe_key, &experts));
+      if (experts > 1) {
+        return config.Error(moe_key, absl::StrCat("a mixture of experts of model_type ", QuoteInput(model_type),
+                                                  " is not modelled; zplan plans the mixture-of-experts types ",
+                                                  MoeModelTypes(), ", or a dense model"));
+      }
+    }
+  }
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &name));
   const bool approximated = !approximate_as.empty();
   // A vision-language model: its vision side here, its language model read
@@ -815,6 +913,7 @@ std::vector<std::string> LoraTargetNames(const ModelSpec& spec) {
   std::vector<std::string> names;
   for (int layer = 0; layer < spec.num_layers(); ++layer) {
     for (const BlockOp& op : BlockLayout(spec, layer)) {
+      if (op.kind == BlockOpKind::kMoe) continue;  // ValidateLora refuses adapters there
       for (const BlockLinear& linear : OpLinears(spec, op)) {
         if (std::find(names.begin(), names.end(), linear.name) == names.end()) names.emplace_back(linear.name);
       }

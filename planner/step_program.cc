@@ -280,8 +280,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 33 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 33 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 35 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 35 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -355,7 +355,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   auto per_block = [&] { return r.Handles(num_layers); };
   const int kept_gather = per_block(), forward_gather = per_block(), input = per_block(), copy = per_block(),
             nograd = per_block(), saved_attn = per_block(), scores = per_block(), saved_mlp = per_block(),
-            saved_mlp_tail = per_block(), saved_attn_tail = per_block();
+            saved_mlp_tail = per_block(), saved_attn_tail = per_block(), experts = per_block();
   // DeepSpeed's contiguous checkpoint buffers: slot j holds block j*k's copy
   // (the copy's handle); the spare ones have their own.
   const int spare_slots = r.Handles(s.checkpoint_slots);
@@ -427,6 +427,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Alloc(Ref{saved_attn_tail, i}, COMPONENT_ACTIVATIONS, k.attn_tail_saved, PHASE_FORWARD, i, "forward, layer #");
       r.Alloc(Ref{saved_mlp, i}, COMPONENT_ACTIVATIONS, k.saved_mlp - k.mlp_tail_saved, PHASE_FORWARD, i,
               "forward, layer #");
+      r.Alloc(Ref{experts, i}, COMPONENT_TEMPORARIES, k.mlp_fwd_transient, PHASE_FORWARD, i, "forward, layer #");
+      r.Free(Ref{experts, i}, PHASE_FORWARD, i, "forward, layer #, weighted expert outputs freed");
       r.Alloc(Ref{saved_mlp_tail, i}, COMPONENT_ACTIVATIONS, k.mlp_tail_saved, PHASE_FORWARD, i, "forward, layer #");
       if (k.forward_only && k.saved == 0) {  // a frozen tower's block, without a graph
         r.Alloc(Ref{nograd, i}, COMPONENT_TEMPORARIES, k.nograd_peak, PHASE_FORWARD, i, "forward, layer #");
@@ -618,7 +620,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
 
   // Blocks, last to first.
   const int backward_gather = per_block(), back = per_block(), recomputed_attn = per_block(),
-            recompute_scores = per_block(), recomputed_mlp = per_block(), recomputed_mlp_tail = per_block(),
+            recompute_scores = per_block(), recompute_experts = per_block(), recomputed_mlp = per_block(),
+            recomputed_mlp_tail = per_block(),
             recomputed_attn_tail = per_block(), mlp_post_norm = per_block(), attn_post_norm = per_block(),
             mlp_transient = per_block(),
             mlp_transient_past_hooks = per_block(), mlp_weight_grad = per_block(), waiting = per_block(),
@@ -677,6 +680,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
               "backward, layer #, recompute");
       r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, k.saved_mlp - k.mlp_tail_saved, PHASE_BACKWARD, i,
               "backward, layer #, recomputed");
+      r.Alloc(Ref{recompute_experts, i}, COMPONENT_TEMPORARIES, k.mlp_fwd_transient, PHASE_BACKWARD, i,
+              "backward, layer #, recompute");
+      r.Free(Ref{recompute_experts, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed weighted expert outputs freed");
       r.Alloc(Ref{recomputed_mlp_tail, i}, COMPONENT_ACTIVATIONS, k.mlp_tail_saved, PHASE_BACKWARD, i,
               "backward, layer #, recomputed");
     }

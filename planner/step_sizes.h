@@ -161,6 +161,9 @@ struct StepSizes {
     int64_t mlp_pre_norm_bwd = 0;
     int64_t attn_pre_norm_bwd = 0;
     int64_t fwd_transient = 0;       // extra inside forward with grad
+    // A mixture of experts' (kMoe) temporaries at its forward's widest,
+    // beside all the block saves: the weighted pairs and their reordered copy.
+    int64_t mlp_fwd_transient = 0;
     int64_t nograd_peak = 0;         // checkpointed forward: live intermediates
     int64_t bwd_attn_transient = 0;  // the attention (or conv) half's backward temporaries
     // Later in that half, once they are freed and the hooks of o_proj and the

@@ -558,6 +558,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   const std::string llava = "configs/hf/tiny/llava.json", llava_wide = "configs/hf/tiny/llava-wide.json",
                     qwen2_5_vl = "configs/hf/tiny/qwen2_5_vl.json", qwen3_vl = "configs/hf/tiny/qwen3_vl.json",
                     qwen3_5_vl = "configs/hf/tiny/qwen3_5_vl.json";
+  const std::string qwen3_moe = "configs/hf/tiny/qwen3_moe.json", mixtral = "configs/hf/tiny/mixtral.json",
+                    qwen2_moe = "configs/hf/tiny/qwen2_moe.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -933,6 +935,22 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       WithImages(DeepSpeedCase("qwen3_5-vl-z2-bf16-ckpt", qwen3_5_vl, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256,
                                "sdpa", true),
                  1, "", 256),
+      // Mixtures of experts: transformers' grouped_mm experts (fused [E, 2I, h] and [E, h, I]
+      // parameters), DeepSpeed's leaf modules at ZeRO-3 (its default classes: all three blocks).
+      DeepSpeedCase("qwen3_moe-z1-bf16", qwen3_moe, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("qwen3_moe-z2-bf16-ckpt", qwen3_moe, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
+      DeepSpeedCase("qwen3_moe-z3-bf16", qwen3_moe, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
+      WithLora(DeepSpeedCase("lora-z2-bf16-qwen3_moe-qv", qwen3_moe, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+               lora_qv),
+      DeepSpeedCase("mixtral-z2-bf16", mixtral, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("mixtral-z2-bf16-offload", mixtral, DsConfig(2, "bf16", 2, 1, "", With({kSmall, kOffload})), 2,
+                    512),
+      DeepSpeedCase("mixtral-z3-bf16-ckpt", mixtral, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512, "sdpa", true),
+      WithLora(DeepSpeedCase("lora-z3-bf16-mixtral-qv", mixtral, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
+               lora_qv),
+      DeepSpeedCase("qwen2_moe-z2-bf16", qwen2_moe, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("qwen2_moe-z3-bf16", qwen2_moe, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
+      DeepSpeedCase("qwen2_moe-z1-fp32-ckpt", qwen2_moe, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 512, "sdpa", true),
   };
 }
 
