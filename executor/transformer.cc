@@ -1,6 +1,7 @@
 #include "executor/transformer.h"
 
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include <ATen/Functions.h>
@@ -244,7 +245,7 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 
   static at::Tensor BlockForward(const Transformer* model, int layer, const at::Tensor& x, const at::Tensor& cos,
                                  const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
-                                 const std::vector<int64_t>& segments);
+                                 const std::vector<int64_t>& segments, at::Tensor* reordered = nullptr);
 };
 
 }  // namespace
@@ -253,17 +254,33 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 struct TransformerBridge {
   static at::Tensor Block(const Transformer* m, int layer, const at::Tensor& x, const at::Tensor& cos,
                           const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
-                          const std::vector<int64_t>& segments) {
-    return m->Block(layer, x, cos, sin, mask, per_layer_input, segments);
+                          const std::vector<int64_t>& segments, at::Tensor* reordered) {
+    return m->Block(layer, x, cos, sin, mask, per_layer_input, segments, reordered);
   }
 };
 
 namespace {
 
+// A gradient handed to the edge after it once, then let go: the root of a
+// backward that must not outlive its first use.
+class HandOver : public torch::autograd::Node {
+ public:
+  explicit HandOver(at::Tensor grad) : grad_(std::move(grad)) {}
+  variable_list apply(variable_list&& /*token*/) override {
+    variable_list out = {std::move(grad_)};
+    grad_ = at::Tensor();
+    return out;
+  }
+
+ private:
+  at::Tensor grad_;
+};
+
 at::Tensor CheckpointedBlock::BlockForward(const Transformer* model, int layer, const at::Tensor& x,
                                            const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
-                                           const at::Tensor& per_layer_input, const std::vector<int64_t>& segments) {
-  return TransformerBridge::Block(model, layer, x, cos, sin, mask, per_layer_input, segments);
+                                           const at::Tensor& per_layer_input, const std::vector<int64_t>& segments,
+                                           at::Tensor* reordered) {
+  return TransformerBridge::Block(model, layer, x, cos, sin, mask, per_layer_input, segments, reordered);
 }
 
 variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list grads) {
@@ -288,12 +305,28 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
     per_layer_input = per_layer_input.detach().requires_grad_(true);
   }
   if (hooks != nullptr && hooks->active()) hooks->before_backward(layer);
+  // torch.utils.checkpoint(use_reentrant=False) recomputes at the first
+  // saved tensor the backward unpacks: in a mixture of experts' block
+  // (RecomputeStopsInExperts) only after the ops past its last one have run,
+  // the experts' output gradient expanded to the pairs (SumBackward's
+  // expand, ViewBackward's copy) waiting through the recompute; it then
+  // enters their reordering's backward.
+  const ModelSpec& spec = model->spec();
+  const bool lazy = RecomputeStopsInExperts(spec, layer);
+  at::Tensor pending, reordered;
+  if (lazy) {
+    at::NoGradGuard no_grad;
+    const int64_t h = spec.hidden_size(), k = spec.moe().experts_per_token();
+    const at::Tensor g = spec.moe().routing_weights_fp32() ? grads[0].to(at::kFloat) : grads[0];
+    pending = g.reshape({-1, 1, h}).expand({-1, k, h}).reshape({-1, h});
+  }
   at::Tensor y;
   {
     at::AutoGradMode enable(true);
     auto stashed = ctx->saved_data.find("rng_state");
     if (stashed == ctx->saved_data.end()) {
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments);
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments,
+                       lazy ? &reordered : nullptr);
     } else {
       // Replay the forward's random stream, then continue the current one
       // (the lock only around the swaps: dropout takes it too).
@@ -304,7 +337,8 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
         current = generator.get_state();
         generator.set_state(stashed->second.toTensor());
       }
-      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments);
+      y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments,
+                       lazy ? &reordered : nullptr);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(current);
     }
@@ -312,9 +346,21 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   if (hooks != nullptr && hooks->after_recompute) hooks->after_recompute(layer);
   // Backward from y's graph without y: torch.utils.checkpoint(use_reentrant=
   // False), which transformers uses, keeps no recomputed output.
-  const torch::autograd::Edge root = torch::autograd::impl::gradient_edge(y);
+  torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(y)};
+  torch::autograd::variable_list root_grads = {grads[0]};
   y.reset();
-  torch::autograd::Engine::get_default_engine().execute({root}, {grads[0]}, /*keep_graph=*/false,
+  if (lazy) {
+    // Through a node that lets go of it once used, as the engine's own buffers do (a root's gradient
+    // would stay to the end of this backward).
+    auto hand_over = std::make_shared<HandOver>(std::move(pending));
+    hand_over->add_next_edge(torch::autograd::impl::gradient_edge(reordered));
+    const at::Tensor token = at::zeros({}, grads[0].options());
+    hand_over->add_input_metadata(token);
+    roots.emplace_back(std::move(hand_over), 0);
+    root_grads.push_back(token);
+    reordered.reset();
+  }
+  torch::autograd::Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/false,
                                                         /*create_graph=*/false, /*accumulate_grad=*/true);
   if (hooks != nullptr && hooks->active()) hooks->after_backward(layer);
   const at::Tensor per_layer_grad = per_layer_input.defined() ? per_layer_input.grad() : at::Tensor();
@@ -441,9 +487,59 @@ at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, boo
   return (out + update * (lora.alpha() / static_cast<double>(lora.rank()))).to(out.scalar_type());
 }
 
+at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::Tensor* reordered) const {
+  // transformers' *SparseMoeBlock.forward with grouped_mm_experts_forward
+  // (integrations/moe.py), op for op: what autograd keeps and frees is theirs.
+  const MoeSpec& moe = spec_.moe();
+  const int64_t h = spec_.hidden_size(), k = moe.experts_per_token(), e = moe.num_experts();
+  const at::Tensor flat = x.view({-1, h});
+  at::Tensor shared;
+  if (moe.shared_expert_ffn_hidden_size() > 0) {
+    // Qwen2MoeMLP on every token, first.
+    const std::string se = m + kSharedExpert;
+    shared = Linear(at::silu(Linear(flat, se + "gate_proj", false)) * Linear(flat, se + "up_proj", false),
+                    se + "down_proj", false);
+  }
+  // The router: logits, softmax in fp32, top k, renormalized in place
+  // (router_top_value /= sum), cast back unless the pairs stay fp32 (Mixtral).
+  const at::Tensor logits = Linear(flat, m + kRouter, false);
+  // MixtralTopKRouter: softmax(router_logits.float()); the others: softmax(..., dtype=torch.float).
+  const at::Tensor probs =
+      moe.routing_weights_fp32() ? at::softmax(logits.to(at::kFloat), -1) : at::softmax(logits, -1, at::kFloat);
+  auto [top_weights, top_index] = at::topk(probs, k, -1);
+  if (moe.renormalize_top_k()) top_weights.div_(top_weights.sum(-1, /*keepdim=*/true));
+  if (!moe.routing_weights_fp32()) top_weights = top_weights.to(x.scalar_type());
+  // The pairs sorted by expert, gathered, through the grouped products.
+  const at::Tensor pair_weights = top_weights.reshape(-1);
+  auto [expert_ids, perm] = at::sort(top_index.reshape(-1));
+  const at::Tensor gathered = flat.index({at::floor_divide(perm, k)});
+  const at::Tensor weights = pair_weights.index({perm});
+  // histc takes floats on the CPU, ints on CUDA.
+  const at::Tensor counts =
+      at::histc(x.is_cuda() ? expert_ids.to(at::kInt) : expert_ids.to(at::kFloat), e, 0, e - 1);
+  const at::Tensor offsets = at::cumsum(counts, 0, at::kInt);
+  const std::vector<at::Tensor> gate_up =
+      at::_grouped_mm(gathered, Param(m + kExpertsGateUp).transpose(-2, -1), offsets).chunk(2, -1);
+  const at::Tensor down =
+      at::_grouped_mm(at::silu(gate_up[0]) * gate_up[1], Param(m + kExpertsDown).transpose(-2, -1), offsets);
+  at::Tensor weighted = down * weights.unsqueeze(-1);
+  at::Tensor inverse = at::empty_like(perm);
+  inverse.index_put_({perm}, at::arange(perm.size(0), perm.options()));
+  weighted = weighted.index({inverse});
+  // The ops after it save nothing: in a recompute they run without a graph (their gradient came before).
+  std::optional<at::NoGradGuard> no_graph;
+  if (reordered != nullptr) {
+    *reordered = weighted;
+    no_graph.emplace();
+  }
+  at::Tensor out = weighted.view({flat.size(0), k, h}).sum(1).to(x.scalar_type());
+  if (shared.defined()) out = out + at::sigmoid(Linear(flat, m + kSharedExpertGate, false)) * shared;
+  return out.view(x.sizes());
+}
+
 at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& mask, const at::Tensor& per_layer_input,
-                              const std::vector<int64_t>& segments) const {
+                              const std::vector<int64_t>& segments, at::Tensor* reordered) const {
   // The step's blocks are one stack (inventory.h, StepNumBlocks): a vision
   // tower's first, described by its TowerSpec, then the language model's.
   const bool in_tower = block < tower_layers_;
@@ -657,6 +753,9 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         break;
       case BlockOpKind::kMlp:
         current = mlp(current, m);
+        break;
+      case BlockOpKind::kMoe:
+        current = Experts(current, m, reordered);
         break;
       case BlockOpKind::kPerLayerInput:
         // Gemma4TextDecoderLayer: gate, activation, times the layer's input, projection.

@@ -160,15 +160,22 @@ class Transformer {
   absl::Status CheckAttentionKernelOf(const ModelSpec& spec, int64_t seq_length, bool causal) const;
   // x W^T (+ b) of the linear `name`, plus its LoRA adapters' update.
   at::Tensor Linear(const at::Tensor& x, const std::string& name, bool bias) const;
+  // A mixture-of-experts MLP (kMoe) of the module `m` ("layers.3.mlp.") on
+  // x [b, s, h]; with `reordered` (Block's), its output without a graph.
+  at::Tensor Experts(const at::Tensor& x, const std::string& m, at::Tensor* reordered = nullptr) const;
   // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
   // `per_layer_input`: Gemma 4's [b, s, p] slice (undefined without per-layer embeddings).
   // `block` of the step's one stack (inventory.h, StepNumBlocks): a vision
   // tower's blocks, then the language model's. `segments`: the lengths of
   // the runs of tokens that attend to one another, one attention call each
   // (a Qwen tower's images or windows); empty, the whole sequence.
+  // `reordered`: a checkpointed block's recompute whose backward enters it
+  // inside its mixture of experts (RecomputeStopsInExperts): the experts'
+  // reordered weighted pairs [S, h] go there, the block's output without
+  // the experts' part of the graph.
   at::Tensor Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& mask, const at::Tensor& per_layer_input,
-                   const std::vector<int64_t>& segments = {}) const;
+                   const std::vector<int64_t>& segments = {}, at::Tensor* reordered = nullptr) const;
 
   // A vision-language model's joint, as its forward leaves it: the image
   // features (the projector's output, concatenated) and the mask that

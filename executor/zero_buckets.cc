@@ -57,6 +57,7 @@ void ZeroEngine::RegisterGradHooks() {
   // parameter is still whole.
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].frozen) continue;
+    if (slots_[i].leaf >= 0) ++leaf_size_[slots_[i].leaf];
     std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(slots_[i].param);
     if (stage_ >= 1) {
       acc->add_post_hook(std::make_unique<GradReadyHook>(this, i));
@@ -153,6 +154,16 @@ void ZeroEngine::OnGradReady(size_t index) {
     // .grad until FinishBackward.
     const at::Tensor& grad = slots_[index].param.grad();
     if (grad.defined()) TagAllocation(grad.storage().data(), COMPONENT_GRADS);
+    return;
+  }
+  if (const int leaf = slots_[index].leaf; leaf >= 0) {
+    // A leaf module's gradients wait for its backward to end, then go in its parameters' order.
+    std::vector<size_t>& ready = leaf_ready_[leaf];
+    ready.push_back(index);
+    if (ready.size() < leaf_size_[leaf]) return;
+    std::sort(ready.begin(), ready.end());
+    for (size_t i : ready) ReduceThroughBucket(i);
+    ready.clear();
     return;
   }
   ReduceThroughBucket(index);

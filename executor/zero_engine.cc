@@ -70,11 +70,15 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Transformer* mode
   // are given: below stage 3 they stay the model's own tensors in the working
   // dtype; stage 3 partitions and gathers them with the rest (zero.Init).
   int64_t total = 0;
+  const std::vector<TensorSpec> inventory = ParameterInventory(model->spec());
+  size_t index = 0;
   for (auto& [name, param] : model->mutable_parameters()) {
     const bool frozen = !param.requires_grad();
+    const TensorSpec& tensor = inventory[index++];
     if (frozen && e->stage_ < 3) continue;
     Slot slot;
     slot.name = name;
+    if (e->stage_ == 3 && !frozen) slot.leaf = DeepSpeedLeafBlockOf(model->spec(), tensor);
     slot.param = param;
     slot.frozen = frozen;
     slot.shape = param.sizes().vec();

@@ -66,6 +66,7 @@
 #ifndef ZPLAN_EXECUTOR_ZERO_ENGINE_H_
 #define ZPLAN_EXECUTOR_ZERO_ENGINE_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -144,6 +145,9 @@ class ZeroEngine {
     int64_t shard_numel = 0;  // ceil(numel / world)
     bool persistent = false;  // kept whole on every rank
     bool gathered = false;
+    // The block of the DeepSpeed leaf module it is in (inventory.h,
+    // DeepSpeedLeafBlockOf): its gradient waits for the leaf's others; -1: none.
+    int leaf = -1;
     // Stage 2 with offload and accumulation: the whole gradient in the
     // working dtype on the host, made at its first reduction
     // (stage_1_and_2.py, async_accumulate_grad_in_cpu_via_gpu: accumulated_grads_in_cpu).
@@ -282,6 +286,11 @@ class ZeroEngine {
   std::vector<at::Tensor> retained_grads_;
   std::vector<Segment> segments_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // Stage 3's leaf modules: each leaf's gradients produced so far, reduced
+  // once all have come (stage3.py, create_reduce_and_remove_grad_hooks: one
+  // module backward hook per leaf, its parameters in module order).
+  std::map<int, std::vector<size_t>> leaf_ready_;
+  std::map<int, size_t> leaf_size_;
   absl::Status hook_status_;
   int micro_step_ = 0;           // micro-steps finished since the last Step
   double loss_scale_ = 1.0;

@@ -174,9 +174,18 @@ absl::Status ApplyDeepSpeedConfig(absl::string_view text, absl::string_view sour
     }
   }
 
+  ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> expert_parallel, root.Object("expert_parallel"));
+  if (expert_parallel) {
+    ZPLAN_ASSIGN_OR_RETURN(auto enabled, expert_parallel->Bool("enabled"));
+    if (enabled && *enabled) return expert_parallel->Error("enabled", kAutoEpRefusal);
+  }
+
   ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> zero_json, root.Object("zero_optimization"));
   if (!zero_json) return absl::OkStatus();
   const JsonObject& z = *zero_json;
+  if (z.Find("leaf_module") != nullptr) return z.Error("leaf_module", kLeafModuleRefusal);
+  ZPLAN_ASSIGN_OR_RETURN(auto granularity, z.Int("stage3_module_granularity_threshold"));
+  if (granularity && *granularity > 0) return z.Error("stage3_module_granularity_threshold", kLeafModuleRefusal);
   ZeroConfig* zero = config->mutable_zero();
   ZPLAN_ASSIGN_OR_RETURN(auto stage, z.Int("stage"));
   if (stage) {

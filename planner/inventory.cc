@@ -201,6 +201,16 @@ int64_t DTypeBytes(DType dtype) {
   }
 }
 
+int DeepSpeedLeafBlockOf(const ModelSpec& spec, const TensorSpec& param) {
+  if (!spec.has_moe() || !spec.moe().deepspeed_leaf()) return -1;
+  const int block = StepBlockOf(spec, param);
+  if (block < 0) return -1;
+  const std::vector<BlockOp> layout = StepBlockLayout(spec, block);
+  absl::string_view rest;
+  const int op = OpOfParameter(spec, layout, param.name(), &rest);
+  return op >= 0 && layout[op].kind == BlockOpKind::kMoe ? block : -1;
+}
+
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
   std::vector<TensorSpec> out;
   const std::string p = absl::StrCat("layers.", layer);
@@ -947,13 +957,16 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         const MoeSpec& moe = spec.moe();
         const int64_t e = moe.num_experts(), k = moe.experts_per_token(), fe = moe.expert_ffn_hidden_size();
         const int64_t fs = moe.shared_expert_ffn_hidden_size();
-        if (trains) act(read_name(), {b, s, h}, dtype);  // the router's and the shared expert's input
+        // The router's, the shared expert's and its gate's input: their
+        // linears (F.linear, which zero.Init's memory_efficient_linear
+        // replaces for good: LinearSaves::kAlways).
+        if (saves_input(kRouter, current_grad)) act(read_name(), {b, s, h}, dtype);
         if (fs > 0) {
           // The shared expert first (Qwen2MoeSparseMoeBlock.forward): a gated MLP.
           act(m + "shared_expert.gate", {b, s, fs}, dtype);
           act(m + "shared_expert.up", {b, s, fs}, dtype);
           act(m + "shared_expert.act", {b, s, fs}, dtype);
-          if (trains) act(m + "shared_expert.product", {b, s, fs}, dtype);
+          if (saves_input(kDownProj, current_grad)) act(m + "shared_expert.product", {b, s, fs}, dtype);
         }
         // The router: softmax's fp32 output, top-k's indices, and the
         // renormalization's sum and quotient.
@@ -1241,7 +1254,7 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   return t;
 }
 
-MixerTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
   const MoeSpec& moe = spec.moe();
   const int64_t w = DTypeBytes(dtype), h = spec.hidden_size(), tokens = b * s;
   const int64_t e = moe.num_experts(), k = moe.experts_per_token(), f = moe.expert_ffn_hidden_size();
@@ -1252,7 +1265,8 @@ MixerTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, D
   // forward's `_`), the sorted expert ids (int64), histc's float copy of
   // them, the counts per expert (fp32) and, cast from fp32, the top-k weights.
   const int64_t routing = tokens * e * w + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
-  MixerTransients t;
+  MoeTransients t;
+  t.weighted_pairs_bytes = pairs * h * weighted;
   t.forward_bytes = 2 * pairs * h * weighted + routing;
   // Under no_grad each pair tensor lives until the next is made: gathered
   // and gate_up, gate_up with the activation and product, down and the
@@ -1265,8 +1279,13 @@ MixerTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, D
   t.nograd_bytes = fs > 0 ? std::max(3 * tokens * fs * w, tokens * h * w + experts) : experts;
   // Backward, at its start: the output gradient expanded to the pairs (a
   // copy), the zeros it is scattered into in pair order and the scatter's
-  // result (with fp32 pairs, the cast's fp32 output gradient too).
-  t.backward_bytes = 3 * pairs * h * weighted + (moe.routing_weights_fp32() ? tokens * h * 4 : 0);
+  // result; with fp32 pairs two of them fp32 beside down's output gradient
+  // cast back to the working dtype (measured under DeepSpeed and zrun; a
+  // lone block's backward makes three fp32 ones).
+  t.backward_bytes = moe.routing_weights_fp32() ? pairs * h * (2 * weighted + w) : 3 * pairs * h * w;
+  // A shared expert's backward runs last (its ops were recorded first): the
+  // gradient of its output waits through the experts'.
+  if (fs > 0) t.backward_bytes += tokens * h * w;
   return t;
 }
 

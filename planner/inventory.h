@@ -64,6 +64,11 @@ int StepNumBlocks(const ModelSpec& spec);
 int StepBlockOf(const ModelSpec& spec, const TensorSpec& tensor);
 std::vector<BlockOp> StepBlockLayout(const ModelSpec& spec, int block);
 
+// The step block whose mixture-of-experts MLP holds `param` when DeepSpeed
+// makes that MLP a ZeRO-3 leaf module (MoeSpec.deepspeed_leaf: gathered
+// whole, its gradients reduced together after its backward); -1 otherwise.
+int DeepSpeedLeafBlockOf(const ModelSpec& spec, const TensorSpec& param);
+
 // Parameters of one block (all blocks are alike).
 std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer);
 
@@ -335,7 +340,10 @@ MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t micro_bat
 // working-dtype top-k weights; under no_grad the widest of the chain of
 // pair tensors; backward, the gradients of the pair tensors, widest at
 // gate_up's grouped product.
-MixerTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
+struct MoeTransients : MixerTransients {
+  int64_t weighted_pairs_bytes = 0;  // one [S, h] tensor of the weighted pairs (fp32 with fp32 pair weights)
+};
+MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
 
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights

@@ -64,7 +64,8 @@ int64_t MoeWeightGradientBytes(const ModelSpec& m, int64_t tokens, int64_t down_
 // A BlockKind's fields, to find equal kinds.
 auto BlockKindTie(const StepSizes::BlockKind& k) {
   return std::tie(k.input, k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved,
-                  k.mlp_pre_norm_bwd, k.attn_pre_norm_bwd, k.fwd_transient, k.mlp_fwd_transient, k.nograd_peak, k.bwd_attn_transient,
+                  k.mlp_pre_norm_bwd, k.attn_pre_norm_bwd, k.fwd_transient, k.mlp_fwd_transient,
+                  k.recompute_pending_grad, k.recompute_mlp_fwd_transient, k.nograd_peak, k.bwd_attn_transient,
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
                   k.down_weight_grad_waiting, k.post_norm_bwd_transient, k.forward_only);
@@ -411,6 +412,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     l.conv = LayerMixesByConv(m, layer);
     l.delta_rule = LayerMixesByDeltaRule(m, layer);
     l.moe = LayerIsMoe(m, layer);
+    l.recompute_stops_in_experts = RecomputeStopsInExperts(m, layer);
     l.leaf_gradients = l.moe && s.stage == 3 && m.moe().deepspeed_leaf();
     l.head_dim = HeadDimOf(m, layer);
     l.fit = fit_index(block, false);
@@ -570,7 +572,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     int64_t b, seq;
     bool down_input_saved;
     int64_t fwd_transient, pre_norm_transient, ffn_live;
-    MixerTransients conv, delta_rule, moe;
+    MixerTransients conv, delta_rule;
+    MoeTransients moe;
   };
   auto stack = [&](const ModelSpec& m, int64_t rows_b, int64_t rows_seq, bool down_saved) {
     Stack st{&m, rows_b, rows_seq, down_saved};
@@ -671,7 +674,11 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     k.attn_pre_norm_bwd = pre_norm_backward(f.attn_pre_norm_per_token);
     // A mixture of experts' MLP in place of the dense one (its no_grad chain for the FFN's).
     const int64_t ffn_live = l.moe ? st.moe.nograd_bytes : st.ffn_live;
-    if (l.moe) k.mlp_fwd_transient = st.moe.forward_bytes;
+    if (l.moe) {
+      k.mlp_fwd_transient = k.recompute_mlp_fwd_transient = st.moe.forward_bytes;
+      // The pairs' output gradient, made before the recompute.
+      if (l.recompute_stops_in_experts) k.recompute_pending_grad = st.moe.weighted_pairs_bytes;
+    }
     if (l.conv || l.delta_rule) {
       const MixerTransients& mixer = l.conv ? st.conv : st.delta_rule;
       k.fwd_transient = mixer.forward_bytes;
@@ -701,6 +708,13 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         k.mlp_output_grad;
     k.grads_mlp = l.mlp_elements * w;
     k.grads_down = l.down_elements * w;
+    if (l.moe && s.grads_kept_on_production) {
+      // Kept gradients (the step program's kept_down beside the transient):
+      // the experts' down_proj gradient comes once the first temporaries are
+      // gone, beside its pairs' input gradient [S, I].
+      const int64_t pair_ffn = rows * m.moe().experts_per_token() * m.moe().expert_ffn_hidden_size() * w;
+      k.bwd_mlp_transient = std::max(k.bwd_mlp_transient - k.grads_down, pair_ffn);
+    }
     // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
     // its linear's input gradient (down_proj: the FFN-wide one, and the
     // gradient of its output when ops after the MLP made one: a residual

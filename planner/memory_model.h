@@ -139,6 +139,7 @@ class StepSizer {
     bool delta_rule = false;  // LayerMixesByDeltaRule
     bool moe = false;         // LayerIsMoe
     bool leaf_gradients = false;  // ZeRO-3 reduces the MoE block's gradients after its backward
+    bool recompute_stops_in_experts = false;  // RecomputeStopsInExperts
     int64_t head_dim = 0;     // HeadDimOf
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
     // The MLP half's gradients (elements): all, down_proj's, the largest
@@ -149,7 +150,8 @@ class StepSizer {
     bool forward_only = false;  // StepSizes::BlockKind::forward_only
     bool operator==(const LayerStatics& o) const {
       return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && delta_rule == o.delta_rule &&
-             moe == o.moe && leaf_gradients == o.leaf_gradients && head_dim == o.head_dim && grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
+             moe == o.moe && leaf_gradients == o.leaf_gradients &&
+             recompute_stops_in_experts == o.recompute_stops_in_experts && head_dim == o.head_dim && grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
              gather == o.gather && gather_kept == o.gather_kept && mlp_elements == o.mlp_elements &&
              down_elements == o.down_elements && largest_mlp == o.largest_mlp &&
              down_weight_elements == o.down_weight_elements && tower == o.tower && forward_only == o.forward_only;

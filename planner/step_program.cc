@@ -280,8 +280,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 35 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 35 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 36 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 36 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -620,7 +620,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
 
   // Blocks, last to first.
   const int backward_gather = per_block(), back = per_block(), recomputed_attn = per_block(),
-            recompute_scores = per_block(), recompute_experts = per_block(), recomputed_mlp = per_block(),
+            recompute_scores = per_block(), recompute_experts = per_block(), pending_grad = per_block(),
+            recomputed_mlp = per_block(),
             recomputed_mlp_tail = per_block(),
             recomputed_attn_tail = per_block(), mlp_post_norm = per_block(), attn_post_norm = per_block(),
             mlp_transient = per_block(),
@@ -670,6 +671,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
                 "backward, layer #, checkpointed input back from the host");
         attention_saved = Ref{back, i};
       }
+      r.Alloc(Ref{pending_grad, i}, COMPONENT_TEMPORARIES, k.recompute_pending_grad, PHASE_BACKWARD, i,
+              "backward, layer #, output gradient before the recompute");
       r.Alloc(Ref{recomputed_attn, i}, COMPONENT_ACTIVATIONS,
               k.saved - k.saved_mlp - k.attn_tail_saved - k.saved_input, PHASE_BACKWARD, i,
               "backward, layer #, recompute");
@@ -680,7 +683,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
               "backward, layer #, recompute");
       r.Alloc(Ref{recomputed_mlp, i}, COMPONENT_ACTIVATIONS, k.saved_mlp - k.mlp_tail_saved, PHASE_BACKWARD, i,
               "backward, layer #, recomputed");
-      r.Alloc(Ref{recompute_experts, i}, COMPONENT_TEMPORARIES, k.mlp_fwd_transient, PHASE_BACKWARD, i,
+      r.Alloc(Ref{recompute_experts, i}, COMPONENT_TEMPORARIES, k.recompute_mlp_fwd_transient, PHASE_BACKWARD, i,
               "backward, layer #, recompute");
       r.Free(Ref{recompute_experts, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed weighted expert outputs freed");
       r.Alloc(Ref{recomputed_mlp_tail, i}, COMPONENT_ACTIVATIONS, k.mlp_tail_saved, PHASE_BACKWARD, i,
@@ -692,6 +695,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     if (recompute) r.Free(Ref{recomputed_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
     r.Free(Ref{saved_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
     const char* mlp = "backward, layer #, MLP gradients";
+    if (recompute) r.Free(Ref{pending_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP gradients");
     Ref transient{mlp_transient, i};
     r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
     norm_copy(i, false, true, i);

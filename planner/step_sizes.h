@@ -164,6 +164,14 @@ struct StepSizes {
     // A mixture of experts' (kMoe) temporaries at its forward's widest,
     // beside all the block saves: the weighted pairs and their reordered copy.
     int64_t mlp_fwd_transient = 0;
+    // A checkpointed block whose backward reaches a saved tensor only past
+    // its last ops: torch's non-reentrant checkpoint (transformers') recomputes
+    // at that first unpack, with what those ops made alive -- a mixture of
+    // experts' output gradient copied to the pairs (ViewBackward's reshape of
+    // SumBackward's expand), kept into its backward.
+    int64_t recompute_pending_grad = 0;
+    // mlp_fwd_transient in that recompute: stopped before the reordered copy.
+    int64_t recompute_mlp_fwd_transient = 0;
     int64_t nograd_peak = 0;         // checkpointed forward: live intermediates
     int64_t bwd_attn_transient = 0;  // the attention (or conv) half's backward temporaries
     // Later in that half, once they are freed and the hooks of o_proj and the

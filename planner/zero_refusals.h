@@ -31,6 +31,18 @@ namespace zplan {
 // DeepSpeed JSON values zplan refuses (ds_config.cc, at the key).
 // zero_optimization.offload_*.device "nvme": DeepSpeed's NVMe swapper is not modelled.
 inline constexpr absl::string_view kNvmeOffloadRefusal = "NVMe offload is not modelled; use \"cpu\" or \"none\"";
+// expert_parallel.enabled true: DeepSpeed's AutoEP (module_inject/auto_ep.py)
+// replaces the MoE blocks, shards the experts over the expert-parallel group
+// and exchanges tokens all-to-all: not modelled.
+inline constexpr absl::string_view kAutoEpRefusal =
+    "DeepSpeed's AutoEP (expert parallelism: experts sharded over the expert-parallel group, tokens exchanged "
+    "all-to-all) is not modelled; plan without it (every rank runs all experts, ZeRO shards their states)";
+// zero_optimization.leaf_module or stage3_module_granularity_threshold > 0:
+// leaf modules other than DeepSpeed's default classes (utils/z3_leaf_module.py)
+// gather and reduce differently; not modelled.
+inline constexpr absl::string_view kLeafModuleRefusal =
+    "leaf modules other than DeepSpeed's default ones (Mixtral's, Qwen2-MoE's and Qwen3-MoE's SparseMoeBlock) are "
+    "not modelled; remove the key";
 // fp16.enabled and bf16.enabled both true: DeepSpeed's config asserts one.
 inline constexpr absl::string_view kFp16AndBf16Refusal =
     "fp16 and bf16 are both enabled; DeepSpeed refuses that (\"bfloat16 and fp16 modes cannot be simultaneously "

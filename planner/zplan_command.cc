@@ -402,7 +402,18 @@ std::string Header(const Plan& plan) {
                     m.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D ? "causal-conv1d" : "transformers' torch fallback");
   }
   // An unvalidated approximation, or where a shape without a model_type came from, on its own line.
-  const std::string origin = ModelOriginLine(plan.model());
+  std::string origin = ModelOriginLine(plan.model());
+  if (m.has_moe()) {
+    // transformers' grouped_mm sizes every pair tensor by the T x k token-expert pairs, however the
+    // router splits them (docs/moe.md): balanced and worst-case routing plan alike.
+    const MoeSpec& moe = m.moe();
+    absl::StrAppend(&origin, origin.empty() ? "" : "\n", "       mixture of experts: ", moe.num_experts(),
+                    " experts, top ", moe.experts_per_token(), ", ", moe.expert_ffn_hidden_size(), " wide",
+                    moe.shared_expert_ffn_hidden_size() > 0
+                        ? absl::StrCat(", a shared expert ", moe.shared_expert_ffn_hidden_size(), " wide")
+                        : "",
+                    "; grouped_mm: any routing (balanced, worst case) takes the same memory");
+  }
   return absl::StrFormat(
       "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"
       "       %d node(s) x %d x %s (%s)\n%s",

@@ -65,6 +65,11 @@ const std::vector<std::string> kGemma4 = {"--hf-config", "configs/hf/tiny/gemma4
 const std::vector<std::string> kLfm2 = {"--hf-config", "configs/hf/tiny/lfm2.json"};
 const std::vector<std::string> kQwen3_5 = {"--hf-config", "configs/hf/tiny/qwen3_5.json"};
 const std::vector<std::string> kGraniteHybrid = {"--hf-config", "configs/hf/tiny/granitemoehybrid.json"};
+// Mixtures of experts (docs/moe.md): the DeepSpeed suite's tiny configs.
+const std::vector<std::string> kQwen3Moe = {"--hf-config", "configs/hf/tiny/qwen3_moe.json"};
+const std::vector<std::string> kQwen3MoeWide = {"--hf-config", "configs/hf/tiny/qwen3_moe-wide.json"};
+const std::vector<std::string> kMixtral = {"--hf-config", "configs/hf/tiny/mixtral.json"};
+const std::vector<std::string> kQwen2Moe = {"--hf-config", "configs/hf/tiny/qwen2_moe.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -424,6 +429,17 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen3_vl-z1-bf16-w2-384px-2img", kQwen3Vl, {"--ds-config", ds, "--image-size", "384", "--images-per-sample", "2", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "400"}),
       // ZeRO-3's fp32 adapters (zero.Init), many of them: their chunks and persistent copies at 4 bytes.
       Case("qwen3-lora-all-z3-bf16-w2", kQwen3, {"--ds-config", ds, "--lora-config", "configs/peft/lora-all-linear-r16-dropout.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      // Mixtures of experts: grouped_mm experts, ZeRO-3's leaf modules, the lazy recompute under checkpointing.
+      Case("qwen3_moe-z2-bf16-w2", kQwen3Moe, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_moe-z3-bf16-w2-ckpt", kQwen3Moe, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_moe-z1-bf16-w2-lora-qv", kQwen3Moe, {"--ds-config", ds, "--lora-config", "configs/peft/lora-qv-r8.json", "--zero-stage", "1", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      Case("mixtral-z3-bf16-w2-ckpt", kMixtral, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("mixtral-z1-fp32-w2", kMixtral, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("mixtral-z2-bf16-w2-offload", kMixtral, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--offload-optimizer", "cpu", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen2_moe-z3-bf16-w2", kQwen2Moe, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen2_moe-z2-bf16-w2-ckpt", kQwen2Moe, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_moe-wide-z3-bf16-w2-ckpt", kQwen3MoeWide, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_moe-wide-z0-fp32-w1", kQwen3MoeWide, {"--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "1", "--seq", "512"}),
   };
 }
 
@@ -559,7 +575,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     qwen2_5_vl = "configs/hf/tiny/qwen2_5_vl.json", qwen3_vl = "configs/hf/tiny/qwen3_vl.json",
                     qwen3_5_vl = "configs/hf/tiny/qwen3_5_vl.json";
   const std::string qwen3_moe = "configs/hf/tiny/qwen3_moe.json", mixtral = "configs/hf/tiny/mixtral.json",
-                    qwen2_moe = "configs/hf/tiny/qwen2_moe.json";
+                    qwen2_moe = "configs/hf/tiny/qwen2_moe.json",
+                    qwen3_moe_wide = "configs/hf/tiny/qwen3_moe-wide.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -951,6 +968,12 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("qwen2_moe-z2-bf16", qwen2_moe, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
       DeepSpeedCase("qwen2_moe-z3-bf16", qwen2_moe, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
       DeepSpeedCase("qwen2_moe-z1-fp32-ckpt", qwen2_moe, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 512, "sdpa", true),
+      // Held out (nothing above was tuned on them): a wider Qwen3-MoE, 16 experts, top 4 renormalized, its
+      // first layer dense (mlp_only_layers).
+      DeepSpeedCase("qwen3_moe-wide-z2-bf16-ckpt", qwen3_moe_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa",
+                    true),
+      DeepSpeedCase("qwen3_moe-wide-z3-bf16", qwen3_moe_wide, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
+      DeepSpeedCase("qwen3_moe-wide-z1-fp32-b1", qwen3_moe_wide, DsConfig(1, "fp32", 1, 1, "", kSmall), 2, 1024),
   };
 }
 
