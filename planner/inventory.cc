@@ -1279,10 +1279,9 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   t.nograd_bytes = fs > 0 ? std::max(3 * tokens * fs * w, tokens * h * w + experts) : experts;
   // Backward, at its start: the output gradient expanded to the pairs (a
   // copy), the zeros it is scattered into in pair order and the scatter's
-  // result; with fp32 pairs two of them fp32 beside down's output gradient
-  // cast back to the working dtype (measured under DeepSpeed and zrun; a
-  // lone block's backward makes three fp32 ones).
-  t.backward_bytes = moe.routing_weights_fp32() ? pairs * h * (2 * weighted + w) : 3 * pairs * h * w;
+  // result; fp32 pairs in a 16-bit model then cast down's output gradient
+  // back to its dtype beside them.
+  t.backward_bytes = 3 * pairs * h * weighted + (weighted != w ? pairs * h * w : 0);
   // A shared expert's backward runs last (its ops were recorded first): the
   // gradient of its output waits through the experts'.
   if (fs > 0) t.backward_bytes += tokens * h * w;
