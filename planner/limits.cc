@@ -72,9 +72,15 @@ absl::Status ValidateSizes(const ModelSpec& m, const RunConfig& c) {
   const double head_dim = static_cast<double>(m.head_dim()), ffn = static_cast<double>(m.ffn_hidden_size());
   const double vocab = static_cast<double>(m.vocab_size());
   const double tokens = static_cast<double>(c.micro_batch_size()) * static_cast<double>(c.seq_length());
-  // Per block: q, k, v, o and three FFN matrices (an upper bound for two-matrix FFNs).
-  const double parameters = layers * (h * head_dim * (2 * heads + 2 * kv) + 3 * h * ffn) + 2 * vocab * h +
-                            static_cast<double>(m.max_position_embeddings()) * h;
+  // Per block: q, k, v, o and three FFN matrices (an upper bound for two-matrix FFNs); a mixture of
+  // experts' layers hold three per expert and the shared expert's, and keep k of them per token.
+  const MoeSpec& moe = m.moe();
+  const double experts_width = static_cast<double>(moe.num_experts()) * static_cast<double>(moe.expert_ffn_hidden_size()) +
+                               static_cast<double>(moe.shared_expert_ffn_hidden_size());
+  const double per_token_width =
+      static_cast<double>(moe.experts_per_token()) * (2 * h + 4 * static_cast<double>(moe.expert_ffn_hidden_size()));
+  const double parameters = layers * (h * head_dim * (2 * heads + 2 * kv) + 3 * h * std::fmax(ffn, experts_width)) +
+                            2 * vocab * h + static_cast<double>(m.max_position_embeddings()) * h;
   if (parameters > static_cast<double>(kMaxParameters)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "model: about %.3g parameters is more than zplan plans (%.3g); check num_layers, hidden_size, "
@@ -92,7 +98,8 @@ absl::Status ValidateSizes(const ModelSpec& m, const RunConfig& c) {
       {"the attention scores (micro-batch x heads x seq x seq)", 4 * tokens * heads * static_cast<double>(c.seq_length()),
        "--seq or --micro-batch"},
       {"the activations (micro-batch x seq x width x layers)",
-       4 * tokens * std::fmax(std::fmax(h, ffn), heads * head_dim) * layers * 16, "--micro-batch or --seq"},
+       4 * tokens * std::fmax(std::fmax(std::fmax(h, ffn), heads * head_dim), per_token_width) * layers * 16,
+       "--micro-batch or --seq"},
       {"the model states (parameters x 16 bytes)", 16 * parameters, "the model's dimensions"},
   };
   for (const Product& p : products) {

@@ -31,6 +31,7 @@ inline constexpr int64_t kMaxHeads = 4096;
 inline constexpr int64_t kMaxHeadDim = 4096;
 inline constexpr int64_t kMaxFfnSize = int64_t{1} << 20;
 inline constexpr int64_t kMaxVocabSize = int64_t{1} << 22;
+inline constexpr int64_t kMaxExperts = int64_t{1} << 16;  // a mixture of experts' experts per layer
 inline constexpr int64_t kMaxParameters = int64_t{1} << 47;  // 140 trillion elements
 // Run shape. The planner's cost grows with the world size (one sharding
 // variant per rank class): 2^18 ranks plan in under a second.

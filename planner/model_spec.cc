@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "planner/block_layout.h"
 #include "planner/inventory.h"
@@ -455,6 +456,8 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
         dense_listed.push_back(static_cast<int64_t>(v.number_value()));
       }
     }
+    // Layers outside ValidateModelSpec's range are refused there, by their own key.
+    if (spec->num_layers() < 1 || spec->num_layers() > kMaxLayers) return absl::OkStatus();
     bool any_dense = false;
     std::vector<bool> dense(spec->num_layers());
     for (int64_t i = 0; i < spec->num_layers(); ++i) {
@@ -1062,6 +1065,31 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
       {"model.max_position_embeddings", spec.max_position_embeddings(), 0, kMaxSeqLength, "learned position rows"},
   }));
   ZPLAN_RETURN_IF_ERROR(CheckRange("model.head_dim", spec.head_dim(), 0, kMaxHeadDim, "0 = hidden_size / heads"));
+  if (spec.has_moe()) {
+    const MoeSpec& moe = spec.moe();
+    ZPLAN_RETURN_IF_ERROR(CheckFields({
+        {"model.moe.num_experts", moe.num_experts(), 1, kMaxExperts, "experts per MoE layer"},
+        {"model.moe.experts_per_token", moe.experts_per_token(), 1, moe.num_experts(), "top-k, at most the experts"},
+        {"model.moe.expert_ffn_hidden_size", moe.expert_ffn_hidden_size(), 1, kMaxFfnSize, "each expert's width"},
+        {"model.moe.shared_expert_ffn_hidden_size", moe.shared_expert_ffn_hidden_size(), 0, kMaxFfnSize,
+         "0 = no shared expert"},
+    }));
+    const double expert_parameters = 3.0 * static_cast<double>(moe.num_experts()) *
+                                     static_cast<double>(moe.expert_ffn_hidden_size()) *
+                                     static_cast<double>(spec.hidden_size());
+    if (expert_parameters * static_cast<double>(spec.num_layers()) > static_cast<double>(kMaxParameters)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "model.moe.num_experts: %d experts %d wide over %d layers of width %d are about %.3g parameters, more than "
+          "zplan plans (%.3g); check num_experts and the expert width",
+          moe.num_experts(), moe.expert_ffn_hidden_size(), spec.num_layers(), spec.hidden_size(),
+          expert_parameters * static_cast<double>(spec.num_layers()), static_cast<double>(kMaxParameters)));
+    }
+    if (moe.dense_layers_size() != 0 && moe.dense_layers_size() != spec.num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.moe.dense_layers: ", moe.dense_layers_size(),
+                                                     " entries for ", spec.num_layers(), " layers; give one per layer "
+                                                     "or none (every layer MoE)"));
+    }
+  }
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.name (_name_or_path)", spec.name()));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.source", spec.source()));
   ZPLAN_RETURN_IF_ERROR(CheckUtf8("model.model_type", spec.model_type()));
