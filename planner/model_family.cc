@@ -59,6 +59,10 @@ constexpr int64_t kQwen3MoeExperts = 128, kQwen3MoeExpertsPerToken = 8, kQwen3Mo
 constexpr int64_t kMixtralExperts = 8, kMixtralExpertsPerToken = 2, kMixtralIntermediate = 14336;
 constexpr int64_t kQwen2MoeExperts = 60, kQwen2MoeExpertsPerToken = 4, kQwen2MoeExpertFfn = 1408,
                   kQwen2MoeSharedExpertFfn = 5632;
+// Qwen3_5MoeTextConfig: num_experts 256, num_experts_per_tok 8,
+// moe_intermediate_size 512, shared_expert_intermediate_size 512.
+constexpr int64_t kQwen3_5MoeExperts = 256, kQwen3_5MoeExpertsPerToken = 8, kQwen3_5MoeExpertFfn = 512,
+                  kQwen3_5MoeSharedExpertFfn = 512;
 // Where BuildFamilies puts mistral and qwen2.
 constexpr size_t kMistralEntry = 1, kQwen2Entry = 2;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
@@ -353,6 +357,23 @@ std::vector<ModelFamily> BuildFamilies() {
     f.full_attention_interval_key = "full_attention_interval";
     f.delta_rule_layers = true;
     f.rope_tables_per_sequence = true;  // Qwen3_5TextModel.forward: position_ids expanded to the batch
+    families.push_back(f);
+    // Its layers with Qwen2-MoE's block in every one: no dense MLP, so no
+    // intermediate_size. DeepSpeed 0.19.8's default leaf classes
+    // (runtime/zero/leaf_module_config.py, DEFAULT_LEAF_MODULE_CLASSES) do not
+    // name Qwen3_5MoeSparseMoeBlock: at ZeRO-3 its experts, router and shared
+    // expert are fetched module by module, as in any dense block.
+    f.model_type = "qwen3_5_moe_text";
+    f.read_from = "models/qwen3_5_moe/configuration_qwen3_5_moe.py (Qwen3_5MoeTextConfig: no intermediate_size), "
+                  "modeling_qwen3_5_moe.py (Qwen3_5MoeGatedDeltaNet and Qwen3_5MoeAttention as Qwen3.5's; "
+                  "Qwen3_5MoeSparseMoeBlock: shared_expert, gate, experts, shared_expert_gate; "
+                  "Qwen3_5MoeTopKRouter: fp32 softmax, top-k always renormalized, cast back); integrations/moe.py";
+    f.ffn_key = "";
+    f.moe = {"num_experts", kQwen3_5MoeExperts, kQwen3_5MoeExpertsPerToken, "moe_intermediate_size",
+             kQwen3_5MoeExpertFfn, "shared_expert_intermediate_size", kQwen3_5MoeSharedExpertFfn,
+             /*sparse_step_keys=*/false, /*router_before_experts=*/true, /*routing_weights_fp32=*/false,
+             /*renormalizes_always=*/true, /*deepspeed_leaf=*/false};
+    f.unmodelled_keys = {"output_router_logits"};
     families.push_back(f);
   }
   // The mixtures of experts: their dense models' attention, each MLP a

@@ -2,8 +2,9 @@
 // The transformers model types zplan plans, as data: one ModelFamily per
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite,
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
-// smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, and
-// the mixtures of experts qwen3_moe, mixtral and qwen2_moe, gpt2, vit -- holding what that
+// smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, the
+// mixtures of experts qwen3_5_moe_text, qwen3_moe, mixtral and qwen2_moe,
+// gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
@@ -87,7 +88,7 @@ struct ModelFamily {
   // GPT2Config's names (its attribute_map): n_layer, n_embd, n_head,
   // n_positions, each overridden by the modern name when both are given.
   bool gpt2_key_names = false;
-  absl::string_view ffn_key;         // the FFN width: "intermediate_size", GPT-2's "n_inner"
+  absl::string_view ffn_key;         // the FFN width: "intermediate_size", GPT-2's "n_inner"; empty: no dense MLP
   int64_t ffn_default_multiple = 0;  // > 0: absent or null means this x hidden (GPT-2: 4); 0: required
   int64_t default_head_dim = 0;      // head_dim when the config has none; 0: hidden / heads
   // The config class's sizes, for a vision-language model's text_config,
@@ -219,7 +220,8 @@ struct ModelFamily {
     // Whether the top-k weights are renormalized: always (Mixtral), or as
     // norm_topk_prob says (false when absent).
     bool renormalizes_always = false;
-    bool deepspeed_leaf = true;  // MoeSpec.deepspeed_leaf: true for all three
+    // MoeSpec.deepspeed_leaf: the block is one of DeepSpeed's default leaf classes.
+    bool deepspeed_leaf = true;
   } moe;
   // Config keys whose value, unless absent, null or false, builds what zplan
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
@@ -235,10 +237,10 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// gemma4_text, lfm2, qwen3_5_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit".
+// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit".
 std::string SupportedModelTypes();
 
-// The families with experts (MoeKeys), e.g. "qwen3_moe, mixtral, qwen2_moe".
+// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe".
 std::string MoeModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -25,7 +25,8 @@ TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
     EXPECT_NE(f.read_from.find("models/" + folder + "/"), std::string::npos) << f.model_type;
     EXPECT_NE(f.norm, NORM_TYPE_UNSPECIFIED) << f.model_type;
     EXPECT_NE(f.position, POSITION_EMBEDDING_UNSPECIFIED) << f.model_type;
-    EXPECT_FALSE(f.ffn_key.empty()) << f.model_type;
+    // Only a family whose every layer is a mixture of experts has no dense MLP width.
+    EXPECT_TRUE(!f.ffn_key.empty() || (!f.moe.experts_key.empty() && !f.moe.sparse_step_keys)) << f.model_type;
     EXPECT_TRUE(FfnTypeFor(f, f.default_activation).has_value()) << f.model_type << ": its own default";
   }
   for (const char* unsupported : {"qwen", "qwen3_5", "bert", "gemma", "phi", "starcoder2", "deepseek_v3", "gpt_oss", ""}) {
@@ -51,6 +52,12 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_TRUE(qwen3.qk_norm);
   EXPECT_EQ(qwen3.default_head_dim, 128);
   EXPECT_EQ(qwen3.out_bias, OutProjectionBias::kAsQkv);
+  const ModelFamily& qwen3_5_moe = *FindModelFamily("qwen3_5_moe_text");
+  EXPECT_TRUE(qwen3_5_moe.delta_rule_layers);
+  EXPECT_EQ(qwen3_5_moe.moe.shared_expert_ffn_key, "shared_expert_intermediate_size");
+  EXPECT_TRUE(qwen3_5_moe.moe.renormalizes_always) << "Qwen3_5MoeTopKRouter: no norm_topk_prob";
+  EXPECT_FALSE(qwen3_5_moe.moe.deepspeed_leaf) << "not in DeepSpeed 0.19.8's DEFAULT_LEAF_MODULE_CLASSES";
+  EXPECT_TRUE(FindModelFamily("qwen3_moe")->moe.deepspeed_leaf);
   const ModelFamily& gpt2 = *FindModelFamily("gpt2");
   EXPECT_TRUE(gpt2.gpt2_key_names);
   EXPECT_TRUE(gpt2.tie_word_embeddings);

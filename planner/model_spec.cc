@@ -766,7 +766,7 @@ absl::StatusOr<ModelSpec> LanguageModelFromHfConfig(const JsonObject& config, ab
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_attention_heads", &heads));
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_key_value_heads", &kv_heads));
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "head_dim", &head_dim));
-    ZPLAN_RETURN_IF_ERROR(ReadInt(config, family->ffn_key, &ffn));
+    if (!family->ffn_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadInt(config, family->ffn_key, &ffn));
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "vocab_size", &vocab));
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "max_position_embeddings", &positions));
     // A vision-language model's text_config leaves out what its class defaults.
@@ -1055,12 +1055,14 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   // A ViT's own fields first: its positions follow from them.
   if (spec.has_vision()) ZPLAN_RETURN_IF_ERROR(ValidateVision(spec));
   if (spec.has_vision_language()) ZPLAN_RETURN_IF_ERROR(ValidateVisionLanguage(spec));
+  const bool every_layer_moe = spec.has_moe() && spec.moe().dense_layers_size() == 0;
   ZPLAN_RETURN_IF_ERROR(CheckFields({
       {"model.num_layers", spec.num_layers(), 1, kMaxLayers, "transformer blocks"},
       {"model.hidden_size", spec.hidden_size(), 1, kMaxHiddenSize, "model width"},
       {"model.num_attention_heads", spec.num_attention_heads(), 1, kMaxHeads, "query heads"},
       {"model.num_kv_heads", spec.num_kv_heads(), 1, kMaxHeads, "key/value heads"},
-      {"model.ffn_hidden_size", spec.ffn_hidden_size(), 1, kMaxFfnSize, "FFN inner width"},
+      {"model.ffn_hidden_size", spec.ffn_hidden_size(), every_layer_moe ? 0 : 1, kMaxFfnSize,
+       "FFN inner width; 0 when every layer is a mixture of experts"},
       {"model.vocab_size", spec.vocab_size(), 0, kMaxVocabSize, "tokens; 0 = no token embedding"},
       {"model.max_position_embeddings", spec.max_position_embeddings(), 0, kMaxSeqLength, "learned position rows"},
   }));

@@ -609,6 +609,34 @@ TEST(ModelSpecTest, RejectsMixtureOfExperts) {
   EXPECT_NE(status.message().find("mixture-of-experts"), std::string::npos) << status;
 }
 
+// Qwen3.5-MoE: every layer a mixture of experts with a gated shared expert,
+// no dense MLP (its config has no intermediate_size), not a DeepSpeed leaf.
+TEST(ModelSpecTest, Qwen3_5MoeHasExpertsInEveryLayer) {
+  const std::string shape = R"("model_type": "qwen3_5_moe_text", "hidden_size": 64, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100,
+      "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+      "linear_value_head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+      "shared_expert_intermediate_size": 48)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "mlp_only_layers": [0]})"), "qwen3_5_moe.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ffn_hidden_size(), 0);
+  EXPECT_EQ(spec->moe().dense_layers_size(), 0) << "Qwen3_5MoeDecoderLayer ignores mlp_only_layers";
+  EXPECT_EQ(spec->moe().shared_expert_ffn_hidden_size(), 48);
+  EXPECT_TRUE(spec->moe().shared_expert_gate() && spec->moe().renormalize_top_k());
+  EXPECT_FALSE(spec->moe().deepspeed_leaf());
+  EXPECT_EQ(spec->layer_types(0), LAYER_LINEAR_ATTENTION);
+  EXPECT_EQ(spec->layer_types(3), LAYER_FULL_ATTENTION);
+  const absl::Status aux =
+      ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "output_router_logits": true})"), "m.json").status();
+  EXPECT_NE(aux.message().find("m.json: output_router_logits: true is not modelled in qwen3_5_moe_text"),
+            std::string::npos)
+      << aux;
+  // A dense model still needs its MLP's width.
+  ModelSpec dense = *spec;
+  dense.clear_moe();
+  EXPECT_NE(ValidateModelSpec(dense).message().find("model.ffn_hidden_size"), std::string::npos);
+}
+
 // A model_type without a family (model_family.h) is refused: the message
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
@@ -619,7 +647,7 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -651,7 +679,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"starcoder2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit)"),
+                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.
@@ -668,7 +696,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   const absl::Status moe = ModelSpecFromHfConfig(R"({"model_type": "deepseek_v3", "n_routed_experts": 8})", "m.json",
                                                  "mistral").status();
   EXPECT_NE(moe.message().find("n_routed_experts: a mixture of experts of model_type \"deepseek_v3\" is not "
-                               "modelled; zplan plans the mixture-of-experts types qwen3_moe, mixtral, qwen2_moe"),
+                               "modelled; zplan plans the mixture-of-experts types qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe"),
             std::string::npos)
       << moe;
 }

@@ -70,6 +70,7 @@ const std::vector<std::string> kQwen3Moe = {"--hf-config", "configs/hf/tiny/qwen
 const std::vector<std::string> kQwen3MoeWide = {"--hf-config", "configs/hf/tiny/qwen3_moe-wide.json"};
 const std::vector<std::string> kMixtral = {"--hf-config", "configs/hf/tiny/mixtral.json"};
 const std::vector<std::string> kQwen2Moe = {"--hf-config", "configs/hf/tiny/qwen2_moe.json"};
+const std::vector<std::string> kQwen3_5Moe = {"--hf-config", "configs/hf/tiny/qwen3_5_moe.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -440,6 +441,9 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen2_moe-z2-bf16-w2-ckpt", kQwen2Moe, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen3_moe-wide-z3-bf16-w2-ckpt", kQwen3MoeWide, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen3_moe-wide-z0-fp32-w1", kQwen3MoeWide, {"--zero-stage", "0", "--precision", "fp32", "--gpus", "1", "--micro-batch", "1", "--seq", "512"}),
+      // Qwen3.5-MoE: Gated DeltaNet layers, a gated shared expert, ZeRO-3 fetching the block module by module.
+      Case("qwen3_5_moe-z3-bf16-w2-ckpt", kQwen3_5Moe, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_5_moe-z2-bf16-w2", kQwen3_5Moe, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
   };
 }
 
@@ -576,7 +580,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     qwen3_5_vl = "configs/hf/tiny/qwen3_5_vl.json";
   const std::string qwen3_moe = "configs/hf/tiny/qwen3_moe.json", mixtral = "configs/hf/tiny/mixtral.json",
                     qwen2_moe = "configs/hf/tiny/qwen2_moe.json",
-                    qwen3_moe_wide = "configs/hf/tiny/qwen3_moe-wide.json";
+                    qwen3_moe_wide = "configs/hf/tiny/qwen3_moe-wide.json",
+                    qwen3_5_moe = "configs/hf/tiny/qwen3_5_moe.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -974,6 +979,14 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     true),
       DeepSpeedCase("qwen3_moe-wide-z3-bf16", qwen3_moe_wide, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
       DeepSpeedCase("qwen3_moe-wide-z1-fp32-b1", qwen3_moe_wide, DsConfig(1, "fp32", 1, 1, "", kSmall), 2, 1024),
+      // Qwen3.5-MoE: Gated DeltaNet layers, a gated shared expert in every layer, and a block DeepSpeed's
+      // default leaf classes do not name (ZeRO-3 fetches its modules one by one).
+      DeepSpeedCase("qwen3_5_moe-z2-bf16", qwen3_5_moe, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("qwen3_5_moe-z3-bf16", qwen3_5_moe, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
+      DeepSpeedCase("qwen3_5_moe-z3-bf16-ckpt", qwen3_5_moe, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512, "sdpa",
+                    true),
+      DeepSpeedCase("qwen3_5_moe-z1-bf16-offload-ckpt", qwen3_5_moe,
+                    DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})), 2, 512, "sdpa", true),
   };
 }
 
