@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include <ATen/Functions.h>
 #include <ATen/SDPBackend.h>
@@ -187,7 +188,11 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
   // block's input: the tables and the mask are shared, measured in place).
   // `checkpointing->deepspeed`: the input is kept as DeepSpeed's checkpoint
   // keeps it (Checkpointing).
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
+  // Returns the block's output and, where a forward collects them for the
+  // auxiliary loss, its router logits: an output of the checkpoint whose
+  // gradient backward takes into the recompute (transformers' non-reentrant
+  // checkpoint keeps the original graph, the logits' too).
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const Transformer* model, int64_t layer,
                             const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
                             const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& per_layer_input,
                             const std::vector<int64_t>& segments, const BlockHooks* hooks,
@@ -238,20 +243,31 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     // Gemma 4's per-layer input: a view of the model's per-layer inputs, no bytes of its own.
     ctx->save_for_backward(
         {kept, cos.value_or(none), sin.value_or(none), mask.value_or(none), per_layer_input.value_or(none)});
-    return BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none), mask.value_or(none),
-                        per_layer_input.value_or(none), segments);
+    std::vector<at::Tensor> logits;
+    std::vector<at::Tensor>* const sink = CollectRouterLogits(model, &logits);
+    at::Tensor out = BlockForward(model, static_cast<int>(layer), x, cos.value_or(none), sin.value_or(none),
+                                  mask.value_or(none), per_layer_input.value_or(none), segments);
+    CollectRouterLogits(model, sink);
+    variable_list outputs = {out};
+    if (sink != nullptr) outputs.insert(outputs.end(), logits.begin(), logits.end());
+    return outputs;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 
   static at::Tensor BlockForward(const Transformer* model, int layer, const at::Tensor& x, const at::Tensor& cos,
                                  const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
                                  const std::vector<int64_t>& segments, at::Tensor* reordered = nullptr);
+  static std::vector<at::Tensor>* CollectRouterLogits(const Transformer* model, std::vector<at::Tensor>* sink);
 };
 
 }  // namespace
 
 // Friend-free access to the private Block through a small bridge.
 struct TransformerBridge {
+  // Block's router logits into `sink` (null: none collected) for the call's duration.
+  static std::vector<at::Tensor>* CollectRouterLogits(const Transformer* m, std::vector<at::Tensor>* sink) {
+    return std::exchange(m->router_logits_, sink);
+  }
   static at::Tensor Block(const Transformer* m, int layer, const at::Tensor& x, const at::Tensor& cos,
                           const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
                           const std::vector<int64_t>& segments, at::Tensor* reordered) {
@@ -260,6 +276,25 @@ struct TransformerBridge {
 };
 
 namespace {
+
+// The backward of weighted.index({inverse}) without its forward:
+// torch.utils.checkpoint(use_reentrant=False) stops a recompute as the
+// index op saves `inverse`, before the reordered copy [S, h] exists; the
+// pairs' output gradient then enters IndexBackward (a zero [S, h] the
+// gradient is put into).
+struct UnmadeReorder : public torch::autograd::Function<UnmadeReorder> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weighted, const at::Tensor& inverse) {
+    ctx->save_for_backward({inverse});
+    ctx->saved_data["sizes"] = weighted.sizes().vec();
+    return at::zeros({}, weighted.options()).expand(weighted.sizes());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor inverse = ctx->get_saved_variables()[0];
+    at::Tensor grad = at::zeros(ctx->saved_data["sizes"].toIntVector(), grads[0].options());
+    grad.index_put_({inverse}, grads[0], /*accumulate=*/true);
+    return {grad, at::Tensor()};
+  }
+};
 
 // A gradient handed to the edge after it once, then let go: the root of a
 // backward that must not outlive its first use.
@@ -275,6 +310,11 @@ class HandOver : public torch::autograd::Node {
  private:
   at::Tensor grad_;
 };
+
+std::vector<at::Tensor>* CheckpointedBlock::CollectRouterLogits(const Transformer* model,
+                                                                std::vector<at::Tensor>* sink) {
+  return TransformerBridge::CollectRouterLogits(model, sink);
+}
 
 at::Tensor CheckpointedBlock::BlockForward(const Transformer* model, int layer, const at::Tensor& x,
                                            const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
@@ -321,6 +361,9 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
     pending = g.reshape({-1, 1, h}).expand({-1, k, h}).reshape({-1, h});
   }
   at::Tensor y;
+  // The recomputed router logits take the auxiliary loss's gradient (grads[1]).
+  std::vector<at::Tensor> logits;
+  std::vector<at::Tensor>* const sink = CollectRouterLogits(model, grads.size() > 1 ? &logits : nullptr);
   {
     at::AutoGradMode enable(true);
     auto stashed = ctx->saved_data.find("rng_state");
@@ -343,22 +386,27 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
       generator.set_state(current);
     }
   }
+  CollectRouterLogits(model, sink);
   if (hooks != nullptr && hooks->after_recompute) hooks->after_recompute(layer);
   // Backward from y's graph without y: torch.utils.checkpoint(use_reentrant=
   // False), which transformers uses, keeps no recomputed output.
   torch::autograd::edge_list roots = {torch::autograd::impl::gradient_edge(y)};
   torch::autograd::variable_list root_grads = {grads[0]};
   y.reset();
-  if (lazy) {
-    // Through a node that lets go of it once used, as the engine's own buffers do (a root's gradient
-    // would stay to the end of this backward).
-    auto hand_over = std::make_shared<HandOver>(std::move(pending));
-    hand_over->add_next_edge(torch::autograd::impl::gradient_edge(reordered));
+  // Through a node that lets go of it once used, as the engine's own buffers do (a root's gradient
+  // would stay to the end of this backward).
+  auto hand_over = [&](at::Tensor grad, at::Tensor& into) {
+    auto node = std::make_shared<HandOver>(std::move(grad));
+    node->add_next_edge(torch::autograd::impl::gradient_edge(into));
     const at::Tensor token = at::zeros({}, grads[0].options());
-    hand_over->add_input_metadata(token);
-    roots.emplace_back(std::move(hand_over), 0);
+    node->add_input_metadata(token);
+    roots.emplace_back(std::move(node), 0);
     root_grads.push_back(token);
-    reordered.reset();
+    into.reset();
+  };
+  if (lazy) hand_over(std::move(pending), reordered);
+  for (size_t i = 0; i < logits.size() && i + 1 < grads.size(); ++i) {
+    if (grads[i + 1].defined()) hand_over(std::move(grads[i + 1]), logits[i]);
   }
   torch::autograd::Engine::get_default_engine().execute(roots, root_grads, /*keep_graph=*/false,
                                                         /*create_graph=*/false, /*accumulate_grad=*/true);
@@ -503,6 +551,7 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   // The router: logits, softmax in fp32, top k, renormalized in place
   // (router_top_value /= sum), cast back unless the pairs stay fp32 (Mixtral).
   const at::Tensor logits = Linear(flat, m + kRouter, false);
+  if (router_logits_ != nullptr) router_logits_->push_back(logits);
   // MixtralTopKRouter: softmax(router_logits.float()); the others: softmax(..., dtype=torch.float).
   const at::Tensor probs =
       moe.routing_weights_fp32() ? at::softmax(logits.to(at::kFloat), -1) : at::softmax(logits, -1, at::kFloat);
@@ -525,13 +574,13 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   at::Tensor weighted = down * weights.unsqueeze(-1);
   at::Tensor inverse = at::empty_like(perm);
   inverse.index_put_({perm}, at::arange(perm.size(0), perm.options()));
-  weighted = weighted.index({inverse});
-  // The ops after it save nothing: in a recompute they run without a graph (their gradient came before).
-  std::optional<at::NoGradGuard> no_graph;
   if (reordered != nullptr) {
-    *reordered = weighted;
-    no_graph.emplace();
+    // The recompute stops here (RecomputeStopsInExperts): the reordering's
+    // backward, its copy never made; nothing after it saves.
+    *reordered = UnmadeReorder::apply(weighted, inverse);
+    return at::Tensor();
   }
+  weighted = weighted.index({inverse});
   at::Tensor out = weighted.view({flat.size(0), k, h}).sum(1).to(x.scalar_type());
   if (shared.defined()) out = out + at::sigmoid(Linear(flat, m + kSharedExpertGate, false)) * shared;
   return out.view(x.sizes());
@@ -756,6 +805,9 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         break;
       case BlockOpKind::kMoe:
         current = Experts(current, m, reordered);
+        // A recompute stopped in the experts: the output gradient reaches the
+        // residual stream as the residual add's backward hands it on.
+        if (!current.defined()) return stream;
         break;
       case BlockOpKind::kPerLayerInput:
         // Gemma4TextDecoderLayer: gate, activation, times the layer's input, projection.
@@ -1138,8 +1190,11 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     if (hooks.active()) hooks.before_forward(block);
     if (checkpointing.Checkpoints(block)) {
       auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-      out = CheckpointedBlock::apply(in, this, static_cast<int64_t>(block), given(cos), given(sin), given(mask),
-                                     given(per_layer_input), segments, &hooks, &checkpointing);
+      const variable_list outs = CheckpointedBlock::apply(in, this, static_cast<int64_t>(block), given(cos),
+                                                          given(sin), given(mask), given(per_layer_input), segments,
+                                                          &hooks, &checkpointing);
+      out = outs[0];
+      if (router_logits_ != nullptr) router_logits_->insert(router_logits_->end(), outs.begin() + 1, outs.end());
     } else if (hooks.active()) {
       out = BeforeBackward::apply(
           Block(block, AfterBackward::apply(in, &hooks, block), cos, sin, mask, per_layer_input, segments), &hooks,
@@ -1187,6 +1242,10 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     }
     images.mask = images.mask.select(-1, 0);
   }
+  // The auxiliary loss's router logits, one per MoE layer, kept to the loss (OutputRecorder's list).
+  std::vector<at::Tensor> router_logits;
+  const bool aux_loss = spec_.has_moe() && spec_.moe().router_aux_loss();
+  if (aux_loss) router_logits_ = &router_logits;
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     const at::Tensor per_layer_input = per_layer_inputs.defined() ? per_layer_inputs.select(2, layer) : at::Tensor();
     x = run_block(tower_layers_ + layer, x, cos_by_type[type_of(layer)], sin_by_type[type_of(layer)],
@@ -1199,6 +1258,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
       x.index_put_(rows, at::index(x, rows) + images.deepstack[layer]);
     }
   }
+  router_logits_ = nullptr;
   // Final norm and LM head stay gathered from here until their backward is done.
   const int head_part = StepNumBlocks(spec_);
   if (hooks.active()) {
@@ -1245,19 +1305,53 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     at::Tensor loss = FusedLinearCrossEntropy(final_norm.view({b * s, h}), head, labels.view({b * s}));
     return hooks.active() ? BeforeBackward::apply(loss, &hooks, head_part) : loss;
   }
-  at::Tensor logits32;
-  {
-    // The working-dtype logits die here, before log-softmax allocates.
-    if (hooks.before_logits) hooks.before_logits();
-    at::Tensor logits = ApplyLinear(final_norm, head, std::nullopt, saves_.linear);
-    if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
-    // GraniteForCausalLM: logits / logits_scaling, outside the head module; the unscaled ones die.
-    if (spec_.logits_scaling() != 0) logits = logits / spec_.logits_scaling();
-    // Gemma's final_logit_softcapping: cap x tanh(logits / cap), tanh keeping its output.
-    if (const double cap = spec_.final_logit_softcapping(); cap > 0) logits = at::tanh(logits / cap) * cap;
-    logits32 = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+  // The logits are the model output's, alive to the end of its forward (the
+  // loss's and the auxiliary loss's computation); ForCausalLMLoss's fp32
+  // upcast dies with its call.
+  if (hooks.before_logits) hooks.before_logits();
+  at::Tensor logits = ApplyLinear(final_norm, head, std::nullopt, saves_.linear);
+  if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
+  // GraniteForCausalLM: logits / logits_scaling, outside the head module; the unscaled ones die.
+  if (spec_.logits_scaling() != 0) logits = logits / spec_.logits_scaling();
+  // Gemma's final_logit_softcapping: cap x tanh(logits / cap), tanh keeping its output.
+  if (const double cap = spec_.final_logit_softcapping(); cap > 0) logits = at::tanh(logits / cap) * cap;
+  at::Tensor loss = at::cross_entropy_loss(
+      (logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat)).view({b * s, spec_.vocab_size()}),
+      targets.reshape({b * s}));
+  if (aux_loss) {
+    // MoeCausalLMOutputWithPast's loss += router_aux_loss_coef x aux_loss, the logits let go after it.
+    loss = loss + spec_.moe().router_aux_loss_coef() * LoadBalancingLoss(std::move(router_logits));
   }
-  return at::cross_entropy_loss(logits32.view({b * s, spec_.vocab_size()}), targets.reshape({b * s}));
+  return loss;
+}
+
+at::Tensor Transformer::LoadBalancingLoss(std::vector<at::Tensor> router_logits) const {
+  // load_balancing_loss_func (modeling_qwen3_moe.py and its copies) without
+  // an attention mask, op for op: each layer's softmax (kept for backward),
+  // top-k (the pair kept until the next layer's replaces it), histc of the
+  // indices and the fp32 sum of the softmax over tokens.
+  const int64_t e = spec_.moe().num_experts(), k = spec_.moe().experts_per_token();
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device_);
+  at::Tensor tokens_per_expert_sum = at::zeros({e}, fp32), router_prob_sum = at::zeros({e}, fp32);
+  at::Tensor routing_weights, top_values, selected_experts;
+  double total_rows = 0;
+  for (at::Tensor& layer_gate : router_logits) {
+    routing_weights = at::softmax(layer_gate, -1);
+    std::tie(top_values, selected_experts) = at::topk(routing_weights, k, -1);
+    // histc takes floats on the CPU, ints on CUDA.
+    const at::Tensor flat = selected_experts.reshape(-1);
+    tokens_per_expert_sum =
+        tokens_per_expert_sum + at::histc(flat.to(device_.is_cuda() ? at::kInt : at::kFloat), e, 0, e);
+    router_prob_sum = router_prob_sum + routing_weights.to(at::kFloat).sum(0);
+    total_rows += static_cast<double>(routing_weights.size(0));
+  }
+  // The layers' logits go with the model's outputs, once the loss is taken.
+  top_values.reset();
+  selected_experts.reset();
+  router_logits.clear();
+  const at::Tensor tokens_per_expert = tokens_per_expert_sum / total_rows;
+  const at::Tensor router_prob_per_expert = router_prob_sum / total_rows;
+  return at::sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * static_cast<double>(e);
 }
 
 }  // namespace zplan

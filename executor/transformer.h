@@ -160,8 +160,12 @@ class Transformer {
   absl::Status CheckAttentionKernelOf(const ModelSpec& spec, int64_t seq_length, bool causal) const;
   // x W^T (+ b) of the linear `name`, plus its LoRA adapters' update.
   at::Tensor Linear(const at::Tensor& x, const std::string& name, bool bias) const;
+  // The auxiliary load-balancing loss of a forward's router logits (one
+  // [tokens, E] per MoE layer), which it lets go of before it returns.
+  at::Tensor LoadBalancingLoss(std::vector<at::Tensor> router_logits) const;
   // A mixture-of-experts MLP (kMoe) of the module `m` ("layers.3.mlp.") on
-  // x [b, s, h]; with `reordered` (Block's), its output without a graph.
+  // x [b, s, h]; with `reordered` (Block's), it stops at the reordering of
+  // the weighted pairs, whose backward goes there, and returns nothing.
   at::Tensor Experts(const at::Tensor& x, const std::string& m, at::Tensor* reordered = nullptr) const;
   // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
   // `per_layer_input`: Gemma 4's [b, s, p] slice (undefined without per-layer embeddings).
@@ -170,9 +174,10 @@ class Transformer {
   // the runs of tokens that attend to one another, one attention call each
   // (a Qwen tower's images or windows); empty, the whole sequence.
   // `reordered`: a checkpointed block's recompute whose backward enters it
-  // inside its mixture of experts (RecomputeStopsInExperts): the experts'
-  // reordered weighted pairs [S, h] go there, the block's output without
-  // the experts' part of the graph.
+  // inside its mixture of experts (RecomputeStopsInExperts): the backward
+  // of the experts' reordering goes there, and the block returns its
+  // residual stream before the experts' output is added (the add's backward
+  // hands the output gradient on unchanged).
   at::Tensor Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& mask, const at::Tensor& per_layer_input,
                    const std::vector<int64_t>& segments = {}, at::Tensor* reordered = nullptr) const;
@@ -218,6 +223,10 @@ class Transformer {
   SavePolicy saves_;
   std::vector<std::pair<std::string, at::Tensor>> parameters_;
   std::unordered_map<std::string, size_t> index_;  // name -> position in parameters_
+  // Where Experts puts its router logits while a forward collects them for
+  // the auxiliary loss (MoeSpec.router_aux_loss; transformers'
+  // OutputRecorder on the router); null otherwise, e.g. in a recompute.
+  mutable std::vector<at::Tensor>* router_logits_ = nullptr;
 };
 
 }  // namespace zplan

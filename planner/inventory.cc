@@ -1267,7 +1267,9 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   const int64_t routing = tokens * e * w + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
   MoeTransients t;
   t.weighted_pairs_bytes = pairs * h * weighted;
+  t.pair_ffn_bytes = pairs * f * w;
   t.forward_bytes = 2 * pairs * h * weighted + routing;
+  t.recompute_bytes = t.forward_bytes - t.weighted_pairs_bytes + pairs * 8;
   // Under no_grad each pair tensor lives until the next is made: gathered
   // and gate_up, gate_up with the activation and product, down and the
   // weighted pairs, the weighted pairs and their reordered copy; the

@@ -342,6 +342,12 @@ MixerTransients DeltaRuleTransientBytes(const ModelSpec& spec, int64_t micro_bat
 // gate_up's grouped product.
 struct MoeTransients : MixerTransients {
   int64_t weighted_pairs_bytes = 0;  // one [S, h] tensor of the weighted pairs (fp32 with fp32 pair weights)
+  int64_t pair_ffn_bytes = 0;        // one [S, I] tensor, working dtype: the pairs' input gradient of down_proj
+  // forward_bytes in a checkpointed block's recompute that stops in the
+  // experts (RecomputeStopsInExperts): it stops as the reordering saves its
+  // index, with the index's arange [S] (int64) alive and the reordered copy
+  // not yet made.
+  int64_t recompute_bytes = 0;
 };
 MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
 

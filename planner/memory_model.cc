@@ -48,15 +48,14 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
 
 // A mixture of experts' MLP half at its weight gradients, beyond what it
 // saved (elements, `w` bytes each): down_proj's [E, h, I]
-// beside its input gradient (the pairs' [S, I]); gate_up_proj's [E, 2I, h]
+// beside its input gradient (the pairs' [S, I], pair_ffn bytes); gate_up_proj's [E, 2I, h]
 // once the pair tensors after it are freed (the activation, the product,
 // gate_up's output, less its own input gradients). Under ZeRO-3 DeepSpeed
 // makes the block a leaf (parameter_offload.py, _register_deepspeed_module:
 // its default leaf_module classes) and reduces its parameters' gradients
 // after its backward: down_proj's waits beside gate_up_proj's.
-int64_t MoeWeightGradientBytes(const ModelSpec& m, int64_t tokens, int64_t down_elements, int64_t gate_up_elements,
-                               bool leaf_gradients, int64_t w) {
-  const int64_t pair_ffn = tokens * m.moe().experts_per_token() * m.moe().expert_ffn_hidden_size() * w;
+int64_t MoeWeightGradientBytes(int64_t pair_ffn, int64_t down_elements, int64_t gate_up_elements, bool leaf_gradients,
+                               int64_t w) {
   const int64_t down = down_elements * w, gate_up = gate_up_elements * w;
   return std::max(down + pair_ffn, gate_up + (leaf_gradients ? down : 0) - 2 * pair_ffn);
 }
@@ -65,7 +64,8 @@ int64_t MoeWeightGradientBytes(const ModelSpec& m, int64_t tokens, int64_t down_
 auto BlockKindTie(const StepSizes::BlockKind& k) {
   return std::tie(k.input, k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved,
                   k.mlp_pre_norm_bwd, k.attn_pre_norm_bwd, k.fwd_transient, k.mlp_fwd_transient,
-                  k.recompute_pending_grad, k.recompute_mlp_fwd_transient, k.nograd_peak, k.bwd_attn_transient,
+                  k.recompute_pending_grad, k.recompute_mlp_fwd_transient, k.aux_router_logits, k.nograd_peak,
+                  k.bwd_attn_transient,
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
                   k.down_weight_grad_waiting, k.post_norm_bwd_transient, k.forward_only);
@@ -157,6 +157,11 @@ absl::Status RefuseVisionLanguageStep(const ModelSpec& model, const RunConfig& c
 // its weight copies would take).
 absl::Status RefuseMoeStep(const ModelSpec& model, const RunConfig& config) {
   const MoeSpec& moe = model.moe();
+  if (moe.router_aux_loss() && config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) {
+    return absl::InvalidArgumentError(
+        "output_router_logits: the auxiliary load-balancing loss beside Liger's fused cross-entropy is not planned; "
+        "use --loss full, or set output_router_logits to false");
+  }
   if (moe.experts_impl() == EXPERTS_EAGER) {
     return absl::InvalidArgumentError(
         "_experts_implementation: \"eager\" (the *Experts class's loop over the experts hit) is not planned yet; "
@@ -676,8 +681,12 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const int64_t ffn_live = l.moe ? st.moe.nograd_bytes : st.ffn_live;
     if (l.moe) {
       k.mlp_fwd_transient = k.recompute_mlp_fwd_transient = st.moe.forward_bytes;
-      // The pairs' output gradient, made before the recompute.
-      if (l.recompute_stops_in_experts) k.recompute_pending_grad = st.moe.weighted_pairs_bytes;
+      // The pairs' output gradient, made before the recompute, which stops short of the reordered copy.
+      if (l.recompute_stops_in_experts) {
+        k.recompute_pending_grad = st.moe.weighted_pairs_bytes;
+        k.recompute_mlp_fwd_transient = st.moe.recompute_bytes;
+      }
+      if (m.moe().router_aux_loss()) k.aux_router_logits = rows * m.moe().num_experts() * w;
     }
     if (l.conv || l.delta_rule) {
       const MixerTransients& mixer = l.conv ? st.conv : st.delta_rule;
@@ -712,8 +721,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
       // Kept gradients (the step program's kept_down beside the transient):
       // the experts' down_proj gradient comes once the first temporaries are
       // gone, beside its pairs' input gradient [S, I].
-      const int64_t pair_ffn = rows * m.moe().experts_per_token() * m.moe().expert_ffn_hidden_size() * w;
-      k.bwd_mlp_transient = std::max(k.bwd_mlp_transient - k.grads_down, pair_ffn);
+      k.bwd_mlp_transient = std::max(k.bwd_mlp_transient - k.grads_down, st.moe.pair_ffn_bytes);
     }
     // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
     // its linear's input gradient (down_proj: the FFN-wide one, and the
@@ -721,7 +729,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // dropout's, a post-norm's), not beside the half's widest moment: it adds
     // only what exceeds that.
     k.max_mlp_grad = std::max<int64_t>(
-        0, (l.moe ? MoeWeightGradientBytes(m, rows, l.down_elements, l.largest_mlp, l.leaf_gradients, w)
+        0, (l.moe ? MoeWeightGradientBytes(st.moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w)
                   : rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w) -
                k.bwd_mlp_transient);
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;
@@ -818,6 +826,18 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
   const int64_t classes = model.has_vision() ? model.vision().num_labels() : model.vocab_size();
   s.logits_working = logit_rows * classes * w;
   s.logits_fp32 = logit_rows * classes * 4;
+  if (model.has_moe() && model.moe().router_aux_loss()) {
+    // load_balancing_loss_func (modeling_qwen3_moe.py and its copies), no
+    // attention mask: per MoE layer softmax(logits) [tokens, E], topk of it,
+    // histc of the indices, routing_weights.float().sum(0).
+    const int64_t e = model.moe().num_experts(), k = model.moe().experts_per_token();
+    int moe_layers = 0;
+    for (int layer = 0; layer < model.num_layers(); ++layer) moe_layers += LayerIsMoe(model, layer) ? 1 : 0;
+    s.aux_loss_softmaxes = moe_layers * tokens * e * w;
+    s.aux_loss_top_k = tokens * k * (w + 8);
+    s.aux_loss_float_copy = s.mixed ? tokens * e * 4 : 0;
+    s.aux_loss_backward_transient = (s.mixed ? 2 : 1) * tokens * e * w;
+  }
   if (s.fused_loss) {
     const int64_t v = model.vocab_size(), chunk = FusedLossChunkTokens(tokens, v, h);
     // LigerForCausalLMLoss pads the labels by one and copies them shifted;

@@ -373,13 +373,11 @@ std::vector<ModelFamily> BuildFamilies() {
              kQwen3_5MoeExpertFfn, "shared_expert_intermediate_size", kQwen3_5MoeSharedExpertFfn,
              /*sparse_step_keys=*/false, /*router_before_experts=*/true, /*routing_weights_fp32=*/false,
              /*renormalizes_always=*/true, /*deepspeed_leaf=*/false};
-    f.unmodelled_keys = {"output_router_logits"};
+    f.unmodelled_keys.clear();
     families.push_back(f);
   }
   // The mixtures of experts: their dense models' attention, each MLP a
   // *SparseMoeBlock (or, where the config says, the dense one).
-  // output_router_logits adds the load-balancing loss's kept router logits
-  // (load_balancing_loss_func): not modelled yet.
   {
     ModelFamily f = families[kQwen3Entry];
     ZPLAN_CHECK(f.model_type == "qwen3");
@@ -391,7 +389,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.default_head_dim = 0;  // Qwen3MoeAttention: hidden / heads when the config has none
     f.moe = {"num_experts", kQwen3MoeExperts, kQwen3MoeExpertsPerToken, "moe_intermediate_size", kQwen3MoeExpertFfn,
              "", 0, /*sparse_step_keys=*/true, /*router_before_experts=*/false, /*routing_weights_fp32=*/false};
-    f.unmodelled_keys = {"use_sliding_window", "output_router_logits"};
+    f.unmodelled_keys = {"use_sliding_window"};
     families.push_back(f);
   }
   {
@@ -406,7 +404,7 @@ std::vector<ModelFamily> BuildFamilies() {
              "", 0, /*sparse_step_keys=*/false, /*router_before_experts=*/true, /*routing_weights_fp32=*/true,
              /*renormalizes_always=*/true};
     // router_jitter_noise > 0 multiplies the input by a noise tensor in training.
-    f.unmodelled_keys = {"output_router_logits", "router_jitter_noise"};
+    f.unmodelled_keys = {"router_jitter_noise"};
     families.push_back(f);
   }
   {
@@ -420,7 +418,7 @@ std::vector<ModelFamily> BuildFamilies() {
     f.moe = {"num_experts", kQwen2MoeExperts, kQwen2MoeExpertsPerToken, "moe_intermediate_size",
              kQwen2MoeExpertFfn, "shared_expert_intermediate_size", kQwen2MoeSharedExpertFfn,
              /*sparse_step_keys=*/true, /*router_before_experts=*/true, /*routing_weights_fp32=*/false};
-    f.unmodelled_keys = {"use_sliding_window", "output_router_logits"};
+    f.unmodelled_keys = {"use_sliding_window"};
     families.push_back(f);
   }
   {

@@ -222,6 +222,9 @@ struct ModelFamily {
     bool renormalizes_always = false;
     // MoeSpec.deepspeed_leaf: the block is one of DeepSpeed's default leaf classes.
     bool deepspeed_leaf = true;
+    // router_aux_loss_coef's default (MoeSpec.router_aux_loss_coef), used
+    // where output_router_logits is true: 0.001 in all four config classes.
+    double default_router_aux_loss_coef = 0.001;
   } moe;
   // Config keys whose value, unless absent, null or false, builds what zplan
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's

@@ -442,6 +442,13 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
   if (!keys.renormalizes_always) ZPLAN_RETURN_IF_ERROR(ReadBool(config, "norm_topk_prob", &renormalize));
   moe.set_renormalize_top_k(renormalize);
   moe.set_deepspeed_leaf(keys.deepspeed_leaf);
+  bool aux_loss = false;
+  double aux_loss_coef = keys.default_router_aux_loss_coef;
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "output_router_logits", &aux_loss));
+  ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "router_aux_loss_coef", &aux_loss_coef));
+  if (!std::isfinite(aux_loss_coef)) return config.Error("router_aux_loss_coef", "must be a finite number");
+  moe.set_router_aux_loss(aux_loss);
+  moe.set_router_aux_loss_coef(aux_loss_coef);
   if (keys.sparse_step_keys) {
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "decoder_sparse_step", &sparse_step));
     if (sparse_step < 1) return config.Error("decoder_sparse_step", "must be at least 1 (every layer MoE)");
@@ -1085,6 +1092,9 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
           "zplan plans (%.3g); check num_experts and the expert width",
           moe.num_experts(), moe.expert_ffn_hidden_size(), spec.num_layers(), spec.hidden_size(),
           expert_parameters * static_cast<double>(spec.num_layers()), static_cast<double>(kMaxParameters)));
+    }
+    if (!std::isfinite(moe.router_aux_loss_coef())) {
+      return absl::InvalidArgumentError("model.moe.router_aux_loss_coef: must be a finite number");
     }
     if (moe.dense_layers_size() != 0 && moe.dense_layers_size() != spec.num_layers()) {
       return absl::InvalidArgumentError(absl::StrCat("model.moe.dense_layers: ", moe.dense_layers_size(),

@@ -626,11 +626,14 @@ TEST(ModelSpecTest, Qwen3_5MoeHasExpertsInEveryLayer) {
   EXPECT_FALSE(spec->moe().deepspeed_leaf());
   EXPECT_EQ(spec->layer_types(0), LAYER_LINEAR_ATTENTION);
   EXPECT_EQ(spec->layer_types(3), LAYER_FULL_ATTENTION);
-  const absl::Status aux =
-      ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "output_router_logits": true})"), "m.json").status();
-  EXPECT_NE(aux.message().find("m.json: output_router_logits: true is not modelled in qwen3_5_moe_text"),
-            std::string::npos)
-      << aux;
+  EXPECT_FALSE(spec->moe().router_aux_loss());
+  auto aux = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "output_router_logits": true})"), "m.json");
+  ASSERT_TRUE(aux.ok()) << aux.status();
+  EXPECT_TRUE(aux->moe().router_aux_loss());
+  EXPECT_EQ(aux->moe().router_aux_loss_coef(), 0.001) << "Qwen3_5MoeTextConfig's router_aux_loss_coef";
+  const absl::Status nan = ModelSpecFromHfConfig(
+      absl::StrCat("{", shape, R"(, "output_router_logits": true, "router_aux_loss_coef": "x"})"), "m.json").status();
+  EXPECT_NE(nan.message().find("router_aux_loss_coef"), std::string::npos) << nan;
   // A dense model still needs its MLP's width.
   ModelSpec dense = *spec;
   dense.clear_moe();

@@ -280,8 +280,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 36 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 36 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 37 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 37 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -355,7 +355,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   auto per_block = [&] { return r.Handles(num_layers); };
   const int kept_gather = per_block(), forward_gather = per_block(), input = per_block(), copy = per_block(),
             nograd = per_block(), saved_attn = per_block(), scores = per_block(), saved_mlp = per_block(),
-            saved_mlp_tail = per_block(), saved_attn_tail = per_block(), experts = per_block();
+            saved_mlp_tail = per_block(), saved_attn_tail = per_block(), experts = per_block(),
+            router_logits = per_block();
   // DeepSpeed's contiguous checkpoint buffers: slot j holds block j*k's copy
   // (the copy's handle); the spare ones have their own.
   const int spare_slots = r.Handles(s.checkpoint_slots);
@@ -435,6 +436,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
         r.Free(Ref{nograd, i}, PHASE_FORWARD, i, "forward, layer #, intermediates freed");
       }
     }
+    r.Alloc(Ref{router_logits, i}, COMPONENT_ACTIVATIONS, s.Block(i).aux_router_logits, PHASE_FORWARD, i,
+            "forward, layer #, router logits kept for the auxiliary loss");
     r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
   };
   r.Blocks(/*forward=*/true, forward_block, 0, tower);
@@ -538,13 +541,27 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(divided, PHASE_LOSS, -1, "divided logits freed");
       logits = r.Alloc(COMPONENT_LOGITS, s.logits_working, PHASE_LOSS, -1, "loss forward, logits softcapped");
     }
-    int logits32 = logits;
-    if (s.mixed) {
-      logits32 = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, fp32 upcast of logits");
-      r.Free(logits, PHASE_LOSS, -1, "logits (working dtype) freed");
-    }
+    // The logits themselves are the model output's, alive to the end of its forward.
+    const int logits32 = s.mixed ? r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1,
+                                           "loss forward, fp32 upcast of logits")
+                                 : -1;
     const int logprobs = r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_LOSS, -1, "loss forward, log-softmax");
-    r.Free(logits32, PHASE_LOSS, -1, "fp32 logits freed");
+    if (s.mixed) r.Free(logits32, PHASE_LOSS, -1, "fp32 logits freed");
+    // The auxiliary loss: its loop's last layer is its widest moment; the
+    // logits' bytes stay (BlockKind::aux_router_logits), the softmaxes'
+    // handle goes. Its backward, recorded last, runs first.
+    const int softmaxes =
+        r.Alloc(COMPONENT_LOGITS, s.aux_loss_softmaxes, PHASE_LOSS, -1, "loss forward, auxiliary loss, router softmaxes");
+    const int top_k = r.Alloc(COMPONENT_LOGITS, s.aux_loss_top_k, PHASE_LOSS, -1, "loss forward, auxiliary loss, top-k");
+    const int float_copy =
+        r.Alloc(COMPONENT_LOGITS, s.aux_loss_float_copy, PHASE_LOSS, -1, "loss forward, auxiliary loss, fp32 copy");
+    r.Free(float_copy, PHASE_LOSS, -1, "auxiliary loss, fp32 copy summed");
+    r.Free(top_k, PHASE_LOSS, -1, "auxiliary loss, top-k freed");
+    r.Free(softmaxes, PHASE_LOSS, -1, "auxiliary loss done, the router logits freed");
+    r.Free(logits, PHASE_LOSS, -1, "the forward's outputs freed: logits");
+    const int aux_grad = r.Alloc(COMPONENT_LOGITS, s.aux_loss_backward_transient, PHASE_BACKWARD, -1,
+                                 "loss backward, auxiliary loss, a router softmax's gradient");
+    r.Free(aux_grad, PHASE_BACKWARD, -1, "auxiliary loss, the softmax's saved output freed");
     const int grad_logprobs =
         r.Alloc(COMPONENT_LOGITS, s.logits_fp32, PHASE_BACKWARD, -1, "loss backward, NLL gradient");
     const int grad32 =
@@ -736,6 +753,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    r.Free(Ref{router_logits, i}, PHASE_BACKWARD, i, "backward, layer #, auxiliary loss gradient used");
     partition_at(Moment::kMlpPreNorm);
     pre_norm_backward(Ref{mlp_pre_norm, i}, k.mlp_pre_norm_bwd, "backward, layer #, MLP norm");
     // Attention half: the ops after o_proj first, as in the MLP half.
@@ -840,20 +858,15 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // Frees each block's tensors `bases` made in its backward, last block
   // first: one group of all of them, or with a tower (blocks of other sizes,
   // some without a backward) in the backward's groups, past the forward-only ones.
+  // Blocks of different kinds (a vision tower's, dense layers among
+  // mixtures of experts, linear attention among full) free different bytes:
+  // grouped as the blocks are.
   auto free_per_block = [&](std::initializer_list<int> bases, Phase phase, const char* tensor) {
     if (num_layers == 0) return;
-    if (tower > 0) {
-      r.Blocks(/*forward=*/false, [&](int i) {
-        if (s.Block(i).forward_only) return;
-        for (int base : bases) r.Free(Ref{base, i}, phase, i, tensor);
-      });
-      return;
-    }
-    if (grouped) r.BeginGroup(num_layers, 0, -1);
-    for (int t = 0; t < (grouped ? 1 : num_layers); ++t) {
-      for (int base : bases) r.Free(Ref{base, last - t}, phase, -1, tensor);
-    }
-    if (grouped) r.EndGroup();
+    r.Blocks(/*forward=*/false, [&](int i) {
+      if (s.Block(i).forward_only) return;
+      for (int base : bases) r.Free(Ref{base, i}, phase, i, tensor);
+    });
   };
   auto free_kept = [&](Phase phase, const char* tensor) {
     if (!kept) return;

@@ -47,6 +47,9 @@ StepSizes Sizes(const std::string& preset, int stage, int every, int64_t rank = 
 constexpr char kLlavaWide[] = "tiny/llava-wide.json";
 constexpr char kQwen2_5Vl[] = "tiny/qwen2_5_vl.json";
 constexpr char kLlavaFrozenTower[] = "tiny/llava-wide.json+frozen-tower";
+// Mixtures of experts: a dense layer among the MoE ones, the auxiliary loss's kept router logits.
+constexpr char kQwen2Moe[] = "tiny/qwen2_moe.json";
+constexpr char kQwen3MoeAux[] = "tiny/qwen3_moe-aux.json";
 std::vector<int> EveryFor(absl::string_view preset) {
   if (absl::StrContains(preset, "tiny/")) return {0, 1};
   return {0, 1, 2, 3};
@@ -58,7 +61,7 @@ TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
   // Gemma 3 1B at seq 512: five sliding layers (past the 512-token window:
   // masked) to one full, and the full layers' RoPE tables freed at layer 5.
   for (const char* preset : {"debug-tiny", "gpt2", "1b", "llama3-8b", "gemma-3-1b-it.json", kLlavaWide, kQwen2_5Vl,
-                             kLlavaFrozenTower}) {
+                             kLlavaFrozenTower, kQwen2Moe, kQwen3MoeAux}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int every : EveryFor(preset)) {
         for (int64_t rank : {0, 3, 7}) {
@@ -86,7 +89,7 @@ TEST(StepProgramTest, GroupsExpandToThePerBlockProgram) {
 TEST(StepProgramTest, PeakIsTheExpansionsPeak) {
   for (const char* preset :
        {"debug-tiny", "gpt2", "1b", "qwen3-0.6b", "llama3-8b", "gemma-3-1b-it.json", kLlavaWide, kQwen2_5Vl,
-        kLlavaFrozenTower}) {
+        kLlavaFrozenTower, kQwen2Moe, kQwen3MoeAux}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int every : EveryFor(preset)) {
         const StepSizes s = Sizes(preset, stage, every);
@@ -105,7 +108,8 @@ TEST(StepProgramTest, PeakIsTheExpansionsPeak) {
 // ALLOC names a handle not live, every FREE a live one of the same size and
 // component, and what is live at the end is the resident state.
 TEST(StepProgramTest, ExpandedHandlesPairAllocationsAndFrees) {
-  for (const char* preset : {"debug-tiny", "1b", "llama3-8b", kLlavaWide, kQwen2_5Vl, kLlavaFrozenTower}) {
+  for (const char* preset :
+       {"debug-tiny", "1b", "llama3-8b", kLlavaWide, kQwen2_5Vl, kLlavaFrozenTower, kQwen2Moe, kQwen3MoeAux}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int every : EveryFor(preset)) {
         const StepSizes s = Sizes(preset, stage, every);

@@ -172,6 +172,11 @@ struct StepSizes {
     int64_t recompute_pending_grad = 0;
     // mlp_fwd_transient in that recompute: stopped before the reordered copy.
     int64_t recompute_mlp_fwd_transient = 0;
+    // The auxiliary loss (MoeSpec.router_aux_loss): the router's logits
+    // [tokens, E], working dtype, kept from the block's forward to the loss;
+    // as many bytes (the loss's softmax of them, then its gradient) stay to
+    // the block's MoE backward. A checkpointed block keeps them too.
+    int64_t aux_router_logits = 0;
     int64_t nograd_peak = 0;         // checkpointed forward: live intermediates
     int64_t bwd_attn_transient = 0;  // the attention (or conv) half's backward temporaries
     // Later in that half, once they are freed and the hooks of o_proj and the
@@ -306,6 +311,20 @@ struct StepSizes {
   // tanh's output is kept until its backward; in the backward the gradient
   // goes through three new tensors the same way.
   bool logits_softcapped = false;
+  // The auxiliary loss (transformers' load_balancing_loss_func, after the
+  // cross-entropy; BlockKind::aux_router_logits): a loop over the MoE
+  // layers, each a softmax of its logits kept for backward
+  // (aux_loss_softmaxes, all of them at the loop's end, the logits then
+  // freed), top-k's values and indices kept to the next layer's
+  // (aux_loss_top_k) and, in a 16-bit model, an fp32 copy of the softmax
+  // summed over tokens (aux_loss_float_copy). Its backward runs first: per
+  // layer the softmax's gradient (a cast of the fp32 sum's gradient before
+  // it in a 16-bit model: aux_loss_backward_transient beside it) replaces
+  // its saved output.
+  int64_t aux_loss_softmaxes = 0;
+  int64_t aux_loss_top_k = 0;
+  int64_t aux_loss_float_copy = 0;
+  int64_t aux_loss_backward_transient = 0;
   int64_t loss_labels = 0;           // padded + shifted int64 labels, the non-ignored mask
   int64_t loss_rows = 0;             // loss_1d: fp32 [b·s]
   int64_t loss_chunk = 0;            // [chunk, V] logits, working dtype

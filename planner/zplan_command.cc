@@ -412,7 +412,8 @@ std::string Header(const Plan& plan) {
                     moe.shared_expert_ffn_hidden_size() > 0
                         ? absl::StrCat(", a shared expert ", moe.shared_expert_ffn_hidden_size(), " wide")
                         : "",
-                    "; grouped_mm: any routing (balanced, worst case) takes the same memory");
+                    "; grouped_mm: any routing (balanced, worst case) takes the same memory",
+                    moe.router_aux_loss() ? "; the auxiliary load-balancing loss keeps every router's logits" : "");
   }
   return absl::StrFormat(
       "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"

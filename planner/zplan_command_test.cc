@@ -362,6 +362,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"hf_moe", Nothing, "num_local_experts: a mixture of experts of model_type \"gpt_oss\" is not modelled",
                  R"({"model_type": "gpt_oss", "num_hidden_layers": 2, "hidden_size": 64, "num_local_experts": 8,
                      "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
+        BadInput{"hf_moe_aux_fused_loss", [](ZplanOptions* o) { o->loss = "liger-fused"; },
+                 "output_router_logits: the auxiliary load-balancing loss beside Liger's fused cross-entropy is not "
+                 "planned",
+                 R"({"model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 64, "num_experts": 8,
+                     "output_router_logits": true, "num_attention_heads": 1, "intermediate_size": 64,
+                     "vocab_size": 100})"},
         BadInput{"hf_moe_top_k", Nothing, "num_experts_per_tok: 9: must be between 1 and num_experts (8)",
                  R"({"model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 64, "num_experts": 8,
                      "num_experts_per_tok": 9, "num_attention_heads": 1, "intermediate_size": 64,

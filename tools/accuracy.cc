@@ -71,6 +71,8 @@ const std::vector<std::string> kQwen3MoeWide = {"--hf-config", "configs/hf/tiny/
 const std::vector<std::string> kMixtral = {"--hf-config", "configs/hf/tiny/mixtral.json"};
 const std::vector<std::string> kQwen2Moe = {"--hf-config", "configs/hf/tiny/qwen2_moe.json"};
 const std::vector<std::string> kQwen3_5Moe = {"--hf-config", "configs/hf/tiny/qwen3_5_moe.json"};
+const std::vector<std::string> kQwen3MoeAux = {"--hf-config", "configs/hf/tiny/qwen3_moe-aux.json"};
+const std::vector<std::string> kMixtralAux = {"--hf-config", "configs/hf/tiny/mixtral-aux.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -444,6 +446,10 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       // Qwen3.5-MoE: Gated DeltaNet layers, a gated shared expert, ZeRO-3 fetching the block module by module.
       Case("qwen3_5_moe-z3-bf16-w2-ckpt", kQwen3_5Moe, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen3_5_moe-z2-bf16-w2", kQwen3_5Moe, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      // The auxiliary load-balancing loss: the router logits kept to the loss, through checkpointed blocks too.
+      Case("qwen3_moe-aux-z2-bf16-w2", kQwen3MoeAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_moe-aux-z3-bf16-w2-ckpt", kQwen3MoeAux, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("mixtral-aux-z1-fp32-w2-ckpt", kMixtralAux, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
   };
 }
 
@@ -581,7 +587,10 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
   const std::string qwen3_moe = "configs/hf/tiny/qwen3_moe.json", mixtral = "configs/hf/tiny/mixtral.json",
                     qwen2_moe = "configs/hf/tiny/qwen2_moe.json",
                     qwen3_moe_wide = "configs/hf/tiny/qwen3_moe-wide.json",
-                    qwen3_5_moe = "configs/hf/tiny/qwen3_5_moe.json";
+                    qwen3_5_moe = "configs/hf/tiny/qwen3_5_moe.json",
+                    qwen3_moe_aux = "configs/hf/tiny/qwen3_moe-aux.json",
+                    mixtral_aux = "configs/hf/tiny/mixtral-aux.json",
+                    qwen3_5_moe_wide = "configs/hf/tiny/qwen3_5_moe-wide.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -987,6 +996,19 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     true),
       DeepSpeedCase("qwen3_5_moe-z1-bf16-offload-ckpt", qwen3_5_moe,
                     DsConfig(1, "bf16", 2, 1, "", With({kSmall, kOffload})), 2, 512, "sdpa", true),
+      // The auxiliary load-balancing loss (output_router_logits): every router's logits kept to the loss,
+      // its softmaxes to the backward; 128 and 64 experts make them a few percent of the peak.
+      DeepSpeedCase("qwen3_moe-aux-z2-bf16", qwen3_moe_aux, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("qwen3_moe-aux-z3-bf16-ckpt", qwen3_moe_aux, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("qwen3_moe-aux-z1-fp32", qwen3_moe_aux, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      DeepSpeedCase("mixtral-aux-z2-bf16-ckpt", mixtral_aux, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa",
+                    true),
+      DeepSpeedCase("mixtral-aux-z3-bf16-b1", mixtral_aux, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 1024),
+      // Held out: a wider Qwen3.5-MoE (32 experts, top 4) with the auxiliary loss.
+      DeepSpeedCase("qwen3_5_moe-wide-z2-bf16-ckpt", qwen3_5_moe_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("qwen3_5_moe-wide-z3-bf16", qwen3_5_moe_wide, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 512),
   };
 }
 
