@@ -357,7 +357,9 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   if (lazy) {
     at::NoGradGuard no_grad;
     const int64_t h = spec.hidden_size(), k = spec.moe().experts_per_token();
-    const at::Tensor g = spec.moe().routing_weights_fp32() ? grads[0].to(at::kFloat) : grads[0];
+    // Through Granite's residual_multiplier and the experts' cast back from Mixtral's fp32 pairs.
+    at::Tensor g = spec.residual_multiplier() != 0 ? grads[0] * spec.residual_multiplier() : grads[0];
+    if (spec.moe().routing_weights_fp32()) g = g.to(at::kFloat);
     pending = g.reshape({-1, 1, h}).expand({-1, k, h}).reshape({-1, h});
   }
   at::Tensor y;
@@ -549,14 +551,22 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
                     se + "down_proj", false);
   }
   // The router: logits, softmax in fp32, top k, renormalized in place
-  // (router_top_value /= sum), cast back unless the pairs stay fp32 (Mixtral).
-  const at::Tensor logits = Linear(flat, m + kRouter, false);
+  // (router_top_value /= sum), cast back unless the pairs stay fp32 (Mixtral);
+  // GraniteMoeTopKRouter: fp32 logits, their top k, softmax over the k, cast back.
+  at::Tensor probs, top_weights, top_index;
+  const at::Tensor logits = moe.router_top_k_then_softmax() ? Linear(flat, m + kRouter, false).to(at::kFloat)
+                                                            : Linear(flat, m + kRouter, false);
   if (router_logits_ != nullptr) router_logits_->push_back(logits);
-  // MixtralTopKRouter: softmax(router_logits.float()); the others: softmax(..., dtype=torch.float).
-  const at::Tensor probs =
-      moe.routing_weights_fp32() ? at::softmax(logits.to(at::kFloat), -1) : at::softmax(logits, -1, at::kFloat);
-  auto [top_weights, top_index] = at::topk(probs, k, -1);
-  if (moe.renormalize_top_k()) top_weights.div_(top_weights.sum(-1, /*keepdim=*/true));
+  if (moe.router_top_k_then_softmax()) {
+    at::Tensor top_logits;
+    std::tie(top_logits, top_index) = at::topk(logits, k, -1);
+    top_weights = at::softmax(top_logits, -1);
+  } else {
+    // MixtralTopKRouter: softmax(router_logits.float()); the others: softmax(..., dtype=torch.float).
+    probs = moe.routing_weights_fp32() ? at::softmax(logits.to(at::kFloat), -1) : at::softmax(logits, -1, at::kFloat);
+    std::tie(top_weights, top_index) = at::topk(probs, k, -1);
+    if (moe.renormalize_top_k()) top_weights.div_(top_weights.sum(-1, /*keepdim=*/true));
+  }
   if (!moe.routing_weights_fp32()) top_weights = top_weights.to(x.scalar_type());
   // The pairs sorted by expert, gathered, through the grouped products.
   const at::Tensor pair_weights = top_weights.reshape(-1);

@@ -132,6 +132,30 @@ TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
   }
 }
 
+// Mixtures of experts with the auxiliary loss, checkpointed: the router
+// logits pass through the checkpoint and their gradient into the recompute
+// (which stops in the experts: past Mixtral's fp32 pairs and Granite's
+// residual multiplier too), or the router would train differently.
+TEST(TransformerTest, MoeAuxiliaryLossCheckpointingMatches) {
+  const std::string shape = R"("hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "vocab_size": 128, "num_experts_per_tok": 2, "output_router_logits": true,
+      "router_aux_loss_coef": 0.5)";
+  for (const std::string& config :
+       {absl::StrCat(R"({"model_type": "qwen3_moe", "num_experts": 8, "moe_intermediate_size": 32, )", shape, "}"),
+        absl::StrCat(R"({"model_type": "mixtral", "num_local_experts": 8, "intermediate_size": 32, )", shape, "}"),
+        absl::StrCat(R"({"model_type": "granitemoe", "num_local_experts": 8, "intermediate_size": 32,
+                         "residual_multiplier": 0.5, )", shape, "}")}) {
+    auto spec = ModelSpecFromHfConfig(config, "moe.json");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ASSERT_TRUE(spec->moe().router_aux_loss());
+    auto model = Transformer::Create(*spec, at::kFloat, 1, at::kCPU);
+    ASSERT_TRUE(model.ok());
+    // The cross-entropy near log(vocab), the auxiliary loss 0.5 x about k (load_balancing_loss_func
+    // counts the k assignments per token: balanced routing gives k).
+    ExpectCheckpointingMatches(*model, MakeBatch(*spec, 2, 32), std::log(128.0) + 0.5 * 2, spec->model_type());
+  }
+}
+
 // transformers' ViTForImageClassification, small: 4x4 patches of 16x16
 // images (17 tokens), 5 labels, dropout at every site.
 constexpr char kVitConfig[] = R"({"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 2,

@@ -84,13 +84,14 @@ inline bool LayerIsMoe(const ModelSpec& spec, int layer) {
 // Whether a checkpointed layer's recompute (torch's non-reentrant
 // checkpoint, which stops at the last tensor the block saves) ends inside
 // its mixture of experts, at the weighted pairs' reordering (its inverse
-// index saved; nothing after it saves: .to, view, sum, the residual add),
-// and whether the backward reaches it only past those ops: a MoE layer
-// without a shared expert's gate product (recorded last, saving its factors).
+// index saved; nothing after it saves: .to, view, sum, Granite's product
+// with a Python float, the residual add), and whether the backward reaches
+// it only past those ops: a MoE layer without a shared expert's gate
+// product (recorded last, saving its factors).
 inline bool RecomputeStopsInExperts(const ModelSpec& spec, int layer) {
   return LayerIsMoe(spec, layer) && !spec.moe().shared_expert_gate() &&
          spec.norm_placement() == NORM_PLACEMENT_PRE && spec.residual_dropout() == 0 &&
-         spec.residual_multiplier() == 0 && spec.per_layer_input_size() == 0;
+         spec.per_layer_input_size() == 0;
 }
 
 // kMoe's fused expert parameters, within its module, and their shapes.

@@ -969,9 +969,15 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           if (saves_input(kDownProj, current_grad)) act(m + "shared_expert.product", {b, s, fs}, dtype);
         }
         // The router: softmax's fp32 output, top-k's indices, and the
-        // renormalization's sum and quotient.
-        act(m + "router.probs", {b, s, e}, DTYPE_FP32);
-        act(m + "router.top_k_indices", {b, s, k}, DTYPE_INT64);
+        // renormalization's sum and quotient; GraniteMoe's top-k indices and
+        // the softmax over them (fp32).
+        if (moe.router_top_k_then_softmax()) {
+          act(m + "router.top_k_indices", {b, s, k}, DTYPE_INT64);
+          act(m + "router.top_k_softmax", {b, s, k}, DTYPE_FP32);
+        } else {
+          act(m + "router.probs", {b, s, e}, DTYPE_FP32);
+          act(m + "router.top_k_indices", {b, s, k}, DTYPE_INT64);
+        }
         if (moe.renormalize_top_k()) {
           act(m + "router.top_k_sum", {b, s, 1}, DTYPE_FP32);
           act(m + "router.top_k_weights", {b, s, k}, DTYPE_FP32);
@@ -1262,9 +1268,11 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // The weighted pairs' dtype: the pair weights' (fp32 ones promote the product).
   const int64_t weighted = moe.routing_weights_fp32() ? 4 : w;
   // Beside them to the end of the block's forward: the router logits (the
-  // forward's `_`), the sorted expert ids (int64), histc's float copy of
-  // them, the counts per expert (fp32) and, cast from fp32, the top-k weights.
-  const int64_t routing = tokens * e * w + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
+  // forward's `_`; GraniteMoe's cast to fp32), the sorted expert ids
+  // (int64), histc's float copy of them, the counts per expert (fp32) and,
+  // cast from fp32, the top-k weights.
+  const int64_t logits = tokens * e * RouterLogitsBytes(moe, w);
+  const int64_t routing = logits + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
   MoeTransients t;
   t.weighted_pairs_bytes = pairs * h * weighted;
   t.pair_ffn_bytes = pairs * f * w;
@@ -1277,7 +1285,9 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // first (three f_s-wide tensors), its output kept through the experts.
   const int64_t chain = std::max({pairs * (h + 2 * f) * w, pairs * 4 * f * w, pairs * h * (w + weighted),
                                   2 * pairs * h * weighted});
-  const int64_t experts = chain + routing + 3 * pairs * 8 + tokens * e * 4 + tokens * k * 8;
+  // (The others' fp32 softmax over the experts beside their logits.)
+  const int64_t probs = moe.router_top_k_then_softmax() ? 0 : tokens * e * 4;
+  const int64_t experts = chain + routing + 3 * pairs * 8 + probs + tokens * k * 8;
   t.nograd_bytes = fs > 0 ? std::max(3 * tokens * fs * w, tokens * h * w + experts) : experts;
   // Backward, at its start: the output gradient expanded to the pairs (a
   // copy), the zeros it is scattered into in pair order and the scatter's

@@ -351,6 +351,10 @@ struct MoeTransients : MixerTransients {
 };
 MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
 
+// Bytes per element of a router's logits (what the auxiliary loss keeps):
+// the working dtype's `w`, GraniteMoe's fp32.
+inline int64_t RouterLogitsBytes(const MoeSpec& moe, int64_t w) { return moe.router_top_k_then_softmax() ? 4 : w; }
+
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights
 // (block linears and the LM head) + 12 x layers x heads x head_dim x seq.

@@ -54,10 +54,16 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
 // makes the block a leaf (parameter_offload.py, _register_deepspeed_module:
 // its default leaf_module classes) and reduces its parameters' gradients
 // after its backward: down_proj's waits beside gate_up_proj's.
+// The second of those, past down_proj's hook (0 where the freed pair
+// tensors outweigh it).
+int64_t MoeGateUpGradientBytes(int64_t pair_ffn, int64_t down_elements, int64_t gate_up_elements, bool leaf_gradients,
+                               int64_t w) {
+  return std::max<int64_t>(0, gate_up_elements * w + (leaf_gradients ? down_elements * w : 0) - 2 * pair_ffn);
+}
 int64_t MoeWeightGradientBytes(int64_t pair_ffn, int64_t down_elements, int64_t gate_up_elements, bool leaf_gradients,
                                int64_t w) {
-  const int64_t down = down_elements * w, gate_up = gate_up_elements * w;
-  return std::max(down + pair_ffn, gate_up + (leaf_gradients ? down : 0) - 2 * pair_ffn);
+  return std::max(down_elements * w + pair_ffn,
+                  MoeGateUpGradientBytes(pair_ffn, down_elements, gate_up_elements, leaf_gradients, w));
 }
 
 // A BlockKind's fields, to find equal kinds.
@@ -68,7 +74,7 @@ auto BlockKindTie(const StepSizes::BlockKind& k) {
                   k.bwd_attn_transient,
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
-                  k.down_weight_grad_waiting, k.post_norm_bwd_transient, k.forward_only);
+                  k.down_weight_grad_waiting, k.mlp_past_down_hook, k.post_norm_bwd_transient, k.forward_only);
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
@@ -686,7 +692,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         k.recompute_pending_grad = st.moe.weighted_pairs_bytes;
         k.recompute_mlp_fwd_transient = st.moe.recompute_bytes;
       }
-      if (m.moe().router_aux_loss()) k.aux_router_logits = rows * m.moe().num_experts() * w;
+      if (m.moe().router_aux_loss()) k.aux_router_logits = rows * m.moe().num_experts() * RouterLogitsBytes(m.moe(), w);
     }
     if (l.conv || l.delta_rule) {
       const MixerTransients& mixer = l.conv ? st.conv : st.delta_rule;
@@ -733,6 +739,10 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
                   : rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w) -
                k.bwd_mlp_transient);
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;
+    // Past down_proj's hook: a dense MLP's activation backward; the experts' gate_up_proj gradient.
+    k.mlp_past_down_hook =
+        l.moe ? MoeGateUpGradientBytes(st.moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w)
+              : k.bwd_mlp_transient - k.mlp_output_grad;
     if (m.norm_placement() != NORM_PLACEMENT_PRE) {
       k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, BaseWeightsTrain(m));
     }
@@ -830,13 +840,15 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // load_balancing_loss_func (modeling_qwen3_moe.py and its copies), no
     // attention mask: per MoE layer softmax(logits) [tokens, E], topk of it,
     // histc of the indices, routing_weights.float().sum(0).
+    // The softmax is in the logits' dtype; .float() copies only 16-bit logits.
     const int64_t e = model.moe().num_experts(), k = model.moe().experts_per_token();
+    const int64_t lw = RouterLogitsBytes(model.moe(), w);
     int moe_layers = 0;
     for (int layer = 0; layer < model.num_layers(); ++layer) moe_layers += LayerIsMoe(model, layer) ? 1 : 0;
-    s.aux_loss_softmaxes = moe_layers * tokens * e * w;
-    s.aux_loss_top_k = tokens * k * (w + 8);
-    s.aux_loss_float_copy = s.mixed ? tokens * e * 4 : 0;
-    s.aux_loss_backward_transient = (s.mixed ? 2 : 1) * tokens * e * w;
+    s.aux_loss_softmaxes = moe_layers * tokens * e * lw;
+    s.aux_loss_top_k = tokens * k * (lw + 8);
+    s.aux_loss_float_copy = lw != 4 ? tokens * e * 4 : 0;
+    s.aux_loss_backward_transient = (lw != 4 ? 2 : 1) * tokens * e * lw;
   }
   if (s.fused_loss) {
     const int64_t v = model.vocab_size(), chunk = FusedLossChunkTokens(tokens, v, h);

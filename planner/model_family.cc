@@ -63,8 +63,10 @@ constexpr int64_t kQwen2MoeExperts = 60, kQwen2MoeExpertsPerToken = 4, kQwen2Moe
 // moe_intermediate_size 512, shared_expert_intermediate_size 512.
 constexpr int64_t kQwen3_5MoeExperts = 256, kQwen3_5MoeExpertsPerToken = 8, kQwen3_5MoeExpertFfn = 512,
                   kQwen3_5MoeSharedExpertFfn = 512;
-// Where BuildFamilies puts mistral and qwen2.
-constexpr size_t kMistralEntry = 1, kQwen2Entry = 2;
+// GraniteMoeConfig: num_local_experts 8, num_experts_per_tok 2, its experts intermediate_size (11008) wide.
+constexpr int64_t kGraniteMoeExperts = 8, kGraniteMoeExpertsPerToken = 2, kGraniteMoeIntermediate = 11008;
+// Where BuildFamilies puts mistral, qwen2 and granite.
+constexpr size_t kMistralEntry = 1, kQwen2Entry = 2, kGraniteEntry = 4;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
 constexpr int64_t kSmolLm3NoRopeLayerInterval = 4;
 
@@ -419,6 +421,23 @@ std::vector<ModelFamily> BuildFamilies() {
              kQwen2MoeExpertFfn, "shared_expert_intermediate_size", kQwen2MoeSharedExpertFfn,
              /*sparse_step_keys=*/true, /*router_before_experts=*/true, /*routing_weights_fp32=*/false};
     f.unmodelled_keys = {"use_sliding_window"};
+    families.push_back(f);
+  }
+  {
+    // Granite's blocks and multipliers with Mixtral's experts in every
+    // layer; DeepSpeed's default leaf classes do not name GraniteMoeMoE.
+    ModelFamily f = families[kGraniteEntry];
+    ZPLAN_CHECK(f.model_type == "granite");
+    f.model_type = "granitemoe";
+    f.read_from = "models/granitemoe/configuration_granitemoe.py (GraniteMoeConfig), modeling_granitemoe.py "
+                  "(GraniteMoeAttention as Granite's; GraniteMoeMoE: router, then experts; GraniteMoeTopKRouter: "
+                  "F.linear(...).float(), topk of the logits, softmax over the k, type_as the input; "
+                  "GraniteMoeDecoderLayer: residual + output x residual_multiplier); integrations/moe.py";
+    f.ffn_key = "";
+    f.moe = {"num_local_experts", kGraniteMoeExperts, kGraniteMoeExpertsPerToken, "intermediate_size",
+             kGraniteMoeIntermediate, "", 0, /*sparse_step_keys=*/false, /*router_before_experts=*/true,
+             /*routing_weights_fp32=*/false, /*renormalizes_always=*/false, /*deepspeed_leaf=*/false};
+    f.moe.top_k_then_softmax = true;
     families.push_back(f);
   }
   {

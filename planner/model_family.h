@@ -3,8 +3,8 @@
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite,
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
 // smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, the
-// mixtures of experts qwen3_5_moe_text, qwen3_moe, mixtral and qwen2_moe,
-// gpt2, vit -- holding what that
+// mixtures of experts qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe and
+// granitemoe, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
@@ -223,8 +223,9 @@ struct ModelFamily {
     // MoeSpec.deepspeed_leaf: the block is one of DeepSpeed's default leaf classes.
     bool deepspeed_leaf = true;
     // router_aux_loss_coef's default (MoeSpec.router_aux_loss_coef), used
-    // where output_router_logits is true: 0.001 in all four config classes.
+    // where output_router_logits is true: 0.001 in every config class here.
     double default_router_aux_loss_coef = 0.001;
+    bool top_k_then_softmax = false;  // MoeSpec.router_top_k_then_softmax (GraniteMoe)
   } moe;
   // Config keys whose value, unless absent, null or false, builds what zplan
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
@@ -240,10 +241,10 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit".
+// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt2, vit".
 std::string SupportedModelTypes();
 
-// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe".
+// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe".
 std::string MoeModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -58,6 +58,11 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_TRUE(qwen3_5_moe.moe.renormalizes_always) << "Qwen3_5MoeTopKRouter: no norm_topk_prob";
   EXPECT_FALSE(qwen3_5_moe.moe.deepspeed_leaf) << "not in DeepSpeed 0.19.8's DEFAULT_LEAF_MODULE_CLASSES";
   EXPECT_TRUE(FindModelFamily("qwen3_moe")->moe.deepspeed_leaf);
+  const ModelFamily& granitemoe = *FindModelFamily("granitemoe");
+  EXPECT_TRUE(granitemoe.granite_multipliers);
+  EXPECT_TRUE(granitemoe.moe.top_k_then_softmax) << "GraniteMoeTopKRouter";
+  EXPECT_EQ(granitemoe.moe.expert_ffn_key, "intermediate_size");
+  EXPECT_FALSE(granitemoe.moe.deepspeed_leaf) << "GraniteMoeMoE is not a default leaf class";
   const ModelFamily& gpt2 = *FindModelFamily("gpt2");
   EXPECT_TRUE(gpt2.gpt2_key_names);
   EXPECT_TRUE(gpt2.tie_word_embeddings);

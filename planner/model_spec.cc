@@ -440,7 +440,9 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
   moe.set_routing_weights_fp32(keys.routing_weights_fp32);
   bool renormalize = keys.renormalizes_always;
   if (!keys.renormalizes_always) ZPLAN_RETURN_IF_ERROR(ReadBool(config, "norm_topk_prob", &renormalize));
-  moe.set_renormalize_top_k(renormalize);
+  // GraniteMoe's softmax over the k needs no renormalization (its config has no norm_topk_prob).
+  moe.set_renormalize_top_k(renormalize && !keys.top_k_then_softmax);
+  moe.set_router_top_k_then_softmax(keys.top_k_then_softmax);
   moe.set_deepspeed_leaf(keys.deepspeed_leaf);
   bool aux_loss = false;
   double aux_loss_coef = keys.default_router_aux_loss_coef;

@@ -735,8 +735,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
         // weight gradient, larger than a bucket, waits for the next reduction.
         if (!partition_here) r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
         transient = Ref{mlp_transient_past_hooks, i};
-        r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient - k.mlp_output_grad,
-                PHASE_BACKWARD, i, mlp);
+        r.Alloc(transient, COMPONENT_TEMPORARIES, k.mlp_past_down_hook, PHASE_BACKWARD, i, mlp);
         r.Alloc(Ref{waiting, i}, COMPONENT_TEMPORARIES, k.down_weight_grad_waiting, PHASE_BACKWARD, i, mlp);
         waits = true;
       }

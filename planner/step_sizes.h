@@ -205,6 +205,11 @@ struct StepSizes {
     // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
     // the activation's backward: the half's widest moment.
     int64_t down_weight_grad_waiting = 0;
+    // Where the gradient partition appears at down_proj's hook
+    // (PartitionMoment::kDownProjHook): the half's temporaries after it, a
+    // GELU MLP's activation backward, a mixture of experts' gate_up_proj
+    // gradient beyond the pair tensors its backward has freed.
+    int64_t mlp_past_down_hook = 0;
     // transformers' RMSNorm backward at the start of each half's backward,
     // a post-norm's (RmsNormBackwardTransientBytes; 0 for norms before the halves).
     int64_t post_norm_bwd_transient = 0;

@@ -73,6 +73,8 @@ const std::vector<std::string> kQwen2Moe = {"--hf-config", "configs/hf/tiny/qwen
 const std::vector<std::string> kQwen3_5Moe = {"--hf-config", "configs/hf/tiny/qwen3_5_moe.json"};
 const std::vector<std::string> kQwen3MoeAux = {"--hf-config", "configs/hf/tiny/qwen3_moe-aux.json"};
 const std::vector<std::string> kMixtralAux = {"--hf-config", "configs/hf/tiny/mixtral-aux.json"};
+const std::vector<std::string> kGraniteMoe = {"--hf-config", "configs/hf/tiny/granitemoe.json"};
+const std::vector<std::string> kGraniteMoeAux = {"--hf-config", "configs/hf/tiny/granitemoe-aux.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -450,6 +452,9 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("qwen3_moe-aux-z2-bf16-w2", kQwen3MoeAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
       Case("qwen3_moe-aux-z3-bf16-w2-ckpt", kQwen3MoeAux, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("mixtral-aux-z1-fp32-w2-ckpt", kMixtralAux, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      // GraniteMoe: its router, no leaf at ZeRO-3, the recompute stopping in the experts past Granite's multiplier.
+      Case("granitemoe-z3-bf16-w2-ckpt", kGraniteMoe, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("granitemoe-aux-z2-bf16-w2", kGraniteMoeAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
   };
 }
 
@@ -590,7 +595,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     qwen3_5_moe = "configs/hf/tiny/qwen3_5_moe.json",
                     qwen3_moe_aux = "configs/hf/tiny/qwen3_moe-aux.json",
                     mixtral_aux = "configs/hf/tiny/mixtral-aux.json",
-                    qwen3_5_moe_wide = "configs/hf/tiny/qwen3_5_moe-wide.json";
+                    qwen3_5_moe_wide = "configs/hf/tiny/qwen3_5_moe-wide.json",
+                    granitemoe = "configs/hf/tiny/granitemoe.json",
+                    granitemoe_aux = "configs/hf/tiny/granitemoe-aux.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -1009,6 +1016,13 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("qwen3_5_moe-wide-z2-bf16-ckpt", qwen3_5_moe_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512,
                     "sdpa", true),
       DeepSpeedCase("qwen3_5_moe-wide-z3-bf16", qwen3_5_moe_wide, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 512),
+      // GraniteMoe: Granite's multipliers, a router taking the softmax over its fp32 logits' top k, no leaf.
+      DeepSpeedCase("granitemoe-z2-bf16-ckpt", granitemoe, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa", true),
+      DeepSpeedCase("granitemoe-z3-bf16", granitemoe, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
+      DeepSpeedCase("granitemoe-z1-fp32", granitemoe, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      DeepSpeedCase("granitemoe-aux-z3-bf16-ckpt", granitemoe_aux, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("granitemoe-aux-z2-bf16", granitemoe_aux, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
   };
 }
 
