@@ -296,6 +296,10 @@ struct UnmadeReorder : public torch::autograd::Function<UnmadeReorder> {
   }
 };
 
+// Expert ids as histc takes them: floats on the CPU, ints on CUDA
+// (integrations/moe.py and load_balancing_loss_func alike).
+at::Tensor HistcInput(const at::Tensor& ids) { return ids.to(ids.is_cuda() ? at::kInt : at::kFloat); }
+
 // A gradient handed to the edge after it once, then let go: the root of a
 // backward that must not outlive its first use.
 class HandOver : public torch::autograd::Node {
@@ -573,9 +577,7 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   auto [expert_ids, perm] = at::sort(top_index.reshape(-1));
   const at::Tensor gathered = flat.index({at::floor_divide(perm, k)});
   const at::Tensor weights = pair_weights.index({perm});
-  // histc takes floats on the CPU, ints on CUDA.
-  const at::Tensor counts =
-      at::histc(x.is_cuda() ? expert_ids.to(at::kInt) : expert_ids.to(at::kFloat), e, 0, e - 1);
+  const at::Tensor counts = at::histc(HistcInput(expert_ids), e, 0, e - 1);
   const at::Tensor offsets = at::cumsum(counts, 0, at::kInt);
   const std::vector<at::Tensor> gate_up =
       at::_grouped_mm(gathered, Param(m + kExpertsGateUp).transpose(-2, -1), offsets).chunk(2, -1);
@@ -1348,10 +1350,7 @@ at::Tensor Transformer::LoadBalancingLoss(std::vector<at::Tensor> router_logits)
   for (at::Tensor& layer_gate : router_logits) {
     routing_weights = at::softmax(layer_gate, -1);
     std::tie(top_values, selected_experts) = at::topk(routing_weights, k, -1);
-    // histc takes floats on the CPU, ints on CUDA.
-    const at::Tensor flat = selected_experts.reshape(-1);
-    tokens_per_expert_sum =
-        tokens_per_expert_sum + at::histc(flat.to(device_.is_cuda() ? at::kInt : at::kFloat), e, 0, e);
+    tokens_per_expert_sum = tokens_per_expert_sum + at::histc(HistcInput(selected_experts.reshape(-1)), e, 0, e);
     router_prob_sum = router_prob_sum + routing_weights.to(at::kFloat).sum(0);
     total_rows += static_cast<double>(routing_weights.size(0));
   }

@@ -81,6 +81,13 @@ inline bool LayerIsMoe(const ModelSpec& spec, int layer) {
   return spec.has_moe() && !(layer < spec.moe().dense_layers_size() && spec.moe().dense_layers(layer));
 }
 
+// How many layers are mixtures of experts.
+inline int NumMoeLayers(const ModelSpec& spec) {
+  int n = 0;
+  for (int layer = 0; layer < spec.num_layers(); ++layer) n += LayerIsMoe(spec, layer) ? 1 : 0;
+  return n;
+}
+
 // Whether a checkpointed layer's recompute (torch's non-reentrant
 // checkpoint, which stops at the last tensor the block saves) ends inside
 // its mixture of experts, at the weighted pairs' reordering (its inverse

@@ -202,7 +202,11 @@ int64_t DTypeBytes(DType dtype) {
 }
 
 int DeepSpeedLeafBlockOf(const ModelSpec& spec, const TensorSpec& param) {
-  if (!spec.has_moe() || !spec.moe().deepspeed_leaf()) return -1;
+  return spec.has_moe() && spec.moe().deepspeed_leaf() ? MoeBlockOf(spec, param) : -1;
+}
+
+int MoeBlockOf(const ModelSpec& spec, const TensorSpec& param) {
+  if (!spec.has_moe()) return -1;
   const int block = StepBlockOf(spec, param);
   if (block < 0) return -1;
   const std::vector<BlockOp> layout = StepBlockLayout(spec, block);

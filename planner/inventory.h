@@ -64,9 +64,11 @@ int StepNumBlocks(const ModelSpec& spec);
 int StepBlockOf(const ModelSpec& spec, const TensorSpec& tensor);
 std::vector<BlockOp> StepBlockLayout(const ModelSpec& spec, int block);
 
-// The step block whose mixture-of-experts MLP holds `param` when DeepSpeed
-// makes that MLP a ZeRO-3 leaf module (MoeSpec.deepspeed_leaf: gathered
-// whole, its gradients reduced together after its backward); -1 otherwise.
+// The step block whose mixture-of-experts MLP (kMoe) holds `param`; -1 otherwise.
+int MoeBlockOf(const ModelSpec& spec, const TensorSpec& param);
+// The same where DeepSpeed makes that MLP a ZeRO-3 leaf module
+// (MoeSpec.deepspeed_leaf: gathered whole, its gradients reduced together
+// after its backward); -1 otherwise.
 int DeepSpeedLeafBlockOf(const ModelSpec& spec, const TensorSpec& param);
 
 // Parameters of one block (all blocks are alike).

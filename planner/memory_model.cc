@@ -179,8 +179,7 @@ absl::Status RefuseMoeStep(const ModelSpec& model, const RunConfig& config) {
     const int64_t pairs = config.micro_batch_size() * config.seq_length() * moe.experts_per_token();
     const int64_t per_layer =
         pairs * 3 * moe.expert_ffn_hidden_size() * model.hidden_size() * DTypeBytes(WorkingDtype(config.precision()));
-    int moe_layers = 0;
-    for (int layer = 0; layer < model.num_layers(); ++layer) moe_layers += LayerIsMoe(model, layer) ? 1 : 0;
+    const int moe_layers = NumMoeLayers(model);
     return absl::InvalidArgumentError(absl::StrCat(
         "_experts_implementation: \"batched_mm\" keeps a copy of every token-expert pair's expert weights for "
         "backward: ", FormatBytes(per_layer), " per MoE layer at micro-batch ", config.micro_batch_size(), " x seq ",
@@ -843,8 +842,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // The softmax is in the logits' dtype; .float() copies only 16-bit logits.
     const int64_t e = model.moe().num_experts(), k = model.moe().experts_per_token();
     const int64_t lw = RouterLogitsBytes(model.moe(), w);
-    int moe_layers = 0;
-    for (int layer = 0; layer < model.num_layers(); ++layer) moe_layers += LayerIsMoe(model, layer) ? 1 : 0;
+    const int moe_layers = NumMoeLayers(model);
     s.aux_loss_softmaxes = moe_layers * tokens * e * lw;
     s.aux_loss_top_k = tokens * k * (lw + 8);
     s.aux_loss_float_copy = lw != 4 ? tokens * e * 4 : 0;

@@ -36,15 +36,6 @@ int GradientPartOf(const ModelSpec& model, const TensorSpec& t, int otherwise) {
 // the activation's backward (StepSizes::block_down_weight_grad_waiting). So
 // does a mixture of experts' (its pairs' first gradients come before the
 // experts' down_proj gradient).
-// Whether `t` is one of block `block`'s fused experts (kMoe).
-bool IsExpertsTensor(const ModelSpec& model, int block, const TensorSpec& t) {
-  if (block < 0) return false;
-  const std::vector<BlockOp> own = StepBlockLayout(model, block);
-  absl::string_view rest;
-  const int op = OpOfParameter(model, own, t.name(), &rest);
-  return op >= 0 && own[op].kind == BlockOpKind::kMoe;
-}
-
 struct PartitionStart {
   int part = StepSizes::kAtEpilogue;
   StepSizes::PartitionMoment moment = StepSizes::PartitionMoment::kBlockStart;
@@ -125,7 +116,7 @@ std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, Ker
     start.part = block >= 0 ? block : GradientPartOf(model, t, t.name().rfind("embed", 0) == 0 ? -1 : num_layers);
     const bool in_attention = block >= 0 && !InMlpHalf(layout, t);
     if (in_attention) start.moment = Moment::kAttention;
-    if (IsDownProjTensor(layout, t) && (gelu_mlp || IsExpertsTensor(model, block, t))) {
+    if (IsDownProjTensor(layout, t) && (gelu_mlp || MoeBlockOf(model, t) >= 0)) {
       start.moment = Moment::kDownProjHook;
     }
     const bool first_of_half = i + 1 == static_cast<int>(params.size()) ||
