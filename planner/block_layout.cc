@@ -96,7 +96,7 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
     case BlockOpKind::kMoe: {
       // The router and the shared expert; the fused experts are no linears (BlockParameters).
       const MoeSpec& moe = spec.moe();
-      std::vector<BlockLinear> linears = {{kRouter, h, moe.num_experts(), false}};
+      std::vector<BlockLinear> linears = {{kRouter, h, moe.num_experts(), moe.router_bias()}};
       if (const int64_t fs = moe.shared_expert_ffn_hidden_size(); fs > 0) {
         linears.push_back({"shared_expert.gate_proj", h, fs, false});
         linears.push_back({"shared_expert.up_proj", h, fs, false});

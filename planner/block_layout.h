@@ -61,7 +61,8 @@ enum class BlockOpKind {
   // "<module>.experts.down_proj" [E, h, I] as grouped products, the pairs
   // weighted and summed back per token; and a shared expert, a gated MLP
   // "<module>.shared_expert.*" every token runs, scaled by
-  // sigmoid("<module>.shared_expert_gate").
+  // sigmoid("<module>.shared_expert_gate"). GPT-OSS's experts
+  // (MoeSpec.gpt_oss_experts) are transposed, with biases and a clamped gate.
   kMoe,
 };
 
@@ -102,9 +103,13 @@ inline bool RecomputeStopsInExperts(const ModelSpec& spec, int layer) {
 }
 
 // kMoe's fused expert parameters, within its module, and their shapes.
-inline constexpr char kExpertsGateUp[] = "experts.gate_up_proj";  // [E, 2I, h]
-inline constexpr char kExpertsDown[] = "experts.down_proj";       // [E, h, I]
-inline constexpr char kRouter[] = "gate";                         // Linear(h -> E), no bias
+inline constexpr char kExpertsGateUp[] = "experts.gate_up_proj";  // [E, 2I, h]; GPT-OSS's [E, h, 2I]
+inline constexpr char kExpertsDown[] = "experts.down_proj";       // [E, h, I]; GPT-OSS's [E, I, h]
+inline constexpr char kExpertsGateUpBias[] = "experts.gate_up_proj_bias";  // [E, 2I] (MoeSpec.gpt_oss_experts)
+inline constexpr char kExpertsDownBias[] = "experts.down_proj_bias";       // [E, h]
+inline constexpr char kRouter[] = "gate";                         // Linear(h -> E), a bias with router_bias
+// The attention's sinks [heads] (ModelSpec.attention_sinks), "<module>.sinks".
+inline constexpr char kSinks[] = "sinks";
 inline constexpr char kSharedExpert[] = "shared_expert.";         // its gate_proj, up_proj, down_proj
 inline constexpr char kSharedExpertGate[] = "shared_expert_gate"; // Linear(h -> 1), no bias
 

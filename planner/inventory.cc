@@ -244,9 +244,21 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
     auto add_experts = [&] {
       const MoeSpec& moe = spec.moe();
       const int64_t e = moe.num_experts(), f = moe.expert_ffn_hidden_size(), h = spec.hidden_size();
-      out.push_back(Param(absl::StrCat(p, ".", module, kExpertsGateUp), {e, 2 * f, h}, layer));
-      out.push_back(Param(absl::StrCat(p, ".", module, kExpertsDown), {e, h, f}, layer));
+      const std::string m = absl::StrCat(p, ".", module);
+      if (moe.gpt_oss_experts()) {  // GptOssExperts.__init__'s order and shapes
+        out.push_back(Param(m + kExpertsGateUp, {e, h, 2 * f}, layer));
+        out.push_back(Param(m + kExpertsGateUpBias, {e, 2 * f}, layer));
+        out.push_back(Param(m + kExpertsDown, {e, f, h}, layer));
+        out.push_back(Param(m + kExpertsDownBias, {e, h}, layer));
+        return;
+      }
+      out.push_back(Param(m + kExpertsGateUp, {e, 2 * f, h}, layer));
+      out.push_back(Param(m + kExpertsDown, {e, h, f}, layer));
     };
+    // GptOssAttention's own parameter, before its projections' (named_parameters yields a module's own first).
+    if (op.kind == BlockOpKind::kQkvProjection && spec.attention_sinks()) {
+      out.push_back(Param(absl::StrCat(p, ".", module, kSinks), {spec.num_attention_heads()}, layer));
+    }
     if (op.kind == BlockOpKind::kMoe && !spec.moe().router_before_experts()) add_experts();
     for (const BlockLinear& l : OpLinears(spec, op)) {
       AddBlockLinear(spec, p, module + std::string(l.name), l.in_features, l.out_features, l.bias, layer, &out);
@@ -805,6 +817,22 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         const bool attention_dropout = spec.attention_dropout() > 0;
         if (!attention_grad) {
           // Nothing of the attention is recorded.
+        } else if (spec.attention_impl() == ATTENTION_EAGER && spec.attention_sinks()) {
+          // GptOss's eager_attention_forward: the matmuls keep q, k and v
+          // expanded to every head; max its int64 indices [b, a, s, 1];
+          // softmax in the working dtype its output with the sink column
+          // [b, a, s, s + 1], of which the second matmul keeps a view (or,
+          // with dropout, the dropped probabilities and dropout's mask).
+          const bool scores_grad = q_grad || k_grad || BaseWeightsTrain(spec);  // the sinks train with the weights
+          if (k_grad) act(m + "q", {b, a, s, d}, dtype);
+          if (q_grad) act(m + "k", {b, a, s, d}, dtype);
+          if (scores_grad) act(m + "v", {b, a, s, d}, dtype);
+          if (scores_grad) act(m + "max_index", {b, a, s, 1}, DTYPE_INT64);
+          if (scores_grad || (v_grad && !attention_dropout)) act(m + "probs_softmax", {b, a, s, s + 1}, dtype);
+          if (attention_dropout && scores_grad) {
+            act(m + "probs_dropout_mask", {b, a, s, s}, DropoutSavedDType(dtype, device));
+          }
+          if (attention_dropout && v_grad) act(m + "probs_dropped", {b, a, s, s}, dtype);
         } else if (spec.attention_impl() == ATTENTION_EAGER) {
           // The matmuls keep k and v expanded to every query head (repeat_kv
           // for GQA); softmax keeps its output, the second matmul that (GPT-2:
@@ -977,7 +1005,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // the softmax over them (fp32).
         if (moe.router_top_k_then_softmax()) {
           act(m + "router.top_k_indices", {b, s, k}, DTYPE_INT64);
-          act(m + "router.top_k_softmax", {b, s, k}, DTYPE_FP32);
+          act(m + "router.top_k_softmax", {b, s, k}, moe.router_top_k_in_working_dtype() ? dtype : DTYPE_FP32);
         } else {
           act(m + "router.probs", {b, s, e}, DTYPE_FP32);
           act(m + "router.top_k_indices", {b, s, k}, DTYPE_INT64);
@@ -993,10 +1021,21 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // and the inverse permutation.
         act(m + "experts.token_index", {b, s, k}, DTYPE_INT64);
         act(m + "experts.pair_index", {b, s, k}, DTYPE_INT64);
+        // GPT-OSS's biases are gathered per pair by the sorted expert ids.
+        if (moe.gpt_oss_experts() && trains) act(m + "experts.expert_ids", {b, s, k}, DTYPE_INT64);
         act(m + "experts.offsets", {e}, DTYPE_INT32);
         if (trains) act(m + "experts.gathered", {b, s, k, h}, dtype);
         act(m + "experts.gate_up", {b, s, k, 2 * fe}, dtype);
-        act(m + "experts.act", {b, s, k, fe}, dtype);
+        if (moe.gpt_oss_experts()) {
+          // GptOssExperts._apply_gate: the clamps keep gate_up (as views),
+          // sigmoid its output, the products their factors: the clamped
+          // gate, the sigmoid, up + 1 and gate x sigmoid.
+          for (const char* name : {"gate_clamped", "gate_sigmoid", "up_plus_one", "glu"}) {
+            act(m + "experts." + name, {b, s, k, fe}, dtype);
+          }
+        } else {
+          act(m + "experts.act", {b, s, k, fe}, dtype);
+        }
         if (trains) act(m + "experts.product", {b, s, k, fe}, dtype);
         act(m + "experts.pair_weights", {b, s, k}, moe.routing_weights_fp32() ? DTYPE_FP32 : dtype);
         act(m + "experts.down", {b, s, k, h}, dtype);
@@ -1212,6 +1251,14 @@ int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, 
   // Pre-softmax scores coexist with the probabilities until softmax returns.
   const int64_t scores = b * spec.num_attention_heads() * s * s;
   if (SdpaRunsMath(spec, device)) return scores * 4;
+  if (spec.attention_impl() == ATTENTION_EAGER && spec.attention_sinks()) {
+    // GptOss's eager_attention_forward at its widest (the subtraction, then
+    // the softmax): the masked scores (attn_weights, a local until the
+    // dropout's result replaces it), the max-subtracted logits with the sink
+    // column (combined_logits, a local to the function's end) and max's
+    // values [b, a, s, 1], beside the kept softmax output.
+    return (scores + SinkScores(spec, b, s) + b * spec.num_attention_heads() * s) * DTypeBytes(dtype);
+  }
   if (spec.attention_impl() == ATTENTION_EAGER) return scores * DTypeBytes(dtype);
   return 0;
 }
@@ -1239,6 +1286,16 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
     // 16-bit original is then freed. The saved tensors go after it.
     const int64_t heads_tokens = bs * spec.num_attention_heads() * head_dim;
     t.attention_bytes = std::max(scores * 4 + heads_tokens * 4 + (w < 4 ? heads_tokens * (4 - w) : 0), qkv_end);
+  } else if (spec.attention_impl() == ATTENTION_EAGER && spec.attention_sinks()) {
+    // With sinks: softmax's backward, its output gradient (the slice's,
+    // [b, a, s, s + 1]) and input gradient beside its saved output; then,
+    // that output freed, max's (value_selecting_reduction_backward: zeros of
+    // that shape scattered into), where CPU's 16-bit scatter makes an fp32
+    // copy of the whole, beside softmax's input gradient (measured in the
+    // oracle's allocation trace).
+    const int64_t sink_scores = SinkScores(spec, b, s);
+    const int64_t cpu_copy = device == KernelDevice::kCpu && w < 4 ? sink_scores * 4 : 0;
+    t.attention_bytes = std::max(2 * sink_scores * w, sink_scores * w + cpu_copy);
   } else if (spec.attention_impl() == ATTENTION_EAGER) {
     t.attention_bytes = residual_grads + 2 * scores * w;
   } else {
@@ -1276,10 +1333,31 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // (int64), histc's float copy of them, the counts per expert (fp32) and,
   // cast from fp32, the top-k weights.
   const int64_t logits = tokens * e * RouterLogitsBytes(moe, w);
-  const int64_t routing = logits + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
   MoeTransients t;
   t.weighted_pairs_bytes = pairs * h * weighted;
   t.pair_ffn_bytes = pairs * f * w;
+  if (moe.gpt_oss_experts()) {
+    // GptOssMLP's logits (its `_`), histc's float copy and the counts; the
+    // sorted ids and the top-k softmax are kept (saved), and the down
+    // bias's per-pair copy [S, h] (selected_biases) lives to the end of
+    // grouped_mm_experts_forward beside the weighted pairs and their copy.
+    const int64_t routing = logits + pairs * 4 + e * 4;
+    t.forward_bytes = 3 * pairs * h * w + routing;
+    t.recompute_bytes = t.forward_bytes - t.weighted_pairs_bytes + pairs * 8;
+    // Under no_grad the gathered tokens and the biases' copies are locals
+    // alive to the function's end: at the gate's last product the gathered
+    // tokens, gate_up's bias copy and output and five [S, I] (the clamped
+    // gate and up, up + 1, the glu, the product); at the reordering five
+    // [S, h] (gathered, down's bias copy and output, the weighted pairs and
+    // their copy) and the inverse index. Beside them the router's logits,
+    // top-k indices and softmax, the sorted ids and perm, the pair weights,
+    // histc's copy, the counts and offsets.
+    const int64_t chain = std::max(pairs * (h + 9 * f) * w, pairs * (5 * h * w + 8));
+    t.nograd_bytes = chain + logits + tokens * k * (8 + w) + pairs * (16 + w + 4) + e * 8;
+    t.backward_bytes = 3 * pairs * h * w;
+    return t;
+  }
+  const int64_t routing = logits + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
   t.forward_bytes = 2 * pairs * h * weighted + routing;
   t.recompute_bytes = t.forward_bytes - t.weighted_pairs_bytes + pairs * 8;
   // Under no_grad each pair tensor lives until the next is made: gathered

@@ -355,7 +355,14 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int6
 
 // Bytes per element of a router's logits (what the auxiliary loss keeps):
 // the working dtype's `w`, GraniteMoe's fp32.
-inline int64_t RouterLogitsBytes(const MoeSpec& moe, int64_t w) { return moe.router_top_k_then_softmax() ? 4 : w; }
+// Eager attention's logits with the sink column (ModelSpec.attention_sinks):
+// b x heads x s x (s + 1) elements.
+inline int64_t SinkScores(const ModelSpec& spec, int64_t b, int64_t s) {
+  return b * spec.num_attention_heads() * s * (s + 1);
+}
+inline int64_t RouterLogitsBytes(const MoeSpec& moe, int64_t w) {
+  return moe.router_top_k_then_softmax() && !moe.router_top_k_in_working_dtype() ? 4 : w;
+}
 
 // Model FLOPs of one training token (forward + backward, no recompute), as
 // in PaLM's MFU (Chowdhery et al. 2022, appendix B): 6 x the matmul weights

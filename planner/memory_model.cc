@@ -15,6 +15,7 @@
 #include "planner/block_layout.h"
 #include "planner/gpu_catalog.h"
 #include "planner/limits.h"
+#include "planner/model_family.h"
 #include "planner/inventory.h"
 #include "planner/run_config.h"
 #include "planner/status_macros.h"
@@ -624,6 +625,11 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     z.live = rows * (a + 2 * kv) * d * w;
     if (SdpaRunsMath(m, device)) {
       z.live += 3 * rows * a * d * 4 + 3 * scores * 4;
+    } else if (m.attention_impl() == ATTENTION_EAGER && m.attention_sinks()) {
+      // k and v repeated to every head, the masked scores, the subtracted
+      // logits and the softmax with the sink column, max's values and indices.
+      z.live += (a != kv ? 2 * rows * a * d * w : 0) + scores * w + 2 * SinkScores(m, st.b, st.seq) * w +
+                st.b * a * st.seq * (w + 8);
     } else if (m.attention_impl() == ATTENTION_EAGER) {
       const int64_t softmax = m.eager_softmax_in_working_dtype() ? w : 4;
       const int64_t dropped = m.attention_dropout() > 0 ? w + DTypeBytes(DropoutSavedDType(dtype, device)) : 0;
@@ -763,12 +769,15 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     std::set<int> layer_types(model.layer_types().begin(), model.layer_types().end());
     layer_types.erase(LAYER_CONV);
     layer_types.erase(LAYER_LINEAR_ATTENTION);
-    const int64_t rope_pairs = std::max<int64_t>(1, layer_types.size());
+    // A model whose rotary embedding runs once (Gemma2Model, GptOssModel) has one pair whatever its types.
+    const int64_t rope_pairs =
+        ParameterlessModulesOf(model).rotary_per_layer_type ? std::max<int64_t>(1, layer_types.size()) : 1;
     if (model.position_embedding() == POSITION_ROPE) {
-      // A pair as wide as its layers' rotated dims (Gemma 4's full layers: their wider heads).
+      // A pair as wide as its layers' rotated dims (Gemma 4's full layers: their wider heads; GPT-OSS's
+      // tables cover half the head).
       auto pair = [&](int layer) {
-        return 2 * (model.rope_tables_per_sequence() ? b : 1) * seq * RotaryDims(model, layer) *
-               (model.rope_in_fp32() ? 4 : w);
+        return 2 * (model.rope_tables_per_sequence() ? b : 1) * seq * RotaryDims(model, layer) /
+               (model.rope_half_split() ? 2 : 1) * (model.rope_in_fp32() ? 4 : w);
       };
       s.rope_tables = pair(0);
       s.rope_tables_unsaved = model.rope_interleaved();

@@ -65,6 +65,11 @@ constexpr int64_t kQwen3_5MoeExperts = 256, kQwen3_5MoeExpertsPerToken = 8, kQwe
                   kQwen3_5MoeSharedExpertFfn = 512;
 // GraniteMoeConfig: num_local_experts 8, num_experts_per_tok 2, its experts intermediate_size (11008) wide.
 constexpr int64_t kGraniteMoeExperts = 8, kGraniteMoeExpertsPerToken = 2, kGraniteMoeIntermediate = 11008;
+// GptOssConfig: num_local_experts 128, num_experts_per_tok 4, its experts
+// intermediate_size (2880) wide, head_dim 64, sliding_window 128 on the
+// layers where (i + 1) % 2 != 0.
+constexpr int64_t kGptOssExperts = 128, kGptOssExpertsPerToken = 4, kGptOssIntermediate = 2880;
+constexpr int64_t kGptOssDefaultHeadDim = 64, kGptOssDefaultSlidingWindow = 128, kGptOssFullAttentionInterval = 2;
 // Where BuildFamilies puts mistral, qwen2 and granite.
 constexpr size_t kMistralEntry = 1, kQwen2Entry = 2, kGraniteEntry = 4;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
@@ -438,6 +443,41 @@ std::vector<ModelFamily> BuildFamilies() {
              kGraniteMoeIntermediate, "", 0, /*sparse_step_keys=*/false, /*router_before_experts=*/true,
              /*routing_weights_fp32=*/false, /*renormalizes_always=*/false, /*deepspeed_leaf=*/false};
     f.moe.top_k_then_softmax = true;
+    families.push_back(f);
+  }
+  {
+    // Llama's projections, all four with attention_bias (default true),
+    // RMSNorm's weight multiply in fp32, one sliding layer to one full, eager
+    // attention with a sink per head, RoPE over half the head and GptOssMLP
+    // in every layer. DeepSpeed's default leaf classes do not name GptOssMLP.
+    ModelFamily f = families.front();
+    ZPLAN_CHECK(f.model_type == "llama");
+    f.model_type = "gpt_oss";
+    f.read_from = "models/gpt_oss/configuration_gpt_oss.py (GptOssConfig: attention_bias true, head_dim 64, "
+                  "sliding_window 128, layer_types sliding where (i + 1) % 2, swiglu_alpha 1.702, swiglu_limit 7.0), "
+                  "modeling_gpt_oss.py (GptOssRMSNorm: (weight * x).to(input_dtype); GptOssAttention: sinks, "
+                  "eager_attention_forward: torch.cat of the sinks, the max subtracted, softmax in the logits' dtype; "
+                  "_apply_rotary_emb: halves rotated and joined by torch.cat; GptOssPreTrainedModel: _supports_sdpa "
+                  "= False; GptOssTopKRouter: F.linear with bias, topk of the logits, softmax over the k; "
+                  "GptOssExperts: [E, h, 2I] gate_up_proj with biases, _apply_gate); integrations/moe.py "
+                  "(use_experts_implementation(is_transposed=True, has_bias=True))";
+    f.ffn_key = "";
+    f.default_head_dim = kGptOssDefaultHeadDim;
+    f.qkv_bias = true;
+    f.mlp_bias_key = "";
+    f.norm_weight_in_fp32 = true;
+    f.sliding_window_key = "sliding_window";
+    f.default_sliding_window = kGptOssDefaultSlidingWindow;
+    f.full_attention_interval = kGptOssFullAttentionInterval;
+    f.supports_sdpa = false;
+    f.eager_softmax_in_working_dtype = true;
+    f.attention_sinks = true;
+    f.rope_half_split = true;
+    f.moe = {"num_local_experts", kGptOssExperts, kGptOssExpertsPerToken, "intermediate_size", kGptOssIntermediate,
+             "", 0, /*sparse_step_keys=*/false, /*router_before_experts=*/true, /*routing_weights_fp32=*/false,
+             /*renormalizes_always=*/false, /*deepspeed_leaf=*/false};
+    f.moe.top_k_then_softmax = true;
+    f.moe.gpt_oss = true;
     families.push_back(f);
   }
   {

@@ -3,8 +3,8 @@
 // config.json model_type -- llama, mistral, qwen2, qwen3, granite,
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
 // smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, the
-// mixtures of experts qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe and
-// granitemoe, gpt2, vit -- holding what that
+// mixtures of experts qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe,
+// granitemoe and gpt_oss, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
@@ -14,7 +14,7 @@
 // RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, Gemma 4's
 // per-layer head widths and embeddings, LFM2's
 // short-conv layers, Qwen3.5's Gated DeltaNet layers and gated attention,
-// and the transformers source (5.23.0, planner/version.h)
+// GPT-OSS's attention sinks and biased experts, and the transformers source (5.23.0, planner/version.h)
 // it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
@@ -226,7 +226,16 @@ struct ModelFamily {
     // where output_router_logits is true: 0.001 in every config class here.
     double default_router_aux_loss_coef = 0.001;
     bool top_k_then_softmax = false;  // MoeSpec.router_top_k_then_softmax (GraniteMoe)
+    // GptOssMLP: its router's bias and top k in the working dtype, and
+    // GptOssExperts' layout, biases and clamped SwiGLU (MoeSpec.gpt_oss_experts,
+    // swiglu_limit and swiglu_alpha, read from the config's keys of those
+    // names with GptOssConfig's defaults).
+    bool gpt_oss = false;
   } moe;
+  // GptOssAttention's sinks and GptOss's RoPE over half the head
+  // (ModelSpec.attention_sinks, rope_half_split).
+  bool attention_sinks = false;
+  bool rope_half_split = false;
   // Config keys whose value, unless absent, null or false, builds what zplan
   // does not model, refused by name (SmolLM3's use_sliding_window, Gemma 3's
   // final_logit_softcapping).
@@ -241,10 +250,10 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt2, vit".
+// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit".
 std::string SupportedModelTypes();
 
-// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe".
+// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss".
 std::string MoeModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

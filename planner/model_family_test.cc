@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -29,7 +29,7 @@ TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
     EXPECT_TRUE(!f.ffn_key.empty() || (!f.moe.experts_key.empty() && !f.moe.sparse_step_keys)) << f.model_type;
     EXPECT_TRUE(FfnTypeFor(f, f.default_activation).has_value()) << f.model_type << ": its own default";
   }
-  for (const char* unsupported : {"qwen", "qwen3_5", "bert", "gemma", "phi", "starcoder2", "deepseek_v3", "gpt_oss", ""}) {
+  for (const char* unsupported : {"qwen", "qwen3_5", "bert", "gemma", "phi", "starcoder2", "deepseek_v3", "gpt_oss_x", ""}) {
     EXPECT_EQ(FindModelFamily(unsupported), nullptr) << unsupported;
   }
 }
@@ -63,6 +63,13 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_TRUE(granitemoe.moe.top_k_then_softmax) << "GraniteMoeTopKRouter";
   EXPECT_EQ(granitemoe.moe.expert_ffn_key, "intermediate_size");
   EXPECT_FALSE(granitemoe.moe.deepspeed_leaf) << "GraniteMoeMoE is not a default leaf class";
+  const ModelFamily& gpt_oss = *FindModelFamily("gpt_oss");
+  EXPECT_TRUE(gpt_oss.attention_sinks) << "GptOssAttention.sinks";
+  EXPECT_TRUE(gpt_oss.rope_half_split) << "_apply_rotary_emb";
+  EXPECT_FALSE(gpt_oss.supports_sdpa) << "GptOssPreTrainedModel: _supports_sdpa = False";
+  EXPECT_TRUE(gpt_oss.qkv_bias) << "GptOssConfig: attention_bias true";
+  EXPECT_TRUE(gpt_oss.moe.gpt_oss && gpt_oss.moe.top_k_then_softmax) << "GptOssTopKRouter, GptOssExperts";
+  EXPECT_FALSE(gpt_oss.moe.deepspeed_leaf) << "GptOssMLP is not a default leaf class";
   const ModelFamily& gpt2 = *FindModelFamily("gpt2");
   EXPECT_TRUE(gpt2.gpt2_key_names);
   EXPECT_TRUE(gpt2.tie_word_embeddings);

@@ -28,6 +28,8 @@ const std::vector<std::pair<std::string, std::string>>& EmbeddedModelPresets();
 namespace {
 
 constexpr absl::string_view kPresetDir = "configs/models/";
+// GptOssConfig's swiglu_limit and swiglu_alpha defaults.
+constexpr double kGptOssSwigluLimit = 7.0, kGptOssSwigluAlpha = 1.702;
 
 std::map<std::string, std::string> PresetFiles() {
   std::map<std::string, std::string> presets;
@@ -444,6 +446,19 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
   moe.set_renormalize_top_k(renormalize && !keys.top_k_then_softmax);
   moe.set_router_top_k_then_softmax(keys.top_k_then_softmax);
   moe.set_deepspeed_leaf(keys.deepspeed_leaf);
+  if (keys.gpt_oss) {
+    // GptOssConfig's swiglu_limit and swiglu_alpha.
+    double limit = kGptOssSwigluLimit, alpha = kGptOssSwigluAlpha;
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "swiglu_limit", &limit));
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "swiglu_alpha", &alpha));
+    if (!(std::isfinite(limit) && limit > 0)) return config.Error("swiglu_limit", "must be a positive number");
+    if (!std::isfinite(alpha)) return config.Error("swiglu_alpha", "must be a finite number");
+    moe.set_router_top_k_in_working_dtype(true);
+    moe.set_router_bias(true);
+    moe.set_gpt_oss_experts(true);
+    moe.set_swiglu_limit(limit);
+    moe.set_swiglu_alpha(alpha);
+  }
   bool aux_loss = false;
   double aux_loss_coef = keys.default_router_aux_loss_coef;
   ZPLAN_RETURN_IF_ERROR(ReadBool(config, "output_router_logits", &aux_loss));
@@ -579,6 +594,8 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   spec->set_rope_concatenates(family.partial_rotary);
   spec->set_rope_interleaved(family.rope_interleaved);
   spec->set_rope_tables_per_sequence(family.rope_tables_per_sequence);
+  spec->set_attention_sinks(family.attention_sinks);
+  spec->set_rope_half_split(family.rope_half_split);
   if (family.partial_rotary) {
     // _compute_default_rope_parameters reads it from the config or its
     // rope_parameters, and rotates int(head_dim * factor) dims of each head.
@@ -1119,7 +1136,13 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   if (family != nullptr && !family->supports_sdpa && spec.attention_impl() == ATTENTION_SDPA) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.attention_impl: SDPA; transformers refuses it for ", spec.model_type(),
-        " (_supports_sdpa is False: SDPA has no softcapping) and runs it eager; use --attention eager"));
+        " (_supports_sdpa is False: SDPA has no ", spec.attention_sinks() ? "sinks" : "softcapping",
+        ") and runs it eager; use --attention eager"));
+  }
+  if (spec.attention_sinks() && spec.attention_impl() != ATTENTION_EAGER) {
+    return absl::InvalidArgumentError(
+        "model.attention_sinks: only eager attention is planned with sinks (flash and flex kernels keep other "
+        "tensors); use --attention eager");
   }
   if (spec.attn_logit_softcapping() > 0 && spec.attention_impl() == ATTENTION_SDPA) {
     return absl::InvalidArgumentError(

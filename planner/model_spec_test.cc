@@ -191,6 +191,34 @@ TEST(ModelSpecTest, GraniteReadsItsMultipliers) {
   EXPECT_EQ(llama->residual_multiplier(), 0.0);
 }
 
+TEST(ModelSpecTest, GptOssReadsSinksBiasedExpertsAndItsGate) {
+  const std::string shape = R"("model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 100)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "swiglu_limit": 5.0})"), "gpt_oss.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->attention_sinks() && spec->rope_half_split());
+  EXPECT_EQ(spec->attention_impl(), ATTENTION_EAGER) << "_supports_sdpa is False";
+  EXPECT_TRUE(spec->attention_qkv_bias() && spec->attention_out_bias()) << "attention_bias defaults to true";
+  EXPECT_THAT(spec->layer_types(), ElementsAre(LAYER_SLIDING_ATTENTION, LAYER_FULL_ATTENTION));
+  EXPECT_EQ(spec->sliding_window(), 128);
+  const MoeSpec& moe = spec->moe();
+  EXPECT_TRUE(moe.gpt_oss_experts() && moe.router_bias() && moe.router_top_k_then_softmax() &&
+              moe.router_top_k_in_working_dtype());
+  EXPECT_EQ(moe.swiglu_limit(), 5.0);
+  EXPECT_EQ(moe.swiglu_alpha(), 1.702);
+  // GptOssExperts' transposed experts with their biases, the router's bias, the sinks.
+  std::vector<std::string> names;
+  for (const TensorSpec& p : BlockParameters(*spec, 0)) names.push_back(absl::StrCat(p.name(), p.shape().size()));
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"layers.0.attn.sinks1", "layers.0.mlp.gate.bias1",
+                                              "layers.0.mlp.experts.gate_up_proj3",
+                                              "layers.0.mlp.experts.gate_up_proj_bias2",
+                                              "layers.0.mlp.experts.down_proj_bias2"}));
+  EXPECT_THAT(FromJson(absl::StrCat("{", shape, R"(, "swiglu_limit": 0})")).message(), HasSubstr("swiglu_limit"));
+  EXPECT_THAT(FromJson(absl::StrCat("{", shape, R"(, "attn_implementation": "sdpa"})")).message(),
+              HasSubstr("SDPA has no sinks"));
+}
+
 TEST(ModelSpecTest, OlmoNormsAfterEachHalfAndReadsLayerTypes) {
   const std::string shape = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
@@ -650,7 +678,7 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -682,7 +710,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"starcoder2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt2, vit)"),
+                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.
@@ -699,7 +727,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   const absl::Status moe = ModelSpecFromHfConfig(R"({"model_type": "deepseek_v3", "n_routed_experts": 8})", "m.json",
                                                  "mistral").status();
   EXPECT_NE(moe.message().find("n_routed_experts: a mixture of experts of model_type \"deepseek_v3\" is not "
-                               "modelled; zplan plans the mixture-of-experts types qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe"),
+                               "modelled; zplan plans the mixture-of-experts types qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss"),
             std::string::npos)
       << moe;
 }

@@ -597,7 +597,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     mixtral_aux = "configs/hf/tiny/mixtral-aux.json",
                     qwen3_5_moe_wide = "configs/hf/tiny/qwen3_5_moe-wide.json",
                     granitemoe = "configs/hf/tiny/granitemoe.json",
-                    granitemoe_aux = "configs/hf/tiny/granitemoe-aux.json";
+                    granitemoe_aux = "configs/hf/tiny/granitemoe-aux.json",
+                    gpt_oss = "configs/hf/tiny/gpt_oss.json", gpt_oss_aux = "configs/hf/tiny/gpt_oss-aux.json",
+                    gpt_oss_wide = "configs/hf/tiny/gpt_oss-wide.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -1023,6 +1025,21 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("granitemoe-aux-z3-bf16-ckpt", granitemoe_aux, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
       DeepSpeedCase("granitemoe-aux-z2-bf16", granitemoe_aux, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      // GPT-OSS: eager attention with sinks over sliding and full layers, a biased router taking the softmax
+      // over its top k, transposed biased experts with the clamped SwiGLU; no leaf.
+      DeepSpeedCase("gpt_oss-z2-bf16-ckpt", gpt_oss, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "eager", true),
+      DeepSpeedCase("gpt_oss-z3-bf16", gpt_oss, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256, "eager"),
+      DeepSpeedCase("gpt_oss-z1-fp32", gpt_oss, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256, "eager"),
+      DeepSpeedCase("gpt_oss-z2-bf16-offload", gpt_oss, DsConfig(2, "bf16", 2, 1, "", With({kSmall, kOffload})), 2,
+                    256, "eager"),
+      WithLora(DeepSpeedCase("lora-z2-bf16-gpt_oss-qv", gpt_oss, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "eager"),
+               lora_qv),
+      DeepSpeedCase("gpt_oss-aux-z3-bf16-ckpt", gpt_oss_aux, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 256, "eager",
+                    true),
+      // Held out: a wider GPT-OSS (32 experts, top 4, wider heads, a longer window) at seq 512.
+      DeepSpeedCase("gpt_oss-wide-z2-bf16", gpt_oss_wide, DsConfig(2, "bf16", 1, 1, "", kSmall), 2, 512, "eager"),
+      DeepSpeedCase("gpt_oss-wide-z3-bf16-ckpt", gpt_oss_wide, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 512, "eager",
+                    true),
   };
 }
 

@@ -145,6 +145,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "glm4-z3-bf16",                                  // fused projections, partial RoPE
       "z0-bf16-torch-adamw-heavy",                     // a torch Adam at ZeRO-0 in bf16
       "llava-z3-bf16-freeze-tower",                    // a vision-language model, a frozen tower
+      "gpt_oss-z3-bf16",                               // attention sinks
   };
 }
 
@@ -192,6 +193,7 @@ std::set<std::string> Mechanisms(const AccuracyCase& c, const Plan& plan) {
   }
   if (model.norm_type() == NORM_LAYERNORM) m.insert("LayerNorm");
   if (model.attention_impl() == ATTENTION_EAGER) m.insert("eager attention");
+  if (model.attention_sinks()) m.insert("attention sinks");
   if (model.attention_dropout() > 0 || model.residual_dropout() > 0) m.insert("dropout");
   const int64_t world = WorldSize(config);
   if (c.emulate_rank >= 0) {
