@@ -19,6 +19,7 @@
 #include "executor/linear_attention.h"
 #include "planner/inventory.h"
 #include "planner/block_layout.h"
+#include "planner/model_family.h"
 #include "planner/model_spec.h"
 #include "planner/status_macros.h"
 #include "planner/vision_tower.h"
@@ -557,9 +558,12 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   // The router: logits, softmax in fp32, top k, renormalized in place
   // (router_top_value /= sum), cast back unless the pairs stay fp32 (Mixtral);
   // GraniteMoeTopKRouter: fp32 logits, their top k, softmax over the k, cast back.
+  // GptOssTopKRouter: its bias, top k and softmax over the k in the working dtype.
   at::Tensor probs, top_weights, top_index;
-  const at::Tensor logits = moe.router_top_k_then_softmax() ? Linear(flat, m + kRouter, false).to(at::kFloat)
-                                                            : Linear(flat, m + kRouter, false);
+  const at::Tensor linear_logits = Linear(flat, m + kRouter, moe.router_bias());
+  const at::Tensor logits = moe.router_top_k_then_softmax() && !moe.router_top_k_in_working_dtype()
+                                ? linear_logits.to(at::kFloat)
+                                : linear_logits;
   if (router_logits_ != nullptr) router_logits_->push_back(logits);
   if (moe.router_top_k_then_softmax()) {
     at::Tensor top_logits;
@@ -579,10 +583,30 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   const at::Tensor weights = pair_weights.index({perm});
   const at::Tensor counts = at::histc(HistcInput(expert_ids), e, 0, e - 1);
   const at::Tensor offsets = at::cumsum(counts, 0, at::kInt);
-  const std::vector<at::Tensor> gate_up =
-      at::_grouped_mm(gathered, Param(m + kExpertsGateUp).transpose(-2, -1), offsets).chunk(2, -1);
-  const at::Tensor down =
-      at::_grouped_mm(at::silu(gate_up[0]) * gate_up[1], Param(m + kExpertsDown).transpose(-2, -1), offsets);
+  at::Tensor down, selected_bias;
+  if (moe.gpt_oss_experts()) {
+    // GptOssExperts: [E, h, 2I] and [E, I, h] as they are, each bias
+    // gathered per pair and added in place (the gathered copy a local that
+    // the down bias's replaces and that lives to the end), gate and up
+    // interleaved, _apply_gate's clamped SwiGLU.
+    at::Tensor gate_up = at::_grouped_mm(gathered, Param(m + kExpertsGateUp), offsets);
+    selected_bias = Param(m + kExpertsGateUpBias).index({expert_ids});
+    gate_up.add_(selected_bias);
+    const int64_t width = gate_up.size(-1);
+    const double limit = moe.swiglu_limit();
+    const at::Tensor gate = at::clamp(gate_up.slice(-1, 0, width, 2), std::nullopt, limit);
+    const at::Tensor up = at::clamp(gate_up.slice(-1, 1, width, 2), -limit, limit);
+    const at::Tensor glu = gate * at::sigmoid(gate * moe.swiglu_alpha());
+    const at::Tensor gated = (up + 1) * glu;
+    gate_up.reset();
+    selected_bias = Param(m + kExpertsDownBias).index({expert_ids});
+    down = at::_grouped_mm(gated, Param(m + kExpertsDown), offsets);
+    down.add_(selected_bias);
+  } else {
+    const std::vector<at::Tensor> gate_up =
+        at::_grouped_mm(gathered, Param(m + kExpertsGateUp).transpose(-2, -1), offsets).chunk(2, -1);
+    down = at::_grouped_mm(at::silu(gate_up[0]) * gate_up[1], Param(m + kExpertsDown).transpose(-2, -1), offsets);
+  }
   at::Tensor weighted = down * weights.unsqueeze(-1);
   at::Tensor inverse = at::empty_like(perm);
   inverse.index_put_({perm}, at::arange(perm.size(0), perm.options()));
@@ -729,6 +753,14 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
           };
           q = rotated(q);
           k = rotated(k);
+        } else if (rope && spec.rope_half_split()) {
+          // GptOss's _apply_rotary_emb: each half rotated by two products, the halves joined.
+          auto rotated = [&](const at::Tensor& t) {
+            const std::vector<at::Tensor> halves = t.chunk(2, -1);
+            return at::cat({halves[0] * cos - halves[1] * sin, halves[1] * cos + halves[0] * sin}, -1);
+          };
+          q = rotated(q);
+          k = rotated(k);
         } else if (rope) {
           // Olmo2's fp32 tables promote the rotation to fp32; it is cast back (a no-op otherwise).
           q = (q * cos + RotateHalf(q) * sin).to(x.scalar_type());
@@ -738,7 +770,24 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         // GraniteAttention's scaling is attention_multiplier; the others' head_dim^-0.5.
         const double scale = spec.attention_multiplier() != 0 ? spec.attention_multiplier()
                                                                 : 1.0 / std::sqrt(static_cast<double>(d));
-        if (spec.attention_impl() == ATTENTION_EAGER) {
+        if (spec.attention_impl() == ATTENTION_EAGER && spec.attention_sinks()) {
+          // GptOss's eager_attention_forward: each head's sink joined to the
+          // rows of the masked scores, the rows' max subtracted, the softmax
+          // in the working dtype, the sink column dropped. The masked scores
+          // live until the probabilities replace them, the subtracted logits
+          // to the attention's end, as the Python locals do.
+          const at::Tensor kk = RepeatKv(k, a / kv), vv = RepeatKv(v, a / kv);
+          at::Tensor scores = at::matmul(q, kk.transpose(2, 3)) * scale;
+          if (mask.defined()) scores = scores + mask;
+          const at::Tensor sinks = Param(p + op.module + "." + kSinks).reshape({1, -1, 1, 1}).expand({b, -1, s, -1});
+          at::Tensor combined = at::cat({scores, sinks}, -1);
+          combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
+          const at::Tensor probs = at::softmax(combined, -1);
+          at::Tensor kept = probs.narrow(-1, 0, s);
+          scores.reset();
+          if (dropout > 0) kept = at::dropout(kept, dropout, /*train=*/true);
+          attn = at::matmul(kept, vv);
+        } else if (spec.attention_impl() == ATTENTION_EAGER) {
           // transformers' eager_attention_forward: scores plus the additive
           // causal mask, softmax in fp32 (kept) cast back to the working
           // dtype (kept), or (GPT-2) softmax in the working dtype.
@@ -1068,9 +1117,12 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // Of the attention layers: LFM2's conv layers and Qwen3.5's linear attention read no tables.
   std::set<int> types;
   bool other_mixers = false;
+  // Gemma2Model and GptOssModel run their rotary embedding once for every layer type.
+  const bool tables_per_type = ParameterlessModulesOf(spec_).rotary_per_layer_type;
+  auto table_type_of = [&](int layer) { return tables_per_type ? type_of(layer) : 0; };
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     other_mixers = other_mixers || !LayerAttends(spec_, layer);
-    if (LayerAttends(spec_, layer)) types.insert(type_of(layer));
+    if (LayerAttends(spec_, layer)) types.insert(table_type_of(layer));
   }
   // Rotary tables [s, rotary dims] in the working dtype (Olmo2: fp32), shared by
   // every layer of a type (Olmo3Model.forward makes a pair per layer type).
@@ -1083,12 +1135,13 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
       // heads (Gemma 4's full layers: wider; its "proportional" frequencies
       // past a quarter of them are zero there, the same memory).
       int first = 0;
-      while (type_of(first) != type || !LayerAttends(spec_, first)) ++first;
+      while (table_type_of(first) != type || !LayerAttends(spec_, first)) ++first;
       const int64_t r = RotaryDims(spec_, first);
       const at::Tensor inv_freq =
           at::pow(kRopeTheta, at::arange(0, r, 2, options.dtype(at::kFloat)).div(static_cast<double>(r))).reciprocal();
       const at::Tensor angles = at::outer(at::arange(s, options.dtype(at::kFloat)), inv_freq);
-      const at::Tensor emb = at::cat({angles, angles}, -1);
+      // GptOssRotaryEmbedding: the frequencies once, over half the head.
+      const at::Tensor emb = spec_.rope_half_split() ? angles : at::cat({angles, angles}, -1);
       cos_by_type[type] = emb.cos().to(table_dtype);
       sin_by_type[type] = emb.sin().to(table_dtype);
       if (spec_.rope_tables_per_sequence()) {
@@ -1260,7 +1313,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   if (aux_loss) router_logits_ = &router_logits;
   for (int layer = 0; layer < spec_.num_layers(); ++layer) {
     const at::Tensor per_layer_input = per_layer_inputs.defined() ? per_layer_inputs.select(2, layer) : at::Tensor();
-    x = run_block(tower_layers_ + layer, x, cos_by_type[type_of(layer)], sin_by_type[type_of(layer)],
+    x = run_block(tower_layers_ + layer, x, cos_by_type[table_type_of(layer)], sin_by_type[table_type_of(layer)],
                   masks[type_of(layer)], per_layer_input, {});
     if (layer < static_cast<int>(images.deepstack.size())) {
       // Qwen3VLTextModel._deepstack_process: a copy of the layer's output,

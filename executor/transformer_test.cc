@@ -134,8 +134,8 @@ TEST(TransformerTest, LossIsNearLogVocabAtInitAndCheckpointingMatches) {
 
 // Mixtures of experts with the auxiliary loss, checkpointed: the router
 // logits pass through the checkpoint and their gradient into the recompute
-// (which stops in the experts: past Mixtral's fp32 pairs and Granite's
-// residual multiplier too), or the router would train differently.
+// (which stops in the experts: past Mixtral's fp32 pairs, Granite's
+// residual multiplier and GPT-OSS's biases too), or the router would train differently.
 TEST(TransformerTest, MoeAuxiliaryLossCheckpointingMatches) {
   const std::string shape = R"("hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 2, "vocab_size": 128, "num_experts_per_tok": 2, "output_router_logits": true,
@@ -144,7 +144,10 @@ TEST(TransformerTest, MoeAuxiliaryLossCheckpointingMatches) {
        {absl::StrCat(R"({"model_type": "qwen3_moe", "num_experts": 8, "moe_intermediate_size": 32, )", shape, "}"),
         absl::StrCat(R"({"model_type": "mixtral", "num_local_experts": 8, "intermediate_size": 32, )", shape, "}"),
         absl::StrCat(R"({"model_type": "granitemoe", "num_local_experts": 8, "intermediate_size": 32,
-                         "residual_multiplier": 0.5, )", shape, "}")}) {
+                         "residual_multiplier": 0.5, )", shape, "}"),
+        // GPT-OSS: eager attention with sinks over a sliding and a full layer, its biased experts.
+        absl::StrCat(R"({"model_type": "gpt_oss", "num_local_experts": 8, "intermediate_size": 32, "head_dim": 16,
+                         "sliding_window": 16, )", shape, "}")}) {
     auto spec = ModelSpecFromHfConfig(config, "moe.json");
     ASSERT_TRUE(spec.ok()) << spec.status();
     ASSERT_TRUE(spec->moe().router_aux_loss());

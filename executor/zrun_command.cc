@@ -420,18 +420,6 @@ absl::Status RefuseFusedKernels(const ModelSpec& model) {
   return absl::OkStatus();
 }
 
-// What zplan plans and zrun's model does not build yet, refused by name
-// rather than trained as something else.
-absl::Status RefuseUnbuilt(const ModelSpec& model) {
-  if (model.attention_sinks() || model.moe().gpt_oss_experts()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "model.model_type: ", model.model_type(), " (GPT-OSS's attention sinks and biased, clamped experts) is "
-        "planned and checked against real DeepSpeed (docs/deepspeed_agreement.md), but zrun does not build it yet; "
-        "plan another model to train with zrun"));
-  }
-  return absl::OkStatus();
-}
-
 int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
   // Blocks of 2 MiB or more 2 MiB-aligned and madvise(MADV_HUGEPAGE)
@@ -446,7 +434,6 @@ int RunZrun(const ZrunOptions& options, std::ostream& out, std::ostream& err) {
   if (status.ok()) status = ReadProtoFile(options.plan_path, &plan);
   if (status.ok()) status = ValidatePlan(plan, options.plan_path);
   if (status.ok()) status = RefuseFusedKernels(plan.model());
-  if (status.ok()) status = RefuseUnbuilt(plan.model());
   if (!status.ok()) {
     err << "zrun: " << status.message() << "\n";
     return kExitBadInput;

@@ -359,8 +359,8 @@ INSTANTIATE_TEST_SUITE_P(
                      "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000,
                      "vision_config": {"depth": 2, "hidden_size": 32, "num_heads": 4, "intermediate_size": 64,
                      "out_hidden_size": 64, "fullatt_block_indexes": [1]}})"},
-        BadInput{"hf_moe", Nothing, "num_local_experts: a mixture of experts of model_type \"gpt_oss\" is not modelled",
-                 R"({"model_type": "gpt_oss", "num_hidden_layers": 2, "hidden_size": 64, "num_local_experts": 8,
+        BadInput{"hf_moe", Nothing, "n_routed_experts: a mixture of experts of model_type \"deepseek_v3\" is not modelled",
+                 R"({"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "n_routed_experts": 8,
                      "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
         BadInput{"hf_moe_aux_fused_loss", [](ZplanOptions* o) { o->loss = "liger-fused"; },
                  "output_router_logits: the auxiliary load-balancing loss beside Liger's fused cross-entropy is not "

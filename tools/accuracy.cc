@@ -75,6 +75,8 @@ const std::vector<std::string> kQwen3MoeAux = {"--hf-config", "configs/hf/tiny/q
 const std::vector<std::string> kMixtralAux = {"--hf-config", "configs/hf/tiny/mixtral-aux.json"};
 const std::vector<std::string> kGraniteMoe = {"--hf-config", "configs/hf/tiny/granitemoe.json"};
 const std::vector<std::string> kGraniteMoeAux = {"--hf-config", "configs/hf/tiny/granitemoe-aux.json"};
+const std::vector<std::string> kGptOss = {"--hf-config", "configs/hf/tiny/gpt_oss.json"};
+const std::vector<std::string> kGptOssAux = {"--hf-config", "configs/hf/tiny/gpt_oss-aux.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
 // hidden 256 over 257 tokens with hidden and attention dropout (the image
 // fixes --seq).
@@ -455,6 +457,10 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       // GraniteMoe: its router, no leaf at ZeRO-3, the recompute stopping in the experts past Granite's multiplier.
       Case("granitemoe-z3-bf16-w2-ckpt", kGraniteMoe, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("granitemoe-aux-z2-bf16-w2", kGraniteMoeAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      // GPT-OSS: eager attention with sinks, RoPE over half the head, the biased, clamped experts.
+      Case("gpt_oss-z3-bf16-w2-ckpt", kGptOss, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("gpt_oss-aux-z2-bf16-w2", kGptOssAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("gpt_oss-z1-fp32-w2", kGptOss, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
   };
 }
 

@@ -124,6 +124,7 @@ std::vector<std::string> LiveCases(Suite s) {
         "glm4-z3-bf16-w2",                               // fused projections, partial RoPE
         "llama-heavy-z0-bf16-w1-torch-adamw-s32",        // a torch Adam at ZeRO-0 in bf16
         "llava-z3-bf16-w2-freeze-tower",                 // a vision-language model, a frozen tower
+        "gpt_oss-z3-bf16-w2-ckpt",                       // attention sinks
     };
   }
   return {
