@@ -1293,9 +1293,12 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
     // that shape scattered into), where CPU's 16-bit scatter makes an fp32
     // copy of the whole, beside softmax's input gradient (measured in the
     // oracle's allocation trace).
+    // By then o_proj's backward has freed its saved input, and the second
+    // matmul's v its repeated v for v's gradient: one [b, s, a d] less.
     const int64_t sink_scores = SinkScores(spec, b, s);
     const int64_t cpu_copy = device == KernelDevice::kCpu && w < 4 ? sink_scores * 4 : 0;
-    t.attention_bytes = std::max(2 * sink_scores * w, sink_scores * w + cpu_copy);
+    t.attention_bytes = std::max(2 * sink_scores * w, sink_scores * w + cpu_copy) -
+                        bs * spec.num_attention_heads() * head_dim * w;
   } else if (spec.attention_impl() == ATTENTION_EAGER) {
     t.attention_bytes = residual_grads + 2 * scores * w;
   } else {
