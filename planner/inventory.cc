@@ -823,7 +823,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           // softmax in the working dtype its output with the sink column
           // [b, a, s, s + 1], of which the second matmul keeps a view (or,
           // with dropout, the dropped probabilities and dropout's mask).
-          const bool scores_grad = q_grad || k_grad || BaseWeightsTrain(spec);  // the sinks train with the weights
+          const bool scores_grad = q_grad || k_grad;
           if (k_grad) act(m + "q", {b, a, s, d}, dtype);
           if (q_grad) act(m + "k", {b, a, s, d}, dtype);
           if (scores_grad) act(m + "v", {b, a, s, d}, dtype);

@@ -353,13 +353,13 @@ struct MoeTransients : MixerTransients {
 };
 MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
 
-// Bytes per element of a router's logits (what the auxiliary loss keeps):
-// the working dtype's `w`, GraniteMoe's fp32.
 // Eager attention's logits with the sink column (ModelSpec.attention_sinks):
 // b x heads x s x (s + 1) elements.
 inline int64_t SinkScores(const ModelSpec& spec, int64_t b, int64_t s) {
   return b * spec.num_attention_heads() * s * (s + 1);
 }
+// Bytes per element of a router's logits (what the auxiliary loss keeps):
+// the working dtype's `w`, GraniteMoe's fp32.
 inline int64_t RouterLogitsBytes(const MoeSpec& moe, int64_t w) {
   return moe.router_top_k_then_softmax() && !moe.router_top_k_in_working_dtype() ? 4 : w;
 }
