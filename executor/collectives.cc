@@ -67,14 +67,8 @@ class C10dCollectives : public Collectives {
   }
 
   absl::Status ReduceScatterSum(at::Tensor& input, at::Tensor& output) override {
-    if (name_ == "gloo") {
-      // Gloo's reduce-scatter clones its input; an in-place all-reduce of the
-      // bucket we own needs no extra buffer (DESIGN §3 temporaries).
-      if (absl::Status s = AllReduceSum(input); !s.ok()) return s;
-      const int64_t n = output.numel();
-      output.copy_(input.narrow(0, n * info_.rank, n));
-      return absl::OkStatus();
-    }
+    // Gloo's reduce-scatter copies its input, as under DeepSpeed's ZeRO-3
+    // on CPU ranks (reduce_scatter_coalesced); NCCL's does not.
     return Guard("reduce-scatter", [&] {
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;

@@ -60,7 +60,7 @@ class Collectives {
   // In place: t = sum over ranks.
   virtual absl::Status AllReduceSum(at::Tensor& t) = 0;
   // input is [world * n] (consumed: it may be overwritten); output [n] gets
-  // the sum of every rank's chunk `rank`.
+  // the sum of every rank's chunk `rank`; it may be that chunk of input (in place).
   virtual absl::Status ReduceScatterSum(at::Tensor& input, at::Tensor& output) = 0;
   // input is [n], output [world * n]: chunk r is rank r's input.
   virtual absl::Status AllGather(const at::Tensor& input, at::Tensor& output) = 0;

@@ -79,19 +79,19 @@ void ZeroEngine::AllocateBuckets() {
   }
 }
 
-void ZeroEngine::AccumulateOwned(Slot& slot, const at::Tensor& full_grad) {
+void ZeroEngine::AccumulateOwned(Slot& slot, const at::Tensor& grad) {
   const int64_t len = slot.own_hi - slot.own_lo;
   if (len <= 0) return;
-  const double scale = 1.0 / comm_->world_size();
+  // Stage 3's piece comes averaged (reduce_scatter_coalesced pre-divides).
+  const double scale = stage_ == 3 ? 1.0 : 1.0 / comm_->world_size();
   if (offload_) {
     // The reduced buffer is consumed here, so it is averaged in place.
-    at::Tensor grad = stage_ == 3 ? full_grad.narrow(0, slot.own_lo, len) : full_grad;
     if (scale != 1.0) grad.mul_(scale);
-    OffloadGrad(slot, full_grad);
+    OffloadGrad(slot, grad);
     return;
   }
   EnsureGradPartition();
-  grad_shard_.narrow(0, slot.own_dst, len).add_(full_grad.narrow(0, slot.own_lo, len), scale);
+  grad_shard_.narrow(0, slot.own_dst, len).add_(stage_ == 3 ? grad : grad.narrow(0, slot.own_lo, len), scale);
 }
 
 void ZeroEngine::EnsureGradPartition() {
@@ -177,11 +177,24 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
   if (offload_) OffloadStreamScope::Retain(grad);  // read on the offload stream
   const int64_t capacity = buckets_.empty() ? 0 : buckets_.front().numel();
   absl::Status status;
-  if (stage_ == 3 && slot.numel > capacity) {
-    // Larger than a bucket (or no buckets): reduce the gradient itself.
-    at::Tensor flat = grad.reshape(-1);
-    status = comm_->AllReduceSum(flat);
-    if (status.ok()) AccumulateOwned(slot, flat);
+  if (stage_ == 3) {
+    // stage3.py, reduce_independent_p_g_buckets_and_remove_grads: a gradient
+    // that would overflow the bucket reduces it first; one that fits is
+    // moved into it (__add_grad_to_ipg_bucket), one larger stays whole in
+    // it, as its .grad, until the next reduction.
+    if (!segments_.empty() && bucket_fill_ + slot.numel > config_.zero().reduce_bucket_elements()) {
+      status = ReduceScatterBucket();
+    }
+    if (status.ok() && bucket_fill_ + slot.numel <= capacity) {
+      buckets_.front().narrow(0, bucket_fill_, slot.numel).copy_(grad.reshape(-1));
+      segments_.push_back({index, bucket_fill_});
+      slot.param.mutable_grad() = at::Tensor();
+    } else if (status.ok()) {
+      segments_.push_back({index, -1});
+    }
+    bucket_fill_ += slot.numel;
+    if (!status.ok()) hook_status_ = status;
+    return;
   } else {
     // Stages 1/2 as stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads:
     // a gradient that would overflow the bucket reduces it first; one larger
@@ -202,13 +215,62 @@ void ZeroEngine::ReduceThroughBucket(size_t index) {
   slot.param.mutable_grad() = at::Tensor();  // the gradient now lives in the bucket
 }
 
+absl::Status ZeroEngine::ReduceScatterBucket() {
+  // stage3.py, __reduce_and_partition_ipg_grads -> __avg_scatter_grads ->
+  // reduce_scatter_coalesced (reduce_scatter is on by default): the
+  // gradients in parameter order, each cut into world pieces padded to
+  // ceil(numel / world), interleaved rank by rank into one flat copy (none
+  // for a single gradient that needs no padding), pre-divided, and
+  // reduce-scattered; this rank's pieces (views of that copy) go into its
+  // gradient partition (partition_grads), then the gradients are freed.
+  std::vector<Segment> segments = std::move(segments_);
+  segments_.clear();
+  bucket_fill_ = 0;
+  if (segments.empty()) return absl::OkStatus();
+  std::sort(segments.begin(), segments.end(), [](const Segment& a, const Segment& b) { return a.slot < b.slot; });
+  const int64_t world = comm_->world_size();
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> chunk(segments.size()), chunk_offset(segments.size());
+  int64_t chunks = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Slot& slot = slots_[segments[i].slot];
+    grads.push_back(segments[i].bucket_offset >= 0 ? buckets_.front().narrow(0, segments[i].bucket_offset, slot.numel)
+                                                   : slot.param.grad().reshape(-1));
+    chunk[i] = (slot.numel + world - 1) / world;
+    chunk_offset[i] = chunks;
+    chunks += chunk[i];
+  }
+  at::Tensor flat;
+  if (segments.size() == 1 && slots_[segments[0].slot].numel % world == 0) {
+    flat = grads[0];
+  } else {
+    flat = at::empty({chunks * world}, grads[0].options());
+    for (int64_t r = 0; r < world; ++r) {
+      for (size_t i = 0; i < segments.size(); ++i) {
+        const int64_t lo = std::min(r * chunk[i], grads[i].numel());
+        const int64_t len = std::min(grads[i].numel(), lo + chunk[i]) - lo;
+        if (len > 0) flat.narrow(0, r * chunks + chunk_offset[i], len).copy_(grads[i].narrow(0, lo, len));
+      }
+    }
+  }
+  flat.div_(static_cast<double>(world));
+  at::Tensor mine = flat.narrow(0, comm_->rank() * chunks, chunks);
+  ZPLAN_RETURN_IF_ERROR(comm_->ReduceScatterSum(flat, mine));
+  for (size_t i = 0; i < segments.size(); ++i) {
+    Slot& slot = slots_[segments[i].slot];
+    AccumulateOwned(slot, mine.narrow(0, chunk_offset[i], std::max<int64_t>(0, slot.own_hi - slot.own_lo)));
+    slot.param.mutable_grad() = at::Tensor();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ZeroEngine::FinishBackward(bool last_micro_step) {
   ZPLAN_RETURN_IF_ERROR(hook_status_);
   if (stage_ == 3) {
     Release(-1, kAfterBackward);  // the embedding, gathered for its backward
     {
       OffloadStreamScope offload_stream(device_, offload_);
-      ZPLAN_RETURN_IF_ERROR(FlushBucket());
+      ZPLAN_RETURN_IF_ERROR(ReduceScatterBucket());
     }
     if (offload_ && last_micro_step) {
       WaitForDevice(device_);

@@ -155,7 +155,7 @@ class ZeroEngine {
   };
   struct Segment {            // a gradient's place in a bucket
     size_t slot;
-    int64_t bucket_offset;
+    int64_t bucket_offset;    // stage 3: -1 where it stays its own .grad
   };
 
   ZeroEngine() = default;
@@ -189,12 +189,16 @@ class ZeroEngine {
   void ReduceThroughBucket(size_t slot);
   absl::Status ReduceBucket(at::Tensor& bucket, const std::vector<Segment>& segments, int64_t fill);
   absl::Status FlushBucket();
-  // Adds this rank's part of a reduced (summed) full gradient of `slot` to
-  // the owned gradient buffer, averaged over ranks; consumes `full_grad`.
-  void AccumulateOwned(Slot& slot, const at::Tensor& full_grad);
-  // With optimizer offload: an averaged full gradient of `slot` into the host
-  // gradients, by non_blocking copies on the current stream (see the .cc).
-  void OffloadGrad(Slot& slot, const at::Tensor& full_grad);
+  // Stage 3: the bucket's gradients reduce-scattered together (see the .cc).
+  absl::Status ReduceScatterBucket();
+  // Adds this rank's part of a reduced gradient of `slot` to the owned
+  // gradient buffer: at stages 1/2 the summed full gradient (averaged here,
+  // consumed), at stage 3 this rank's piece, already averaged.
+  void AccumulateOwned(Slot& slot, const at::Tensor& grad);
+  // With optimizer offload: an averaged gradient of `slot` (as AccumulateOwned
+  // takes it) into the host gradients, by non_blocking copies on the current
+  // stream (see the .cc).
+  void OffloadGrad(Slot& slot, const at::Tensor& grad);
   // AfterBackward before the micro-step count moves on.
   absl::Status FinishBackward(bool last_micro_step);
   absl::Status Gather(int part);

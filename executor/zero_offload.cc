@@ -33,7 +33,7 @@ void ZeroEngine::OffloadGrad(Slot& slot, const at::Tensor& full_grad) {
   // CUDA, OffloadStreamScope): the host reads or rewrites these buffers only
   // after WaitForDevice. Device temporaries are pieces of one parameter.
   const int64_t len = slot.own_hi - slot.own_lo;
-  const at::Tensor owned = full_grad.narrow(0, slot.own_lo, len);
+  const at::Tensor owned = stage_ == 3 ? full_grad : full_grad.narrow(0, slot.own_lo, len);
   if (stage_ == 3) {
     // stage3.py, partition_grads: the first micro-step copies into the host
     // partition; later ones bring its piece to the device, add, copy back.

@@ -55,16 +55,10 @@ int64_t SumBytes(const std::vector<TensorSpec>& tensors) {
 // makes the block a leaf (parameter_offload.py, _register_deepspeed_module:
 // its default leaf_module classes) and reduces its parameters' gradients
 // after its backward: down_proj's waits beside gate_up_proj's.
-// The second of those, past down_proj's hook (0 where the freed pair
-// tensors outweigh it).
+// This is the second of those (0 where the freed pair tensors outweigh it).
 int64_t MoeGateUpGradientBytes(int64_t pair_ffn, int64_t down_elements, int64_t gate_up_elements, bool leaf_gradients,
                                int64_t w) {
   return std::max<int64_t>(0, gate_up_elements * w + (leaf_gradients ? down_elements * w : 0) - 2 * pair_ffn);
-}
-int64_t MoeWeightGradientBytes(int64_t pair_ffn, int64_t down_elements, int64_t gate_up_elements, bool leaf_gradients,
-                               int64_t w) {
-  return std::max(down_elements * w + pair_ffn,
-                  MoeGateUpGradientBytes(pair_ffn, down_elements, gate_up_elements, leaf_gradients, w));
 }
 
 // A BlockKind's fields, to find equal kinds.
@@ -75,7 +69,7 @@ auto BlockKindTie(const StepSizes::BlockKind& k) {
                   k.bwd_attn_transient,
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
-                  k.down_weight_grad_waiting, k.mlp_past_down_hook, k.post_norm_bwd_transient, k.forward_only);
+                  k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook, k.post_norm_bwd_transient, k.forward_only);
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
@@ -330,6 +324,15 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     }
   }
   for (LayerStatics& l : statics) l.down_weight_grad_waiting = DownWeightGradWaitingBytes(zero_in, s, l.down_weight_elements);
+  // Stage 3's reductions of expert banks: the bucket's phase drifts from
+  // layer to layer, so every MoE layer takes those of the last, the first
+  // in backward, where the most is alive.
+  const std::vector<Stage3ExpertReductions> reductions = SizeStage3Reductions(zero_in, s);
+  for (int block = static_cast<int>(reductions.size()) - 1; block >= tower_layers; --block) {
+    if (!LayerIsMoe(model, block - tower_layers)) continue;
+    for (int other = tower_layers; other < layers; ++other) statics[other].reductions = reductions[block];
+    break;
+  }
   const KernelDevice device = KernelDeviceOf(s);
   sizer.tower_without_graph_ = tower_layers > 0 && !TowerBuildsGraph(model, saves);
   // A block's stack: the tower's spec and its rows (images, tokens per
@@ -739,15 +742,18 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // gradient of its output when ops after the MLP made one: a residual
     // dropout's, a post-norm's), not beside the half's widest moment: it adds
     // only what exceeds that.
+    // ZeRO-3's reduction that an expert bank larger than a bucket brings
+    // stands beside it, at gate_up_proj's moment (Stage3ExpertReductions).
+    const int64_t gate_up_moment =
+        l.moe ? MoeGateUpGradientBytes(st.moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w) : 0;
     k.max_mlp_grad = std::max<int64_t>(
-        0, (l.moe ? MoeWeightGradientBytes(st.moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w)
+        0, (l.moe ? std::max(l.down_elements * w + st.moe.pair_ffn_bytes, gate_up_moment + l.reductions.copy)
                   : rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w) -
                k.bwd_mlp_transient);
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;
+    k.mlp_reduce_pending = l.moe ? l.reductions.pending : 0;
     // Past down_proj's hook: a dense MLP's activation backward; the experts' gate_up_proj gradient.
-    k.mlp_past_down_hook =
-        l.moe ? MoeGateUpGradientBytes(st.moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w)
-              : k.bwd_mlp_transient - k.mlp_output_grad;
+    k.mlp_past_down_hook = l.moe ? gate_up_moment : k.bwd_mlp_transient - k.mlp_output_grad;
     if (m.norm_placement() != NORM_PLACEMENT_PRE) {
       k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, BaseWeightsTrain(m));
     }

@@ -146,6 +146,7 @@ class StepSizer {
     // one, down_proj's weight.
     int64_t mlp_elements = 0, down_elements = 0, largest_mlp = 0, down_weight_elements = 0;
     int64_t down_weight_grad_waiting = 0;  // BlockKind's
+    Stage3ExpertReductions reductions;     // max_mlp_grad's and BlockKind::mlp_reduce_pending
     bool tower = false;         // a vision tower's block (TowerSpec, images x tokens rows)
     bool forward_only = false;  // StepSizes::BlockKind::forward_only
     bool operator==(const LayerStatics& o) const {
@@ -154,7 +155,7 @@ class StepSizer {
              recompute_stops_in_experts == o.recompute_stops_in_experts && head_dim == o.head_dim && grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
              gather == o.gather && gather_kept == o.gather_kept && mlp_elements == o.mlp_elements &&
              down_elements == o.down_elements && largest_mlp == o.largest_mlp &&
-             down_weight_elements == o.down_weight_elements && tower == o.tower && forward_only == o.forward_only;
+             down_weight_elements == o.down_weight_elements && reductions == o.reductions && tower == o.tower && forward_only == o.forward_only;
     }
   };
   // A vision-language model's tower (TowerSpec): its blocks run on

@@ -515,6 +515,30 @@ TEST(MemoryModelTest, ZeroOneWithOverlapKeepsOtherRanksOversizedGradients) {
   EXPECT_EQ(epilogue->ForRank(2, 128, 0).Block(last).retained_mlp, 0) << "kept to the epilogue anyway";
 }
 
+// ZeRO-3 without a leaf module: an expert bank's gradient larger than a
+// bucket flushes the bucket at its hook and waits whole for the next hook's
+// reduction (the router's, once the expert nodes are done); Gloo's
+// reduce-scatter copies its input, NCCL's does not.
+TEST(MemoryModelTest, Zero3ExpertBankLargerThanABucketWaitsForTheRoutersHook) {
+  auto model = ModelSpecFromHfConfig(R"({"model_type": "gpt_oss", "hidden_size": 128, "intermediate_size": 64,
+      "num_local_experts": 16, "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512, "sliding_window": 64,
+      "attention_bias": true, "tie_word_embeddings": false})", "gpt_oss.json");
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (const bool cpu : {false, true}) {
+    RunConfig config = Config(3, 2);
+    config.mutable_zero()->set_reduce_bucket_elements(200'000);
+    if (cpu) config.mutable_cluster()->set_gpu("cpu");
+    config = ResolveRunConfig(config);
+    const StepSizes s = Sizes(*model, config);
+    const int64_t gate_up = 16 * 128 * 2 * 64 * 2;  // [E, h, 2I] bf16, 262,144 elements
+    const int64_t router = (16 * 128 + 16) * 2;     // its weight and bias, made by the hook that reduces it
+    EXPECT_EQ(s.Block(1).mlp_reduce_pending, gate_up + router + (cpu ? gate_up : 0)) << "cpu " << cpu;
+    config.mutable_zero()->set_reduce_bucket_elements(300'000);
+    EXPECT_EQ(Sizes(*model, config).Block(1).mlp_reduce_pending, 0) << "the bank fits a bucket";
+  }
+}
+
 // With optimizer offload each piece of the rank's partition is copied to
 // fp64 for its norm as its bucket is reduced: at ZeRO-1 without overlap_comm
 // in the epilogue, in parameter order, the rank's own gradients cleared as

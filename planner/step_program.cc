@@ -752,6 +752,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    const int reduction = r.Alloc(COMPONENT_TEMPORARIES, k.mlp_reduce_pending, PHASE_BACKWARD, i,
+                                  "backward, layer #, ZeRO-3 reduction of the experts' waiting gradients");
+    r.Free(reduction, PHASE_BACKWARD, i, "backward, layer #, reduced expert gradients partitioned");
     r.Free(Ref{router_logits, i}, PHASE_BACKWARD, i, "backward, layer #, auxiliary loss gradient used");
     partition_at(Moment::kMlpPreNorm);
     pre_norm_backward(Ref{mlp_pre_norm, i}, k.mlp_pre_norm_bwd, "backward, layer #, MLP norm");

@@ -205,6 +205,10 @@ struct StepSizes {
     // next reduction (stage_1_and_2.py, extra_large_param_to_reduce), through
     // the activation's backward: the half's widest moment.
     int64_t down_weight_grad_waiting = 0;
+    // Stage 3 (zero_buckets.h, Stage3ExpertReductions): a mixture of
+    // experts' reduction at the router's hook, once the experts' saved
+    // tensors are freed: the bank's gradients waiting for it and its copies.
+    int64_t mlp_reduce_pending = 0;
     // Where the gradient partition appears at down_proj's hook
     // (PartitionMoment::kDownProjHook): the half's temporaries after it, a
     // GELU MLP's activation backward, a mixture of experts' gate_up_proj

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "planner/block_layout.h"
+#include "planner/inventory.h"
 #include "planner/units.h"
 #include "planner/vision_tower.h"
 
@@ -338,6 +339,119 @@ int64_t DownWeightGradWaitingBytes(const ZeroSizingInputs& in, const StepSizes& 
     return down_weight_elements * in.w;
   }
   return 0;
+}
+
+std::vector<Stage3ExpertReductions> SizeStage3Reductions(const ZeroSizingInputs& in, const StepSizes& s) {
+  const ZeroConfig& zero = in.config.zero();
+  std::vector<Stage3ExpertReductions> out;
+  if (s.stage != 3) return out;
+  out.resize(s.num_layers);
+  const std::vector<TensorSpec>& params = in.trainable;
+  const int64_t bucket_elements = zero.reduce_bucket_elements();
+  const int64_t world = s.world_size;
+  const int n = static_cast<int>(params.size());
+  // Per gradient: its half (nullptr outside the blocks), its leaf module
+  // (whose gradients wait for its backward to end), whether it is an
+  // expert's, its half's largest gradient (the half's gradient moment),
+  // and the weight whose bias it is (made by the same node, so made by
+  // the bias's hook: autograd accumulates a linear's bias first).
+  std::vector<Stage3ExpertReductions*> half(n, nullptr);
+  std::vector<int> leaf(n, -1), largest(n, -1), weight_of(n, -1);
+  std::vector<bool> moe(n, false);
+  for (int i = 0; i < n; ++i) {
+    const int block = StepBlockOf(in.model, params[i]);
+    if (block < 0) continue;
+    half[i] = &out[block];  // the MLP half's, for an expert's (only those count)
+    leaf[i] = DeepSpeedLeafBlockOf(in.model, params[i]);
+    moe[i] = MoeBlockOf(in.model, params[i]) >= 0;
+    const std::string& name = params[i].name();
+    if (i > 0 && (absl::EndsWith(name, ".bias") || absl::EndsWith(name, "_bias"))) {
+      const std::string weight = name.substr(0, name.size() - 5);
+      if (params[i - 1].name() == weight || params[i - 1].name() == weight + ".weight") weight_of[i] = i - 1;
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n && moe[i]; ++j) {
+      if (moe[j] && half[j] == half[i] && (largest[i] < 0 || NumElements(params[j]) > NumElements(params[largest[i]]))) {
+        largest[i] = j;
+      }
+    }
+  }
+  // The bucket (stage3.py, reduce_independent_p_g_buckets_and_remove_grads):
+  // a gradient that would overflow it reduces it first; one that fits is
+  // moved into it (__add_grad_to_ipg_bucket, with contiguous_gradients: its
+  // own storage freed), one larger stays whole in it until the next reduction.
+  std::vector<int> bucket;
+  int64_t fill = 0;
+  std::vector<int64_t> made(n, 0);  // gradients made and not yet moved or reduced
+  int64_t made_total = 0;
+  auto make = [&](int i) {
+    if (made[i] > 0) return;
+    made[i] = NumElements(params[i]) * in.w;
+    made_total += made[i];
+  };
+  auto drop = [&](int i) {
+    made_total -= made[i];
+    made[i] = 0;
+  };
+  auto flush = [&](int at) {
+    // __reduce_and_partition_ipg_grads -> __avg_scatter_grads ->
+    // reduce_scatter_coalesced (reduce_scatter is on by default): one flat
+    // copy of the bucket's gradients, each padded to a multiple of the world
+    // (none for a single one that needs no padding); Gloo's reduce-scatter
+    // copies its input too (ProcessGroupGloo; NCCL does not).
+    int64_t padded = 0;
+    for (int j : bucket) padded += (NumElements(params[j]) + world - 1) / world * world;
+    const bool no_cat = bucket.size() == 1 && NumElements(params[bucket[0]]) % world == 0;
+    const int64_t copies = ((no_cat ? 0 : padded) + (s.cpu_ranks ? padded : 0)) * in.w;
+    int waiter = -1;  // a gradient that waited whole in the bucket
+    for (int j : bucket) {
+      if (made[j] > 0 && waiter < 0) waiter = j;
+    }
+    const int big = largest[at];
+    if (waiter >= 0 && moe[waiter]) {
+      // An expert bank's (or a leaf's) gradients are reduced once the
+      // expert nodes are done (at the router's hook, or the leaf's end of
+      // backward): all that is made then, and the copies.
+      half[waiter]->pending = std::max(half[waiter]->pending, made_total + copies);
+    } else if (big >= 0 && made[big] > 0 && NumElements(params[big]) > bucket_elements &&
+               std::find(bucket.begin(), bucket.end(), big) == bucket.end()) {
+      // An expert bank's gradient, its half's largest and larger than a
+      // bucket, made: the reduction it brings stands beside it (its moment
+      // has it). Past that moment the half is narrower, and a dense half's
+      // reductions run past its widest moment (ViT's, measured 0.8 MB
+      // below the peak): neither is counted.
+      half[at]->copy = std::max(half[at]->copy, made_total - made[big] + copies);
+    }
+    for (int j : bucket) drop(j);  // partition_grads frees them
+    bucket.clear();
+    fill = 0;
+  };
+  auto hook = [&](int i) {
+    const int64_t numel = NumElements(params[i]);
+    if (!bucket.empty() && fill + numel > bucket_elements) flush(i);
+    if (zero.contiguous_gradients() && fill + numel <= bucket_elements) drop(i);
+    bucket.push_back(i);
+    fill += numel;
+  };
+  // Hooks fire in reverse parameter order; a leaf module's gradients all
+  // wait for its backward to end, then go in its parameters' order
+  // (parameter_offload.py: the leaf's backward hook).
+  for (int i = n - 1; i >= 0; --i) {
+    if (leaf[i] < 0) {
+      make(i);
+      if (weight_of[i] >= 0) make(weight_of[i]);
+      hook(i);
+      continue;
+    }
+    int first = i;
+    while (first > 0 && leaf[first - 1] == leaf[i]) --first;
+    for (int j = first; j <= i; ++j) make(j);
+    for (int j = first; j <= i; ++j) hook(j);
+    i = first;
+  }
+  // The rest reduces after backward (independent_gradient_partition_epilogue).
+  return out;
 }
 
 }  // namespace zplan

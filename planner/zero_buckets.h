@@ -63,6 +63,25 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
 // reduction (stage_1_and_2.py, extra_large_param_to_reduce); 0 otherwise.
 int64_t DownWeightGradWaitingBytes(const ZeroSizingInputs& in, const StepSizes& s, int64_t down_weight_elements);
 
+// Stage 3 (reduced in the gradient hooks): what a mixture of experts' MLP
+// half holds at its reductions beyond what its gradient moments count, the
+// largest over its reductions:
+//   copy     at the one its largest gradient brings, an expert bank larger
+//            than a bucket (StepSizer folds it into gate_up_proj's moment):
+//            the copies and what else waits for it;
+//   pending  at the one that runs once its expert nodes are done (the
+//            router's hook, or a leaf module's end of backward), the bank's
+//            gradients waiting whole for it and the copies
+//            (StepSizes::BlockKind::mlp_reduce_pending).
+// Dense halves' reductions run past their widest moment (not counted).
+struct Stage3ExpertReductions {
+  int64_t copy = 0;
+  int64_t pending = 0;
+  bool operator==(const Stage3ExpertReductions& o) const { return copy == o.copy && pending == o.pending; }
+};
+// Per step block (StepBlockOf); empty below stage 3.
+std::vector<Stage3ExpertReductions> SizeStage3Reductions(const ZeroSizingInputs& in, const StepSizes& s);
+
 }  // namespace zplan
 
 #endif  // ZPLAN_PLANNER_ZERO_BUCKETS_H_

@@ -22,7 +22,8 @@
 # at micro-batch 2 and 4) and seed 004's (Qwen3-0.6B, ZeRO-2 + pinned optimizer offload, rank 15 of 16);
 # Gemma 3 past its sliding window; LFM2's short convolutions, through transformers' fallback and
 # causal-conv1d's kernel; Qwen3.5 through transformers' fallbacks and through fla's kernels; Qwen2.5-VL;
-# Qwen3-30B-A3B's first four layers (its experts under ZeRO-3's leaf modules).
+# Qwen3-30B-A3B's first four layers (its experts under ZeRO-3's leaf modules); gpt-oss-20b's first four
+# (attention sinks, biased experts, no leaf).
 #
 # ROWS and DEADLINE_S (tools/gpu_env.sh) split the rows across a lease's calls; each finished row
 # is appended to $OUT/deepspeed/rows.txt at once.
@@ -49,7 +50,10 @@ if (( dry_run )); then
   granite4=$root/configs/hf/tiny/granitemoehybrid.json lfm2=$root/configs/hf/tiny/lfm2.json
   qwen35=$root/configs/hf/tiny/qwen3_5.json gemma4=$root/configs/hf/tiny/gemma4.json
   qwen25vl=$root/configs/hf/tiny/qwen2_5_vl.json vl_image=224
-  qwen3moe=$root/configs/hf/tiny/qwen3_moe.json
+  qwen3moe=$root/configs/hf/tiny/qwen3_moe.json gptoss=$root/configs/hf/tiny/gpt_oss.json
+  # Two real Gloo ranks, not an emulated one: torch's fake process group makes none of the copies
+  # Gloo's reduce-scatter makes under ZeRO-3, which a CPU plan counts (NCCL makes none either).
+  gptoss_world=2 gptoss_rank=-1
   vit_seq=65 vit_batch=4
   fla_kernels=() conv_kernels=()
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
@@ -83,6 +87,12 @@ transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_fi
   qwen3moe=$out/qwen3-30b-a3b-4-layers.json
   "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4
 json.dump(c, open(sys.argv[2], "w"), indent=2)' "$root/configs/hf/qwen3-30b-a3b.json" "$qwen3moe"
+  # gpt-oss-20b (published) cut to its first four layers (two sliding, two full; 32 experts of 2880, top 4),
+  # its MXFP4 quantization_config dropped: training runs on the dequantized weights.
+  gptoss=$out/gpt-oss-20b-4-layers.json gptoss_world=8 gptoss_rank=7
+  "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4
+c["layer_types"] = c["layer_types"][:4]; c.pop("quantization_config"); json.dump(c, open(sys.argv[2], "w"), indent=2)' \
+    "$root/configs/hf/gpt-oss-20b.json" "$gptoss"
   # Qwen2.5-VL-7B-Instruct (published), one 448 px image per sequence: 256 image tokens.
   qwen25vl=$root/configs/hf/qwen2.5-vl-7b-instruct.json vl_image=448
   fla_kernels=(--kernels fla) conv_kernels=(--kernels causal_conv1d)
@@ -262,6 +272,11 @@ ds_row "Qwen2.5-VL tower frozen, ZeRO-3, rank 7/8" "$qwen25vl" "$seq" 8 7 "$(ds_
 # experts of a layer gathered at once), the lazy recompute of checkpointing; zrun trains it too.
 ds_row "Qwen3-30B-A3B (4 layers), ZeRO-3 + ckpt, 7/8" "$qwen3moe" "$seq" 8 7 "$(ds_config 3 1 1 "$buckets3")" \
   --checkpointing
+# GPT-OSS (docs/moe.md): eager attention with sinks (S^2 logits per layer), its biased experts through
+# CUDA's grouped_mm, no leaf module at ZeRO-3; zrun trains it too.
+ds_row "gpt-oss-20b (4 layers), ZeRO-3 + ckpt" "$gptoss" "$seq" "$gptoss_world" "$gptoss_rank" \
+  "$(ds_config 3 1 1 "$buckets3")" \
+  --attention eager --checkpointing
 ds_row "LFM2 + causal-conv1d, ZeRO-2 + ckpt" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" \
   --checkpointing "${conv_kernels[@]}"
 
