@@ -350,31 +350,25 @@ std::vector<Stage3ExpertReductions> SizeStage3Reductions(const ZeroSizingInputs&
   const int64_t bucket_elements = zero.reduce_bucket_elements();
   const int64_t world = s.world_size;
   const int n = static_cast<int>(params.size());
-  // Per gradient: its half (nullptr outside the blocks), its leaf module
-  // (whose gradients wait for its backward to end), whether it is an
-  // expert's, its half's largest gradient (the half's gradient moment),
-  // and the weight whose bias it is (made by the same node, so made by
-  // the bias's hook: autograd accumulates a linear's bias first).
-  std::vector<Stage3ExpertReductions*> half(n, nullptr);
-  std::vector<int> leaf(n, -1), largest(n, -1), weight_of(n, -1);
+  // Per gradient: its block (-1 outside the blocks), its leaf module (whose
+  // gradients wait for its backward to end), whether it is an expert's, and
+  // the weight whose bias it is (made by the same node, so made by the
+  // bias's hook: autograd accumulates a linear's bias first). Per block:
+  // its largest expert gradient (the MLP half's gradient moment).
+  std::vector<int> block_of(n, -1), leaf(n, -1), weight_of(n, -1), largest(s.num_layers, -1);
   std::vector<bool> moe(n, false);
   for (int i = 0; i < n; ++i) {
-    const int block = StepBlockOf(in.model, params[i]);
+    const int block = block_of[i] = StepBlockOf(in.model, params[i]);
     if (block < 0) continue;
-    half[i] = &out[block];  // the MLP half's, for an expert's (only those count)
     leaf[i] = DeepSpeedLeafBlockOf(in.model, params[i]);
     moe[i] = MoeBlockOf(in.model, params[i]) >= 0;
+    if (moe[i] && (largest[block] < 0 || NumElements(params[i]) > NumElements(params[largest[block]]))) {
+      largest[block] = i;
+    }
     const std::string& name = params[i].name();
     if (i > 0 && (absl::EndsWith(name, ".bias") || absl::EndsWith(name, "_bias"))) {
       const std::string weight = name.substr(0, name.size() - 5);
       if (params[i - 1].name() == weight || params[i - 1].name() == weight + ".weight") weight_of[i] = i - 1;
-    }
-  }
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n && moe[i]; ++j) {
-      if (moe[j] && half[j] == half[i] && (largest[i] < 0 || NumElements(params[j]) > NumElements(params[largest[i]]))) {
-        largest[i] = j;
-      }
     }
   }
   // The bucket (stage3.py, reduce_independent_p_g_buckets_and_remove_grads):
@@ -408,12 +402,13 @@ std::vector<Stage3ExpertReductions> SizeStage3Reductions(const ZeroSizingInputs&
     for (int j : bucket) {
       if (made[j] > 0 && waiter < 0) waiter = j;
     }
-    const int big = largest[at];
+    const int big = block_of[at] >= 0 && moe[at] ? largest[block_of[at]] : -1;
     if (waiter >= 0 && moe[waiter]) {
       // An expert bank's (or a leaf's) gradients are reduced once the
       // expert nodes are done (at the router's hook, or the leaf's end of
       // backward): all that is made then, and the copies.
-      half[waiter]->pending = std::max(half[waiter]->pending, made_total + copies);
+      int64_t& pending = out[block_of[waiter]].pending;
+      pending = std::max(pending, made_total + copies);
     } else if (big >= 0 && made[big] > 0 && NumElements(params[big]) > bucket_elements &&
                std::find(bucket.begin(), bucket.end(), big) == bucket.end()) {
       // An expert bank's gradient, its half's largest and larger than a
@@ -421,7 +416,8 @@ std::vector<Stage3ExpertReductions> SizeStage3Reductions(const ZeroSizingInputs&
       // has it). Past that moment the half is narrower, and a dense half's
       // reductions run past its widest moment (ViT's, measured 0.8 MB
       // below the peak): neither is counted.
-      half[at]->copy = std::max(half[at]->copy, made_total - made[big] + copies);
+      int64_t& copy = out[block_of[at]].copy;
+      copy = std::max(copy, made_total - made[big] + copies);
     }
     for (int j : bucket) drop(j);  // partition_grads frees them
     bucket.clear();
