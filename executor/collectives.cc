@@ -67,9 +67,18 @@ class C10dCollectives : public Collectives {
   }
 
   absl::Status ReduceScatterSum(at::Tensor& input, at::Tensor& output) override {
-    // Gloo's reduce-scatter copies its input, as under DeepSpeed's ZeRO-3
-    // on CPU ranks (reduce_scatter_coalesced); NCCL's does not.
-    return Guard("reduce-scatter", [&] {
+    if (name_ == "gloo") {
+      // Gloo's reduce-scatter (ProcessGroupGloo::reduce_scatter_tensor_coalesced)
+      // all-reduces a clone of the input and copies this rank's chunk out, as
+      // under DeepSpeed's ZeRO-3 on CPU ranks. Done here step by step so that
+      // Finish sees the inner all-reduce: through _reduce_scatter_base the
+      // clone lives on in Gloo's worker thread and is freed at random.
+      at::Tensor copy = input.clone();
+      absl::Status status = AllReduceSum(copy);
+      if (status.ok()) output.copy_(copy.chunk(info_.world_size)[info_.rank]);
+      return status;
+    }
+    return Guard("reduce-scatter", [&] {  // NCCL's makes no copy
       c10d::ReduceScatterOptions options;
       options.reduceOp = c10d::ReduceOp::SUM;
       Finish(backend_->_reduce_scatter_base(output, input, options));
