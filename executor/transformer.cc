@@ -549,7 +549,8 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   const int64_t h = spec_.hidden_size(), k = moe.experts_per_token(), e = moe.num_experts();
   const at::Tensor flat = x.view({-1, h});
   at::Tensor shared;
-  if (moe.shared_expert_ffn_hidden_size() > 0) {
+  const bool shared_after = moe.shared_expert_fused_after_experts();
+  if (moe.shared_expert_ffn_hidden_size() > 0 && !shared_after) {
     // Qwen2MoeMLP on every token, first.
     const std::string se = m + kSharedExpert;
     shared = Linear(at::silu(Linear(flat, se + "gate_proj", false)) * Linear(flat, se + "up_proj", false),
@@ -619,7 +620,13 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   weighted = weighted.index({inverse});
   at::Tensor out = weighted.view({flat.size(0), k, h}).sum(1).to(x.scalar_type());
   if (shared.defined()) out = out + at::sigmoid(Linear(flat, m + kSharedExpertGate, false)) * shared;
-  return out.view(x.sizes());
+  out = out.view(x.sizes());
+  if (shared_after) {
+    // GraniteMoeSharedDecoderLayer: block_sparse_moe(x) + shared_mlp(x).
+    const std::vector<at::Tensor> gate_up = Linear(x, m + kSharedExpertGateUp, false).chunk(2, -1);
+    out = out + Linear(at::silu(gate_up[0]) * gate_up[1], m + kSharedExpert + "down_proj", false);
+  }
+  return out;
 }
 
 at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -145,6 +145,9 @@ TEST(TransformerTest, MoeAuxiliaryLossCheckpointingMatches) {
         absl::StrCat(R"({"model_type": "mixtral", "num_local_experts": 8, "intermediate_size": 32, )", shape, "}"),
         absl::StrCat(R"({"model_type": "granitemoe", "num_local_experts": 8, "intermediate_size": 32,
                          "residual_multiplier": 0.5, )", shape, "}"),
+        // GraniteMoeShared: its shared_mlp after the experts, recomputed past them.
+        absl::StrCat(R"({"model_type": "granitemoeshared", "num_local_experts": 8, "intermediate_size": 32,
+                         "shared_intermediate_size": 48, "residual_multiplier": 0.5, )", shape, "}"),
         // GPT-OSS: eager attention with sinks over a sliding and a full layer, its biased experts.
         absl::StrCat(R"({"model_type": "gpt_oss", "num_local_experts": 8, "intermediate_size": 32, "head_dim": 16,
                          "sliding_window": 16, )", shape, "}")}) {

@@ -97,7 +97,10 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
       // The router and the shared expert; the fused experts are no linears (BlockParameters).
       const MoeSpec& moe = spec.moe();
       std::vector<BlockLinear> linears = {{kRouter, h, moe.num_experts(), moe.router_bias()}};
-      if (const int64_t fs = moe.shared_expert_ffn_hidden_size(); fs > 0) {
+      if (const int64_t fs = moe.shared_expert_ffn_hidden_size(); fs > 0 && moe.shared_expert_fused_after_experts()) {
+        linears.push_back({kSharedExpertGateUp, h, 2 * fs, false});
+        linears.push_back({"shared_expert.down_proj", fs, h, false});
+      } else if (fs > 0) {
         linears.push_back({"shared_expert.gate_proj", h, fs, false});
         linears.push_back({"shared_expert.up_proj", h, fs, false});
         linears.push_back({"shared_expert.down_proj", fs, h, false});
@@ -173,6 +176,8 @@ bool InHalfTail(const std::vector<BlockOp>& layout, const TensorSpec& saved) {
   for (const BlockOp& op : layout) {
     // Gemma 4's per-layer-input half comes after the MLP's: its backward runs first, all of it.
     if (op.kind == BlockOpKind::kPerLayerInput) tail = true;
+    // GraniteMoeShared's shared_mlp runs after the experts.
+    if (op.kind == BlockOpKind::kMoe && op.module == module && absl::StartsWith(rest, kSharedMlp)) return true;
     if (tail && op.module == module) {
       if (op.kind == BlockOpKind::kNorm || op.kind == BlockOpKind::kPerLayerInput) return true;
       // The dropout shares its half's module: its tensor is the mask.

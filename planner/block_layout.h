@@ -61,7 +61,9 @@ enum class BlockOpKind {
   // "<module>.experts.down_proj" [E, h, I] as grouped products, the pairs
   // weighted and summed back per token; and a shared expert, a gated MLP
   // "<module>.shared_expert.*" every token runs, scaled by
-  // sigmoid("<module>.shared_expert_gate"). GPT-OSS's experts
+  // sigmoid("<module>.shared_expert_gate"), or GraniteMoeShared's after the
+  // experts with its gate and up fused ("<module>.shared_expert.gate_up_proj"
+  // [h -> 2 f_s], MoeSpec.shared_expert_fused_after_experts). GPT-OSS's experts
   // (MoeSpec.gpt_oss_experts) are transposed, with biases and a clamped gate.
   kMoe,
 };
@@ -94,10 +96,11 @@ inline int NumMoeLayers(const ModelSpec& spec) {
 // its mixture of experts, at the weighted pairs' reordering (its inverse
 // index saved; nothing after it saves: .to, view, sum, Granite's product
 // with a Python float, the residual add), and whether the backward reaches
-// it only past those ops: a MoE layer without a shared expert's gate
-// product (recorded last, saving its factors).
+// it only past those ops: a MoE layer without a shared expert (Qwen2-MoE's
+// gate product and GraniteMoeShared's shared_mlp are recorded last, saving
+// their inputs).
 inline bool RecomputeStopsInExperts(const ModelSpec& spec, int layer) {
-  return LayerIsMoe(spec, layer) && !spec.moe().shared_expert_gate() &&
+  return LayerIsMoe(spec, layer) && spec.moe().shared_expert_ffn_hidden_size() == 0 &&
          spec.norm_placement() == NORM_PLACEMENT_PRE && spec.residual_dropout() == 0 &&
          spec.per_layer_input_size() == 0;
 }
@@ -112,6 +115,9 @@ inline constexpr char kRouter[] = "gate";                         // Linear(h ->
 inline constexpr char kSinks[] = "sinks";
 inline constexpr char kSharedExpert[] = "shared_expert.";         // its gate_proj, up_proj, down_proj
 inline constexpr char kSharedExpertGate[] = "shared_expert_gate"; // Linear(h -> 1), no bias
+inline constexpr char kSharedExpertGateUp[] = "shared_expert.gate_up_proj";  // GraniteMoeSharedMLP.input_linear
+// What GraniteMoeSharedMLP saves, "<module>.shared_mlp.*": the tail of its half (InHalfTail).
+inline constexpr char kSharedMlp[] = "shared_mlp.";
 
 // Whether layer `layer` is a LAYER_CONV one.
 inline bool LayerMixesByConv(const ModelSpec& spec, int layer) {

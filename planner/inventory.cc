@@ -994,11 +994,18 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // replaces for good: LinearSaves::kAlways).
         if (saves_input(kRouter, current_grad)) act(read_name(), {b, s, h}, dtype);
         if (fs > 0) {
-          // The shared expert first (Qwen2MoeSparseMoeBlock.forward): a gated MLP.
-          act(m + "shared_expert.gate", {b, s, fs}, dtype);
-          act(m + "shared_expert.up", {b, s, fs}, dtype);
-          act(m + "shared_expert.act", {b, s, fs}, dtype);
-          if (saves_input(kDownProj, current_grad)) act(m + "shared_expert.product", {b, s, fs}, dtype);
+          // The shared expert first (Qwen2MoeSparseMoeBlock.forward), or
+          // GraniteMoeSharedMLP after the experts: a gated MLP, its gate and
+          // up one [b, s, 2 f_s] output (silu's input and up, views of it).
+          const std::string se = m + (moe.shared_expert_fused_after_experts() ? kSharedMlp : "shared_expert.");
+          if (moe.shared_expert_fused_after_experts()) {
+            act(se + "gate_up", {b, s, 2 * fs}, dtype);
+          } else {
+            act(se + "gate", {b, s, fs}, dtype);
+            act(se + "up", {b, s, fs}, dtype);
+          }
+          act(se + "act", {b, s, fs}, dtype);
+          if (saves_input(kDownProj, current_grad)) act(se + "product", {b, s, fs}, dtype);
         }
         // The router: softmax's fp32 output, top-k's indices, and the
         // renormalization's sum and quotient; GraniteMoe's top-k indices and
@@ -1373,14 +1380,21 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // (The others' fp32 softmax over the experts beside their logits.)
   const int64_t probs = moe.router_top_k_then_softmax() ? 0 : tokens * e * 4;
   const int64_t experts = chain + routing + 3 * pairs * 8 + probs + tokens * k * 8;
-  t.nograd_bytes = fs > 0 ? std::max(3 * tokens * fs * w, tokens * h * w + experts) : experts;
+  // GraniteMoeSharedMLP runs after them, beside their output: gate_up
+  // [T, 2 f_s] with the activation and product, then the product and
+  // output_linear's output.
+  const int64_t shared_nograd = moe.shared_expert_fused_after_experts()
+                                    ? tokens * w * (h + 3 * fs + std::max(fs, h))
+                                    : std::max(3 * tokens * fs * w, tokens * h * w + experts);
+  t.nograd_bytes = fs > 0 ? std::max(experts, shared_nograd) : experts;
   // Backward, at its start: the output gradient expanded to the pairs (a
   // copy), the zeros it is scattered into in pair order and the scatter's
   // result; fp32 pairs in a 16-bit model then cast down's output gradient
   // back to its dtype beside them.
   t.backward_bytes = 3 * pairs * h * weighted + (weighted != w ? pairs * h * w : 0);
   // A shared expert's backward runs last (its ops were recorded first): the
-  // gradient of its output waits through the experts'.
+  // gradient of its output waits through the experts'; GraniteMoeShared's
+  // runs first, and the gradient of its input waits.
   if (fs > 0) t.backward_bytes += tokens * h * w;
   return t;
 }

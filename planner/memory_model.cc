@@ -69,7 +69,9 @@ auto BlockKindTie(const StepSizes::BlockKind& k) {
                   k.bwd_attn_transient,
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
-                  k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook, k.post_norm_bwd_transient, k.forward_only);
+                  k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook, k.post_norm_bwd_transient, k.mlp_tail_bwd_transient,
+                  k.grads_mlp_tail_out, k.grads_mlp_tail_in,
+                  k.forward_only);
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
@@ -699,6 +701,19 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
       if (l.recompute_stops_in_experts) {
         k.recompute_pending_grad = st.moe.weighted_pairs_bytes;
         k.recompute_mlp_fwd_transient = st.moe.recompute_bytes;
+      }
+      // GraniteMoeSharedMLP's backward, first: at its mul's, the product's
+      // gradient and the activation's and up's, [T, f_s] each, the product
+      // freed (InHalfTail: its saved tensors), beside the half's output
+      // gradient times residual_multiplier, which the experts' backward
+      // takes next, and output_linear's weight gradient.
+      if (m.moe().shared_expert_fused_after_experts()) {
+        const int64_t fs = m.moe().shared_expert_ffn_hidden_size();
+        k.mlp_tail_bwd_transient = (2 * fs + width) * rows * w;
+        if (BaseWeightsTrain(m)) {
+          k.grads_mlp_tail_out = width * fs * w;
+          k.grads_mlp_tail_in = 2 * fs * width * w;
+        }
       }
       if (m.moe().router_aux_loss()) k.aux_router_logits = rows * m.moe().num_experts() * RouterLogitsBytes(m.moe(), w);
     }

@@ -444,6 +444,18 @@ std::vector<ModelFamily> BuildFamilies() {
              /*routing_weights_fp32=*/false, /*renormalizes_always=*/false, /*deepspeed_leaf=*/false};
     f.moe.top_k_then_softmax = true;
     families.push_back(f);
+    // GraniteMoe's layers with a shared_mlp beside the experts where
+    // shared_intermediate_size > 0 (0 by default: GraniteMoe's layers).
+    f.model_type = "granitemoeshared";
+    f.read_from = "models/granitemoeshared/configuration_granitemoeshared.py (GraniteMoeSharedConfig: "
+                  "GraniteMoeConfig's keys, shared_intermediate_size 0), modeling_granitemoeshared.py "
+                  "(GraniteMoeSharedDecoderLayer: block_sparse_moe(x) + shared_mlp(x); GraniteMoeSharedMLP: "
+                  "input_linear [h -> 2 x shared_intermediate_size] chunked, act(first) x second, output_linear, "
+                  "no biases); integrations/moe.py";
+    f.moe.shared_expert_ffn_key = "shared_intermediate_size";
+    f.moe.default_shared_expert_ffn = 0;
+    f.moe.shared_mlp_after_experts = true;
+    families.push_back(f);
   }
   {
     // Llama's projections, all four with attention_bias (default true),

@@ -4,7 +4,7 @@
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
 // smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, the
 // mixtures of experts qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe,
-// granitemoe and gpt_oss, gpt2, vit -- holding what that
+// granitemoe, granitemoeshared and gpt_oss, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
@@ -14,7 +14,7 @@
 // RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, Gemma 4's
 // per-layer head widths and embeddings, LFM2's
 // short-conv layers, Qwen3.5's Gated DeltaNet layers and gated attention,
-// GPT-OSS's attention sinks and biased experts, and the transformers source (5.23.0, planner/version.h)
+// GPT-OSS's attention sinks and biased experts, GraniteMoeShared's shared_mlp, and the transformers source (5.23.0, planner/version.h)
 // it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
@@ -231,6 +231,9 @@ struct ModelFamily {
     // swiglu_limit and swiglu_alpha, read from the config's keys of those
     // names with GptOssConfig's defaults).
     bool gpt_oss = false;
+    // GraniteMoeShared's "shared_intermediate_size": an ungated shared_mlp
+    // after the experts (MoeSpec.shared_expert_fused_after_experts).
+    bool shared_mlp_after_experts = false;
   } moe;
   // GptOssAttention's sinks and GptOss's RoPE over half the head
   // (ModelSpec.attention_sinks, rope_half_split).
@@ -250,10 +253,10 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit".
+// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit".
 std::string SupportedModelTypes();
 
-// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss".
+// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss".
 std::string MoeModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

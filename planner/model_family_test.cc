@@ -15,7 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 
 TEST(ModelFamilyTest, OneEntryPerSupportedModelType) {
-  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit");
+  EXPECT_EQ(SupportedModelTypes(), "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit");
   std::set<std::string> types;
   for (const ModelFamily& f : ModelFamilies()) {
     EXPECT_TRUE(types.insert(std::string(f.model_type)).second) << f.model_type;
@@ -63,6 +63,11 @@ TEST(ModelFamilyTest, EntriesRestateTransformersDefaults) {
   EXPECT_TRUE(granitemoe.moe.top_k_then_softmax) << "GraniteMoeTopKRouter";
   EXPECT_EQ(granitemoe.moe.expert_ffn_key, "intermediate_size");
   EXPECT_FALSE(granitemoe.moe.deepspeed_leaf) << "GraniteMoeMoE is not a default leaf class";
+  const ModelFamily& granitemoeshared = *FindModelFamily("granitemoeshared");
+  EXPECT_EQ(granitemoeshared.moe.shared_expert_ffn_key, "shared_intermediate_size");
+  EXPECT_EQ(granitemoeshared.moe.default_shared_expert_ffn, 0) << "GraniteMoeSharedConfig: no shared_mlp by default";
+  EXPECT_TRUE(granitemoeshared.moe.shared_mlp_after_experts && granitemoeshared.granite_multipliers);
+  EXPECT_FALSE(granitemoeshared.moe.deepspeed_leaf) << "GraniteMoeSharedMoE is not a default leaf class";
   const ModelFamily& gpt_oss = *FindModelFamily("gpt_oss");
   EXPECT_TRUE(gpt_oss.attention_sinks) << "GptOssAttention.sinks";
   EXPECT_TRUE(gpt_oss.rope_half_split) << "_apply_rotary_emb";

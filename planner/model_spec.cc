@@ -437,7 +437,8 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
   moe.set_experts_per_token(per_token);
   moe.set_expert_ffn_hidden_size(width);
   moe.set_shared_expert_ffn_hidden_size(shared);
-  moe.set_shared_expert_gate(shared > 0);
+  moe.set_shared_expert_gate(shared > 0 && !keys.shared_mlp_after_experts);
+  moe.set_shared_expert_fused_after_experts(shared > 0 && keys.shared_mlp_after_experts);
   moe.set_router_before_experts(keys.router_before_experts);
   moe.set_routing_weights_fp32(keys.routing_weights_fp32);
   bool renormalize = keys.renormalizes_always;

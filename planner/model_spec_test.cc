@@ -4,9 +4,11 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/block_layout.h"
 #include "planner/inventory.h"
 
 namespace zplan {
@@ -668,6 +670,36 @@ TEST(ModelSpecTest, Qwen3_5MoeHasExpertsInEveryLayer) {
   EXPECT_NE(ValidateModelSpec(dense).message().find("model.ffn_hidden_size"), std::string::npos);
 }
 
+TEST(ModelSpecTest, GraniteMoeSharedAddsAnUngatedSharedMlpAfterTheExperts) {
+  const std::string shape = R"("model_type": "granitemoeshared", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 32, "num_local_experts": 4)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "shared_intermediate_size": 48})"), "gms.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->moe().shared_expert_ffn_hidden_size(), 48);
+  EXPECT_TRUE(spec->moe().shared_expert_fused_after_experts());
+  EXPECT_FALSE(spec->moe().shared_expert_gate()) << "GraniteMoeSharedMLP has no gate";
+  EXPECT_TRUE(spec->moe().router_top_k_then_softmax()) << "GraniteMoeSharedTopKRouter";
+  EXPECT_FALSE(RecomputeStopsInExperts(*spec, 0)) << "the shared_mlp after the experts saves";
+  // Its parameters: the router, the experts, then shared_mlp's input_linear [h -> 2 x 48] and output_linear.
+  std::vector<std::string> mlp;
+  for (const TensorSpec& t : ParameterInventory(*spec)) {
+    if (absl::StartsWith(t.name(), "layers.0.mlp.")) mlp.push_back(absl::StrCat(t.name(), " ", NumElements(t)));
+  }
+  EXPECT_THAT(mlp, testing::ElementsAre("layers.0.mlp.gate.weight 256", "layers.0.mlp.experts.gate_up_proj 16384",
+                                        "layers.0.mlp.experts.down_proj 8192",
+                                        "layers.0.mlp.shared_expert.gate_up_proj.weight 6144",
+                                        "layers.0.mlp.shared_expert.down_proj.weight 3072"));
+  // GraniteMoeSharedConfig's shared_intermediate_size is 0: GraniteMoe's layers.
+  auto plain = ModelSpecFromHfConfig(absl::StrCat("{", shape, "}"), "gms.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->moe().shared_expert_ffn_hidden_size(), 0);
+  EXPECT_FALSE(plain->moe().shared_expert_fused_after_experts());
+  EXPECT_TRUE(RecomputeStopsInExperts(*plain, 0));
+  const absl::Status negative =
+      ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "shared_intermediate_size": -1})"), "gms.json").status();
+  EXPECT_NE(negative.message().find("shared_intermediate_size"), std::string::npos) << negative;
+}
+
 // A model_type without a family (model_family.h) is refused: the message
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
@@ -678,7 +710,7 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -710,7 +742,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"starcoder2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit)"),
+                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.
@@ -727,7 +759,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   const absl::Status moe = ModelSpecFromHfConfig(R"({"model_type": "deepseek_v3", "n_routed_experts": 8})", "m.json",
                                                  "mistral").status();
   EXPECT_NE(moe.message().find("n_routed_experts: a mixture of experts of model_type \"deepseek_v3\" is not "
-                               "modelled; zplan plans the mixture-of-experts types qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss"),
+                               "modelled; zplan plans the mixture-of-experts types qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss"),
             std::string::npos)
       << moe;
 }

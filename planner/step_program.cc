@@ -280,8 +280,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 37 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 37 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 40 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 40 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -640,7 +640,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
             recompute_scores = per_block(), recompute_experts = per_block(), pending_grad = per_block(),
             recomputed_mlp = per_block(),
             recomputed_mlp_tail = per_block(),
-            recomputed_attn_tail = per_block(), mlp_post_norm = per_block(), attn_post_norm = per_block(),
+            recomputed_attn_tail = per_block(), mlp_post_norm = per_block(), mlp_tail_transient = per_block(), kept_mlp_tail_out = per_block(),
+            kept_mlp_tail_in = per_block(), attn_post_norm = per_block(),
             mlp_transient = per_block(),
             mlp_transient_past_hooks = per_block(), mlp_weight_grad = per_block(), waiting = per_block(),
             kept_down = per_block(), kept_mlp_rest = per_block(), attn_transient = per_block(),
@@ -709,6 +710,12 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     // MLP half: the ops after the MLP run their backward first (what they
     // saved is freed), then the MLP's gradients, then what it saved is freed.
     post_norm_backward(Ref{mlp_post_norm, i}, "backward, layer #, MLP post-norm");
+    const char* shared_mlp = "backward, layer #, shared MLP gradients";
+    if (kept) r.Alloc(Ref{kept_mlp_tail_out, i}, COMPONENT_GRADS, k.grads_mlp_tail_out, PHASE_BACKWARD, i, shared_mlp);
+    r.Alloc(Ref{mlp_tail_transient, i}, COMPONENT_TEMPORARIES,
+            k.mlp_tail_bwd_transient + (kept ? 0 : k.grads_mlp_tail_out), PHASE_BACKWARD, i, shared_mlp);
+    r.Free(Ref{mlp_tail_transient, i}, PHASE_BACKWARD, i, "backward, layer #, shared MLP gradients freed");
+    if (kept) r.Alloc(Ref{kept_mlp_tail_in, i}, COMPONENT_GRADS, k.grads_mlp_tail_in, PHASE_BACKWARD, i, shared_mlp);
     if (recompute) r.Free(Ref{recomputed_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
     r.Free(Ref{saved_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
     const char* mlp = "backward, layer #, MLP gradients";
@@ -746,7 +753,8 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     retain(Ref{retained_mlp, i}, k.retained_mlp, "backward, layer #, MLP weight gradients kept to the epilogue");
     if (kept) {
       // The rest of the half's gradients, once down_proj's input gradient is freed.
-      r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS, k.grads_mlp - k.grads_down, PHASE_BACKWARD, i, mlp);
+      r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS,
+              k.grads_mlp - k.grads_down - k.grads_mlp_tail_out - k.grads_mlp_tail_in, PHASE_BACKWARD, i, mlp);
     }
     if (recompute) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
@@ -873,7 +881,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   auto free_kept = [&](Phase phase, const char* tensor) {
     if (!kept) return;
     for (int g : kept_before_blocks) r.Free(g, phase, -1, tensor);
-    free_per_block({kept_down, kept_mlp_rest, kept_attn}, phase, tensor);
+    free_per_block({kept_down, kept_mlp_rest, kept_mlp_tail_out, kept_mlp_tail_in, kept_attn}, phase, tensor);
     for (int g : kept_after_blocks) r.Free(g, phase, -1, tensor);
   };
 

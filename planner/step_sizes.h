@@ -217,6 +217,15 @@ struct StepSizes {
     // transformers' RMSNorm backward at the start of each half's backward,
     // a post-norm's (RmsNormBackwardTransientBytes; 0 for norms before the halves).
     int64_t post_norm_bwd_transient = 0;
+    // GraniteMoeShared's shared_mlp, after the experts: its backward runs
+    // first in the MLP half, beside all the half saved (what the shared_mlp
+    // saved is its tail, freed before the experts' backward).
+    int64_t mlp_tail_bwd_transient = 0;
+    // Its weight gradients (in grads_mlp), output_linear's [h, f_s] made
+    // before that moment, input_linear's [2 f_s, h] after it: kept ones
+    // (grads_kept_on_production) stay from then on.
+    int64_t grads_mlp_tail_out = 0;
+    int64_t grads_mlp_tail_in = 0;
     // A tower block past the one whose output feeds the projector (llava's
     // vision_feature_layer -2): it runs forward, keeps what it saved until
     // the language model's forward ends, and runs no backward.

@@ -702,7 +702,7 @@ TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximat
     const absl::Status status = RunCapture(o);
     EXPECT_EQ(ExitCodeFor(status), kExitBadInput) << status;
     EXPECT_NE(status.message().find("model_type: \"" + type + "\" is not supported; zplan plans llama, mistral, "
-                                    "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, gpt_oss, gpt2, vit. Planning it as one of those is an unvalidated "
+                                    "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit. Planning it as one of those is an unvalidated "
                                     "approximation: to accept that, add --approximate-as FAMILY"),
               std::string::npos)
         << status;

@@ -33,6 +33,11 @@ def model_types(zplan, line):
     return [t.strip() for t in match.group(1).split(",")]
 
 
+# Parts a type's default config leaves out, switched on at full size:
+# GraniteMoeSharedConfig's shared_intermediate_size is 0 (no shared_mlp), 1024 in its docstring.
+DEFAULT_WITH = {"granitemoeshared": {"shared_intermediate_size": 1024}}
+
+
 def transformers_count(config, vision_language):
     # ViT is an image classifier; the vision-language types image-text-to-text models; the others causal LMs.
     auto = (transformers.AutoModelForImageClassification if config.model_type == "vit"
@@ -67,6 +72,11 @@ def main(argv):
             config = transformers.AutoConfig.for_model(model_type)
             config.to_json_file(path)
             cases.append(("%s (transformers' default config)" % model_type, path))
+            for key, value in DEFAULT_WITH.get(model_type, {}).items():
+                setattr(config, key, value)
+                path = os.path.join(tmp, "%s-%s.json" % (model_type, key))
+                config.to_json_file(path)
+                cases.append(("%s (default, %s %s)" % (model_type, key, value), path))
             vision = getattr(config, "vision_config", None)
             if vision is not None and getattr(vision, "out_hidden_size", None) not in (None, config.text_config.hidden_size):
                 # The Qwen classes' defaults merge the image into a width their language model does not have (zplan

@@ -75,6 +75,7 @@ const std::vector<std::string> kQwen3MoeAux = {"--hf-config", "configs/hf/tiny/q
 const std::vector<std::string> kMixtralAux = {"--hf-config", "configs/hf/tiny/mixtral-aux.json"};
 const std::vector<std::string> kGraniteMoe = {"--hf-config", "configs/hf/tiny/granitemoe.json"};
 const std::vector<std::string> kGraniteMoeAux = {"--hf-config", "configs/hf/tiny/granitemoe-aux.json"};
+const std::vector<std::string> kGraniteMoeShared = {"--hf-config", "configs/hf/tiny/granitemoeshared.json"};
 const std::vector<std::string> kGptOss = {"--hf-config", "configs/hf/tiny/gpt_oss.json"};
 const std::vector<std::string> kGptOssAux = {"--hf-config", "configs/hf/tiny/gpt_oss-aux.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
@@ -457,6 +458,8 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       // GraniteMoe: its router, no leaf at ZeRO-3, the recompute stopping in the experts past Granite's multiplier.
       Case("granitemoe-z3-bf16-w2-ckpt", kGraniteMoe, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       Case("granitemoe-aux-z2-bf16-w2", kGraniteMoeAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      // GraniteMoeShared: its shared_mlp after the experts, recomputed past them.
+      Case("granitemoeshared-z3-bf16-w2-ckpt", kGraniteMoeShared, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
       // GPT-OSS: eager attention with sinks, RoPE over half the head, the biased, clamped experts.
       Case("gpt_oss-z3-bf16-w2-ckpt", kGptOss, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("gpt_oss-aux-z2-bf16-w2", kGptOssAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
@@ -606,6 +609,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     qwen3_5_moe_wide = "configs/hf/tiny/qwen3_5_moe-wide.json",
                     granitemoe = "configs/hf/tiny/granitemoe.json",
                     granitemoe_aux = "configs/hf/tiny/granitemoe-aux.json",
+                    granitemoeshared = "configs/hf/tiny/granitemoeshared.json",
+                    granitemoeshared_wide = "configs/hf/tiny/granitemoeshared-wide.json",
                     gpt_oss = "configs/hf/tiny/gpt_oss.json", gpt_oss_aux = "configs/hf/tiny/gpt_oss-aux.json",
                     gpt_oss_wide = "configs/hf/tiny/gpt_oss-wide.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
@@ -1033,6 +1038,24 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("granitemoe-aux-z3-bf16-ckpt", granitemoe_aux, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
       DeepSpeedCase("granitemoe-aux-z2-bf16", granitemoe_aux, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      // GraniteMoeShared: GraniteMoe's layers with an ungated shared_mlp after the experts.
+      DeepSpeedCase("granitemoeshared-z3-bf16-ckpt", granitemoeshared, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("granitemoeshared-z2-bf16", granitemoeshared, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("granitemoeshared-z1-fp32-ckpt", granitemoeshared, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256,
+                    "sdpa", true),
+      WithLora(DeepSpeedCase("lora-z3-bf16-granitemoeshared-qv", granitemoeshared, DsConfig(3, "bf16", 2, 1, "", kSmall3),
+                             2, 512),
+               lora_qv),
+      // Held out: wider, 16 experts, top 4, a shared_mlp narrower than the model, untied.
+      DeepSpeedCase("granitemoeshared-wide-z2-bf16-ckpt", granitemoeshared_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                    512, "sdpa", true),
+      DeepSpeedCase("granitemoeshared-wide-z3-bf16-ckpt-b1", granitemoeshared_wide, DsConfig(3, "bf16", 1, 1, "", kSmall3),
+                    2, 1024, "sdpa", true),
+      DeepSpeedCase("granitemoeshared-wide-z1-fp32", granitemoeshared_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      // Held out from the kept weight gradients' rule (read from the row above): ZeRO-0 keeps them too.
+      DeepSpeedCase("granitemoeshared-wide-z0-fp32-ckpt", granitemoeshared_wide, DsConfig(0, "fp32", 2, 1), 2, 256,
+                    "sdpa", true),
       // GPT-OSS: eager attention with sinks over sliding and full layers, a biased router taking the softmax
       // over its top k, transposed biased experts with the clamped SwiGLU; no leaf.
       DeepSpeedCase("gpt_oss-z2-bf16-ckpt", gpt_oss, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 256, "eager", true),
