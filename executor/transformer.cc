@@ -549,8 +549,7 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   const int64_t h = spec_.hidden_size(), k = moe.experts_per_token(), e = moe.num_experts();
   const at::Tensor flat = x.view({-1, h});
   at::Tensor shared;
-  const bool shared_after = moe.shared_expert_fused_after_experts();
-  if (moe.shared_expert_ffn_hidden_size() > 0 && !shared_after) {
+  if (moe.shared_expert_ffn_hidden_size() > 0 && !moe.shared_expert_fused_after_experts()) {
     // Qwen2MoeMLP on every token, first.
     const std::string se = m + kSharedExpert;
     shared = Linear(at::silu(Linear(flat, se + "gate_proj", false)) * Linear(flat, se + "up_proj", false),
@@ -620,13 +619,7 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   weighted = weighted.index({inverse});
   at::Tensor out = weighted.view({flat.size(0), k, h}).sum(1).to(x.scalar_type());
   if (shared.defined()) out = out + at::sigmoid(Linear(flat, m + kSharedExpertGate, false)) * shared;
-  out = out.view(x.sizes());
-  if (shared_after) {
-    // GraniteMoeSharedDecoderLayer: block_sparse_moe(x) + shared_mlp(x).
-    const std::vector<at::Tensor> gate_up = Linear(x, m + kSharedExpertGateUp, false).chunk(2, -1);
-    out = out + Linear(at::silu(gate_up[0]) * gate_up[1], m + kSharedExpert + "down_proj", false);
-  }
-  return out;
+  return out.view(x.sizes());
 }
 
 at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -871,12 +864,20 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
       case BlockOpKind::kMlp:
         current = mlp(current, m);
         break;
-      case BlockOpKind::kMoe:
-        current = Experts(current, m, reordered);
+      case BlockOpKind::kMoe: {
+        at::Tensor experts = Experts(current, m, reordered);
         // A recompute stopped in the experts: the output gradient reaches the
         // residual stream as the residual add's backward hands it on.
-        if (!current.defined()) return stream;
+        if (!experts.defined()) return stream;
+        if (spec.moe().shared_expert_fused_after_experts()) {
+          // GraniteMoeSharedDecoderLayer: block_sparse_moe(x) + shared_mlp(x),
+          // once the block has returned (its locals freed, as in Python).
+          const std::vector<at::Tensor> gate_up = Linear(current, m + kSharedExpertGateUp, false).chunk(2, -1);
+          experts = experts + Linear(at::silu(gate_up[0]) * gate_up[1], m + kSharedExpert + "down_proj", false);
+        }
+        current = experts;
         break;
+      }
       case BlockOpKind::kPerLayerInput:
         // Gemma4TextDecoderLayer: gate, activation, times the layer's input, projection.
         current = Linear(gate_activation(Linear(current, m + kPerLayerInputGate, false)) * per_layer_input,
