@@ -28,12 +28,12 @@ void ZeroEngine::AllocateOffloadBuffers(std::optional<ScopedMemoryTag>& tag, boo
   }
 }
 
-void ZeroEngine::OffloadGrad(Slot& slot, const at::Tensor& full_grad) {
+void ZeroEngine::OffloadGrad(Slot& slot, const at::Tensor& grad) {
   // Every copy is non_blocking on the current stream (the offload stream on
   // CUDA, OffloadStreamScope): the host reads or rewrites these buffers only
   // after WaitForDevice. Device temporaries are pieces of one parameter.
   const int64_t len = slot.own_hi - slot.own_lo;
-  const at::Tensor owned = stage_ == 3 ? full_grad : full_grad.narrow(0, slot.own_lo, len);
+  const at::Tensor owned = stage_ == 3 ? grad : grad.narrow(0, slot.own_lo, len);
   if (stage_ == 3) {
     // stage3.py, partition_grads: the first micro-step copies into the host
     // partition; later ones bring its piece to the device, add, copy back.
@@ -62,9 +62,9 @@ void ZeroEngine::OffloadGrad(Slot& slot, const at::Tensor& full_grad) {
       slot.host_accumulated = HostZeros(slot.numel, dtype_, pin_memory_);
     }
     if (micro_step_ > 0) {
-      full_grad.add_(offload_grad_device_.narrow(0, 0, slot.numel).copy_(slot.host_accumulated, /*non_blocking=*/true));
+      grad.add_(offload_grad_device_.narrow(0, 0, slot.numel).copy_(slot.host_accumulated, /*non_blocking=*/true));
     }
-    slot.host_accumulated.copy_(full_grad, /*non_blocking=*/true);
+    slot.host_accumulated.copy_(grad, /*non_blocking=*/true);
   }
   if (boundary) {
     // copy_grads_in_partition: the piece's norm from its fp64 copy, then its fp32 upcast to the host.

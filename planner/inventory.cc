@@ -997,7 +997,7 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           // The shared expert first (Qwen2MoeSparseMoeBlock.forward), or
           // GraniteMoeSharedMLP after the experts: a gated MLP, its gate and
           // up one [b, s, 2 f_s] output (silu's input and up, views of it).
-          const std::string se = m + (moe.shared_expert_fused_after_experts() ? kSharedMlp : "shared_expert.");
+          const std::string se = m + (moe.shared_expert_fused_after_experts() ? kSharedMlp : kSharedExpert);
           if (moe.shared_expert_fused_after_experts()) {
             act(se + "gate_up", {b, s, 2 * fs}, dtype);
           } else {

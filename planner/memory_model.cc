@@ -69,9 +69,8 @@ auto BlockKindTie(const StepSizes::BlockKind& k) {
                   k.bwd_attn_transient,
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
-                  k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook, k.post_norm_bwd_transient, k.mlp_tail_bwd_transient,
-                  k.grads_mlp_tail_out, k.grads_mlp_tail_in,
-                  k.forward_only);
+                  k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook, k.post_norm_bwd_transient,
+                  k.mlp_tail_bwd_transient, k.grads_mlp_tail_out, k.grads_mlp_tail_in, k.forward_only);
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
