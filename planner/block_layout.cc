@@ -62,6 +62,21 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
   switch (op.kind) {
     case BlockOpKind::kQkvProjection: {
       const bool bias = spec.attention_qkv_bias();
+      if (spec.has_latent_attention()) {
+        // DeepseekV2Attention.__init__'s order (its norms between: BlockParameters).
+        const LatentAttentionSpec& l = spec.latent_attention();
+        const int64_t heads = spec.num_attention_heads(), kv_rank = l.kv_lora_rank();
+        std::vector<BlockLinear> linears;
+        if (l.q_lora_rank() == 0) {
+          linears.push_back({"q_proj", h, q_width, false});
+        } else {
+          linears.push_back({kQAProj, h, l.q_lora_rank(), bias});
+          linears.push_back({kQBProj, l.q_lora_rank(), q_width, false});
+        }
+        linears.push_back({kKvAProj, h, kv_rank + l.qk_rope_head_dim(), bias});
+        linears.push_back({kKvBProj, kv_rank, heads * (l.qk_nope_head_dim() + l.v_head_dim()), false});
+        return linears;
+      }
       if (spec.fused_qkv_projection()) return {{kQkvProj, h, q_width + 2 * kv_width, bias}};
       // Qwen3_5Attention's q_proj also makes the gate, head by head.
       const int64_t q_out = spec.attention_output_gate() ? 2 * q_width : q_width;
@@ -76,7 +91,8 @@ std::vector<BlockLinear> OpLinears(const ModelSpec& spec, const BlockOp& op) {
               {kInProjB, h, w.value_heads, false},
               {kInProjA, h, w.value_heads, false}};
     }
-    case BlockOpKind::kOutProjection: return {{"o_proj", q_width, h, spec.attention_out_bias()}};
+    case BlockOpKind::kOutProjection:
+      return {{"o_proj", spec.num_attention_heads() * ValueHeadDimOf(spec, op.layer), h, spec.attention_out_bias()}};
     case BlockOpKind::kShortConv: return {{"in_proj", h, 3 * h, spec.conv_bias()}, {"out_proj", h, h, spec.conv_bias()}};
     case BlockOpKind::kPerLayerInput: {
       const int64_t p = spec.per_layer_input_size();

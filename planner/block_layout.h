@@ -31,7 +31,8 @@ namespace zplan {
 
 enum class BlockOpKind {
   kNorm,             // spec.norm_type over the hidden width: "<module>.weight" (+ ".bias")
-  kQkvProjection,    // "<module>.q_proj", k_proj, v_proj of the current tensor (biases: attention_qkv_bias)
+  kQkvProjection,    // "<module>.q_proj", k_proj, v_proj of the current tensor (biases: attention_qkv_bias);
+                     // latent attention's q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
   kQkNorm,           // "<module>.q_norm", k_norm: an RMSNorm over head_dim on q and on k
   kAttention,        // RoPE (position_embedding), then SDPA or eager attention (attention_impl)
   kOutProjection,    // "<module>.o_proj" of the attention output (attention_out_bias)
@@ -119,6 +120,21 @@ inline constexpr char kSharedExpertGateUp[] = "shared_expert.gate_up_proj";  // 
 // What GraniteMoeSharedMLP saves, "<module>.shared_mlp.*": the tail of its half (InHalfTail).
 inline constexpr char kSharedMlp[] = "shared_mlp.";
 
+// Whether the MoE block's shared expert runs after its experts
+// (GraniteMoeShared's shared_mlp, DeepSeek-V3's shared_experts), saving the
+// tail of its half; false: before them, or none.
+inline bool SharedExpertAfterExperts(const MoeSpec& moe) {
+  return moe.shared_expert_fused_after_experts() || moe.shared_expert_after_experts();
+}
+
+// DeepseekV3Attention's modules (ModelSpec.latent_attention), within kQkvProjection's.
+inline constexpr char kQAProj[] = "q_a_proj";
+inline constexpr char kQALayernorm[] = "q_a_layernorm";
+inline constexpr char kQBProj[] = "q_b_proj";
+inline constexpr char kKvAProj[] = "kv_a_proj_with_mqa";
+inline constexpr char kKvALayernorm[] = "kv_a_layernorm";
+inline constexpr char kKvBProj[] = "kv_b_proj";
+
 // Whether layer `layer` is a LAYER_CONV one.
 inline bool LayerMixesByConv(const ModelSpec& spec, int layer) {
   return layer < spec.layer_types_size() && spec.layer_types(layer) == LAYER_CONV;
@@ -141,6 +157,11 @@ inline int64_t HeadDimOf(const ModelSpec& spec, int layer) {
 // The dims of each head RoPE rotates: rotary_dim, or the whole head when 0.
 inline int64_t RotaryDims(const ModelSpec& spec, int layer = -1) {
   return spec.rotary_dim() > 0 ? spec.rotary_dim() : HeadDimOf(spec, layer);
+}
+
+// The attention output's width per head: v_head_dim under latent attention, else the layer's head width.
+inline int64_t ValueHeadDimOf(const ModelSpec& spec, int layer) {
+  return spec.has_latent_attention() ? spec.latent_attention().v_head_dim() : HeadDimOf(spec, layer);
 }
 
 // A linear an op owns: its name within the op's module, its widths and

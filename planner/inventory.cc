@@ -263,6 +263,13 @@ std::vector<TensorSpec> BlockParameters(const ModelSpec& spec, int layer) {
     for (const BlockLinear& l : OpLinears(spec, op)) {
       AddBlockLinear(spec, p, module + std::string(l.name), l.in_features, l.out_features, l.bias, layer, &out);
       if (op.kind == BlockOpKind::kMoe && l.name == kRouter && spec.moe().router_before_experts()) add_experts();
+      // Latent attention's norms follow the projections they normalize.
+      if (op.kind == BlockOpKind::kQkvProjection && (l.name == kQAProj || l.name == kKvAProj)) {
+        const bool q = l.name == kQAProj;
+        const LatentAttentionSpec& latent = spec.latent_attention();
+        AddNorm(spec, absl::StrCat(p, ".", module, q ? kQALayernorm : kKvALayernorm),
+                q ? latent.q_lora_rank() : latent.kv_lora_rank(), layer, &out);
+      }
       // A short conv's depthwise conv runs between its projections: [h, 1, kernel] (nn.Conv1d, groups=h).
       if (op.kind == BlockOpKind::kShortConv && l.name == "in_proj") {
         const std::string conv = absl::StrCat(p, ".", module, kConv);
@@ -666,6 +673,12 @@ bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
   return spec.attention_impl() == ATTENTION_SDPA && device == KernelDevice::kCpu && spec.attention_dropout() > 0;
 }
 
+bool LatentSdpaRunsMath(const ModelSpec& spec, KernelDevice device) {
+  const LatentAttentionSpec& l = spec.latent_attention();
+  return spec.has_latent_attention() && device == KernelDevice::kCpu &&
+         l.qk_nope_head_dim() + l.qk_rope_head_dim() != l.v_head_dim();
+}
+
 bool SdpaSlidingMaskAt(const ModelSpec& spec, int64_t seq_length) {
   return spec.attention_impl() == ATTENTION_SDPA && spec.sliding_window() > 0 && seq_length >= spec.sliding_window();
 }
@@ -788,6 +801,25 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         current = op.module;
         break;
       case BlockOpKind::kQkvProjection: {
+        if (spec.has_latent_attention()) {
+          // DeepseekV3Attention (measured with tools/saved_tensors.py): q_a_proj
+          // and kv_a_proj_with_mqa keep x, each norm what a norm keeps, q_b_proj
+          // and kv_b_proj their norm's output. kv_a_layernorm reads the first
+          // kv_lora_rank of kv_a_proj_with_mqa's output: .to(float32) copies that
+          // slice, or in fp32 is the slice itself, a view keeping all of it.
+          const LatentAttentionSpec& l = spec.latent_attention();
+          if (!current_grad && !BaseWeightsTrain(spec)) break;
+          if (BaseWeightsTrain(spec)) act(read_name(), {b, s, h}, dtype);
+          if (l.q_lora_rank() > 0) {
+            norm(m + kQALayernorm, {b, s, l.q_lora_rank()});
+            if (BaseWeightsTrain(spec)) act(m + kQALayernorm + ".output", {b, s, l.q_lora_rank()}, dtype);
+          }
+          const size_t first = out.size();
+          norm(m + kKvALayernorm, {b, s, l.kv_lora_rank()});
+          if (dtype == DTYPE_FP32) out[first].set_shape(2, l.kv_lora_rank() + l.qk_rope_head_dim());
+          if (BaseWeightsTrain(spec)) act(m + kKvALayernorm + ".output", {b, s, l.kv_lora_rank()}, dtype);
+          break;
+        }
         bool keeps = false;
         for (const BlockLinear& l : linears) keeps = keeps || saves_input(l.name, current_grad);
         if (keeps) act(read_name(), {b, s, h}, dtype);
@@ -817,6 +849,27 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         const bool attention_dropout = spec.attention_dropout() > 0;
         if (!attention_grad) {
           // Nothing of the attention is recorded.
+        } else if (spec.has_latent_attention()) {
+          // q is torch.cat(q_pass, q_rot), k expand_kv's new [b, a, s, nope +
+          // rope], v a view of kv_b_proj's [b, s, a, nope + v] output. SDPA's
+          // math path (LatentSdpaRunsMath; _scaled_dot_product_attention_math)
+          // keeps q x scale, k and v, upcast to fp32, and the fp32 softmax
+          // output; a fused kernel (CUDA's efficient one, or flash with heads
+          // of one width) q, k, all of kv_b_proj's output, its logsumexp and
+          // its output.
+          const LatentAttentionSpec& l = spec.latent_attention();
+          const int64_t dv = l.v_head_dim();
+          if (LatentSdpaRunsMath(spec, device)) {
+            act(m + "q_fp32", {b, a, s, d}, DTYPE_FP32);
+            act(m + "k_fp32", {b, a, s, d}, DTYPE_FP32);
+            act(m + "probs_fp32", {b, a, s, s}, DTYPE_FP32);
+            act(m + "v_fp32", {b, a, s, dv}, DTYPE_FP32);
+          } else {
+            act(m + "q", {b, a, s, d}, dtype);
+            act(m + "k", {b, a, s, d}, dtype);
+            act(m + "kv", {b, s, a * (l.qk_nope_head_dim() + dv)}, dtype);
+            act(m + "logsumexp", {b, a, s}, DTYPE_FP32);
+          }
         } else if (spec.attention_impl() == ATTENTION_EAGER && spec.attention_sinks()) {
           // GptOss's eager_attention_forward: the matmuls keep q, k and v
           // expanded to every head; max its int64 indices [b, a, s, 1];
@@ -899,7 +952,8 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           act(m + "rope_sin", {s, rotary_dim}, dtype);
         }
         // SDPA's flash kernel keeps its output itself.
-        output_kept = attention_grad && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device);
+        output_kept = attention_grad && spec.attention_impl() == ATTENTION_SDPA && !SdpaRunsMath(spec, device) &&
+                      !LatentSdpaRunsMath(spec, device);
         break;
       }
       case BlockOpKind::kOutProjection: {
@@ -907,14 +961,17 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // product keeps both factors (sigmoid its output) while the gate
         // (q_proj's) requires grad, o_proj keeps the product.
         const bool gated = spec.attention_output_gate();
+        const int64_t dv = ValueHeadDimOf(spec, layer);
         // The attention output: kept by the attention kernel, else by o_proj (or the gate's product).
         const bool output_read = gated ? q_grad : saves_input("o_proj", attention_grad);
-        if (output_kept || output_read) act(m + "output", {b, s, a * d}, dtype);
+        if (output_kept || output_read) act(m + "output", {b, s, a * dv}, dtype);
         // The kernel's output in q's [b, heads, s, d] layout: o_proj (or the gate's product) keeps the contiguous copy besides it.
-        if (output_kept && spec.rope_concatenates() && output_read) act(m + "output_copy", {b, s, a * d}, dtype);
-        if (gated && attention_grad) act(m + "gate_sigmoid", {b, s, a * d}, dtype);
-        if (gated && saves_input("o_proj", q_grad || attention_grad)) act(m + "gated_output", {b, s, a * d}, dtype);
-        adapters(m + "o_proj", a * d, attention_grad);
+        if (output_kept && (spec.rope_concatenates() || spec.has_latent_attention()) && output_read) {
+          act(m + "output_copy", {b, s, a * dv}, dtype);
+        }
+        if (gated && attention_grad) act(m + "gate_sigmoid", {b, s, a * dv}, dtype);
+        if (gated && saves_input("o_proj", q_grad || attention_grad)) act(m + "gated_output", {b, s, a * dv}, dtype);
+        adapters(m + "o_proj", a * dv, attention_grad);
         current.clear();
         break;
       }
@@ -992,12 +1049,21 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // The router's, the shared expert's and its gate's input: their
         // linears (F.linear, which zero.Init's memory_efficient_linear
         // replaces for good: LinearSaves::kAlways).
-        if (saves_input(kRouter, current_grad)) act(read_name(), {b, s, h}, dtype);
+        if (moe.router_sigmoid_grouped()) {
+          // DeepseekV3TopkRouter's F.linear of x and the weight, both cast to
+          // fp32: each copy kept for the other's gradient. The shared experts
+          // alone keep x itself, to their backward, the first of the half's.
+          if (saves_input(kRouter, current_grad)) act(m + "router.input_fp32", {b, s, h}, DTYPE_FP32);
+          if (current_grad) act(m + "router.weight_fp32", {e, h}, DTYPE_FP32);
+          if (fs > 0 && saves_input(kSharedExpert, current_grad)) act(m + kSharedMlp + "input", {b, s, h}, dtype);
+        } else if (saves_input(kRouter, current_grad)) {
+          act(read_name(), {b, s, h}, dtype);
+        }
         if (fs > 0) {
           // The shared expert first (Qwen2MoeSparseMoeBlock.forward), or
           // GraniteMoeSharedMLP after the experts: a gated MLP, its gate and
           // up one [b, s, 2 f_s] output (silu's input and up, views of it).
-          const std::string se = m + (moe.shared_expert_fused_after_experts() ? kSharedMlp : kSharedExpert);
+          const std::string se = m + (SharedExpertAfterExperts(moe) ? kSharedMlp : kSharedExpert);
           if (moe.shared_expert_fused_after_experts()) {
             act(se + "gate_up", {b, s, 2 * fs}, dtype);
           } else {
@@ -1254,9 +1320,33 @@ int64_t RmsNormBackwardTransientBytes(const ModelSpec& spec, int64_t elements, D
   return elements * (kFp32TemporariesAtPeak * DTypeBytes(DTYPE_FP32) - (weight_trains ? DTypeBytes(normalized) : 0));
 }
 
+int64_t LatentAttentionForwardBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype, KernelDevice device,
+                                    bool grad) {
+  // DeepseekV3Attention.forward's locals to its end, none saved: q_b_proj's
+  // output (q_pass a view of it), the query torch.cat makes, expand_kv's
+  // key and kv_b_proj's output (the value a view of it), kv_a_proj's
+  // output and the rotated rope parts of q and k.
+  const LatentAttentionSpec& l = spec.latent_attention();
+  const int64_t w = DTypeBytes(dtype), a = spec.num_attention_heads(), rows = b * s;
+  const int64_t qk = l.qk_nope_head_dim() + l.qk_rope_head_dim(), rope = l.qk_rope_head_dim();
+  int64_t bytes = rows * w * (3 * a * qk + a * (l.qk_nope_head_dim() + l.v_head_dim()) + l.kv_lora_rank() + rope +
+                              a * rope + rope);
+  if (!LatentSdpaRunsMath(spec, device)) return bytes;  // a fused kernel keeps q, k and v (saved)
+  // SDPA's math path at _safe_softmax: the fp32 scores, its bool mask of
+  // them and the causal mask [s, s] made fp32 (convert_boolean_attn_mask),
+  // beside 16-bit inputs' fp32 copies of q and k (unscaled; the scaled
+  // ones are saved). Without a graph also the softmax's output and the
+  // scaled copies and v's.
+  const int64_t scores = b * a * s * s;
+  bytes += scores * 4 + scores + s * s * 4 + (w < 4 ? 2 * rows * a * qk * 4 : 0);
+  if (!grad) bytes += scores * 4 + rows * a * (2 * qk + l.v_head_dim()) * 4;
+  return bytes;
+}
+
 int64_t BlockForwardTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype, KernelDevice device) {
   // Pre-softmax scores coexist with the probabilities until softmax returns.
   const int64_t scores = b * spec.num_attention_heads() * s * s;
+  if (spec.has_latent_attention()) return LatentAttentionForwardBytes(spec, b, s, dtype, device, /*grad=*/true);
   if (SdpaRunsMath(spec, device)) return scores * 4;
   if (spec.attention_impl() == ATTENTION_EAGER && spec.attention_sinks()) {
     // GptOss's eager_attention_forward at its widest (the subtraction, then
@@ -1285,7 +1375,18 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   const int64_t scores = b * spec.num_attention_heads() * s * s;
   // At the half's end: the gradients of q, k, v.
   const int64_t qkv_end = residual_grads + bs * (spec.num_attention_heads() + 2 * spec.num_kv_heads()) * head_dim * w;
-  if (SdpaRunsMath(spec, device)) {
+  if (spec.has_latent_attention()) {
+    // q and k are nope + rope wide, v v_head_dim. On the CPU the math path
+    // peaks in softmax's backward: the fp32 gradients of the probabilities
+    // and of the scores, the second matmul's saved fp32 v and the output's
+    // gradient upcast to fp32 (each [b, a, s, v]) freed by then (measured in
+    // the oracle's allocation trace).
+    const LatentAttentionSpec& l = spec.latent_attention();
+    const int64_t a = spec.num_attention_heads(), dv = l.v_head_dim();
+    const int64_t latent_end = residual_grads + bs * a * (2 * head_dim + dv) * w;
+    t.attention_bytes =
+        LatentSdpaRunsMath(spec, device) ? std::max(2 * scores * 4 - 2 * bs * a * dv * 4, latent_end) : latent_end;
+  } else if (SdpaRunsMath(spec, device)) {
     // The math path (attention.cpp, _scaled_dot_product_attention_math)
     // peaks in its second matmul's backward, before softmax's: the fp32
     // gradients of the dropped probabilities [b,a,s,s] and of v (expanded

@@ -185,6 +185,11 @@ DType DropoutSavedDType(DType input, KernelDevice device);
 // aten/src/ATen/native/transformers/sdp_utils_cpp.cpp), so with attention
 // dropout the fp32 math path materializes the [b,a,s,s] probabilities.
 bool SdpaRunsMath(const ModelSpec& spec, KernelDevice device);
+// Latent attention's (ModelSpec.latent_attention) heads of two widths (q and
+// k nope + rope, v v_head_dim): the CPU flash kernel needs one
+// (check_head_dim_size_cpp), so SDPA runs the math path there; CUDA's
+// efficient kernel takes them.
+bool LatentSdpaRunsMath(const ModelSpec& spec, KernelDevice device);
 
 // Whether a sequence of `seq_length` tokens reaches the sliding window under
 // SDPA (masking_utils.py's _ignore_causal_mask_sdpa keeps the mask from
@@ -289,6 +294,12 @@ std::vector<TensorSpec> EmbeddingSavedActivations(const ModelSpec& spec, int64_t
 // its sum, MeanBackward's expanded gradient, x.pow(1), its double and the
 // product (read in the oracle's allocation trace of a final norm).
 int64_t RmsNormBackwardTransientBytes(const ModelSpec& spec, int64_t elements, DType dtype, bool weight_trains);
+
+// Latent attention's (ModelSpec.latent_attention) forward locals at its
+// widest, none of them saved; `grad` false: under no_grad, where the math
+// path's saved tensors are locals too.
+int64_t LatentAttentionForwardBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype,
+                                    KernelDevice device, bool grad);
 
 // Peak bytes of tensors that exist only inside one block's forward (the
 // pre-softmax scores next to the probabilities when those are materialized).

@@ -627,7 +627,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // its cast; with dropout the cast, the mask and the dropped probabilities.
     // SDPA's math path: fp32 q, k, v, then probabilities, mask and dropped.
     z.live = rows * (a + 2 * kv) * d * w;
-    if (SdpaRunsMath(m, device)) {
+    if (m.has_latent_attention()) {
+      z.live = LatentAttentionForwardBytes(m, st.b, st.seq, dtype, device, /*grad=*/false);
+    } else if (SdpaRunsMath(m, device)) {
       z.live += 3 * rows * a * d * 4 + 3 * scores * 4;
     } else if (m.attention_impl() == ATTENTION_EAGER && m.attention_sinks()) {
       // k and v repeated to every head, the masked scores, the subtracted

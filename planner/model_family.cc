@@ -70,6 +70,15 @@ constexpr int64_t kGraniteMoeExperts = 8, kGraniteMoeExpertsPerToken = 2, kGrani
 // layers where (i + 1) % 2 != 0.
 constexpr int64_t kGptOssExperts = 128, kGptOssExpertsPerToken = 4, kGptOssIntermediate = 2880;
 constexpr int64_t kGptOssDefaultHeadDim = 64, kGptOssDefaultSlidingWindow = 128, kGptOssFullAttentionInterval = 2;
+// DeepseekV3Config: n_routed_experts 256, num_experts_per_tok 8,
+// moe_intermediate_size 2048, n_shared_experts 1, first_k_dense_replace 3,
+// n_group 8, topk_group 4; q_lora_rank 1536, kv_lora_rank 512,
+// qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128.
+constexpr int64_t kDeepseekV3Experts = 256, kDeepseekV3ExpertsPerToken = 8, kDeepseekV3ExpertFfn = 2048,
+                  kDeepseekV3SharedExperts = 1, kDeepseekV3FirstDenseLayers = 3, kDeepseekV3Groups = 8,
+                  kDeepseekV3TopGroups = 4;
+constexpr int64_t kDeepseekV3QLoraRank = 1536, kDeepseekV3KvLoraRank = 512, kDeepseekV3QkNopeHeadDim = 128,
+                  kDeepseekV3QkRopeHeadDim = 64, kDeepseekV3VHeadDim = 128;
 // Where BuildFamilies puts mistral, qwen2 and granite.
 constexpr size_t kMistralEntry = 1, kQwen2Entry = 2, kGraniteEntry = 4;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
@@ -490,6 +499,35 @@ std::vector<ModelFamily> BuildFamilies() {
              /*renormalizes_always=*/false, /*deepspeed_leaf=*/false};
     f.moe.top_k_then_softmax = true;
     f.moe.gpt_oss = true;
+    families.push_back(f);
+  }
+  {
+    // Llama's decoder layer around DeepseekV3Attention (latent attention)
+    // and, from first_k_dense_replace on, DeepseekV3MoE: experts, then the
+    // sigmoid router, then shared_experts. DeepSpeed's default leaf classes
+    // do not name DeepseekV3MoE.
+    ModelFamily f = families.front();
+    ZPLAN_CHECK(f.model_type == "llama");
+    f.model_type = "deepseek_v3";
+    f.read_from = "models/deepseek_v3/configuration_deepseek_v3.py (DeepseekV3Config), modular_deepseek_v3.py "
+                  "(DeepseekV3Attention after DeepseekV2Attention: q_a_proj, q_a_layernorm, q_b_proj, "
+                  "kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, expand_kv, o_proj; "
+                  "apply_rotary_pos_emb_interleave; DeepseekV3TopkRouter; DeepseekV3MoE: experts, gate, "
+                  "shared_experts; DeepseekV3DecoderLayer: DeepseekV3MLP below first_k_dense_replace); "
+                  "integrations/moe.py";
+    f.moe = {"n_routed_experts", kDeepseekV3Experts, kDeepseekV3ExpertsPerToken, "moe_intermediate_size",
+             kDeepseekV3ExpertFfn, "", 0, /*sparse_step_keys=*/false, /*router_before_experts=*/false,
+             /*routing_weights_fp32=*/true, /*renormalizes_always=*/false, /*deepspeed_leaf=*/false};
+    f.moe.shared_experts_count_key = "n_shared_experts";
+    f.moe.default_shared_experts = kDeepseekV3SharedExperts;
+    f.moe.first_dense_layers_key = "first_k_dense_replace";
+    f.moe.default_first_dense_layers = kDeepseekV3FirstDenseLayers;
+    f.moe.sigmoid_grouped_router = true;
+    f.moe.default_router_groups = kDeepseekV3Groups;
+    f.moe.default_router_top_groups = kDeepseekV3TopGroups;
+    f.moe.default_norm_topk_prob = true;
+    f.latent_attention = {kDeepseekV3QLoraRank, kDeepseekV3KvLoraRank, kDeepseekV3QkNopeHeadDim,
+                          kDeepseekV3QkRopeHeadDim, kDeepseekV3VHeadDim, /*rope_interleave=*/true};
     families.push_back(f);
   }
   {

@@ -4,7 +4,7 @@
 // granitemoehybrid (its dense attention-only models), phi3, olmo2, olmo3,
 // smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, the
 // mixtures of experts qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe,
-// granitemoe, granitemoeshared and gpt_oss, gpt2, vit -- holding what that
+// granitemoe, granitemoeshared, gpt_oss and deepseek_v3, gpt2, vit -- holding what that
 // type's config class and modeling file give it: the keys its config.json
 // uses and the defaults of those it may leave out, the norm and where it
 // sits, the MLP, which projections have biases, qk-norm, the position
@@ -14,7 +14,8 @@
 // RoPE, Gemma's zero-centred norms, GeGLU, scales and softcapping, Gemma 4's
 // per-layer head widths and embeddings, LFM2's
 // short-conv layers, Qwen3.5's Gated DeltaNet layers and gated attention,
-// GPT-OSS's attention sinks and biased experts, GraniteMoeShared's shared_mlp, and the transformers source (5.23.0, planner/version.h)
+// GPT-OSS's attention sinks and biased experts, GraniteMoeShared's shared_mlp,
+// DeepSeek-V3's latent attention, sigmoid router and dense first layers, and the transformers source (5.23.0, planner/version.h)
 // it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
@@ -234,7 +235,29 @@ struct ModelFamily {
     // GraniteMoeShared's "shared_intermediate_size": an ungated shared_mlp
     // after the experts (MoeSpec.shared_expert_fused_after_experts).
     bool shared_mlp_after_experts = false;
+    // DeepseekV3Config's "n_shared_experts": shared_experts, a gated MLP
+    // this many experts wide, after the experts
+    // (MoeSpec.shared_expert_after_experts); empty: none.
+    absl::string_view shared_experts_count_key;
+    int64_t default_shared_experts = 0;
+    // "first_k_dense_replace": the first this many layers keep a dense MLP; empty: none.
+    absl::string_view first_dense_layers_key;
+    int64_t default_first_dense_layers = 0;
+    // DeepseekV3TopkRouter (MoeSpec.router_sigmoid_grouped), its n_group
+    // and topk_group defaults.
+    bool sigmoid_grouped_router = false;
+    int64_t default_router_groups = 0, default_router_top_groups = 0;
+    // norm_topk_prob's default where the config leaves it out.
+    bool default_norm_topk_prob = false;
   } moe;
+  // DeepseekV3Attention's latent attention (ModelSpec.latent_attention):
+  // the config class's defaults of q_lora_rank (null: 0, one q_proj),
+  // kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim, and
+  // rope_interleave's; kv_lora_rank 0: the family has none.
+  struct LatentDefaults {
+    int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+    bool rope_interleave = false;
+  } latent_attention;
   // GptOssAttention's sinks and GptOss's RoPE over half the head
   // (ModelSpec.attention_sinks, rope_half_split).
   bool attention_sinks = false;
@@ -253,10 +276,10 @@ const std::vector<ModelFamily>& ModelFamilies();
 const ModelFamily* FindModelFamily(absl::string_view model_type);
 
 // "llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2,
-// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit".
+// gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, deepseek_v3, gpt2, vit".
 std::string SupportedModelTypes();
 
-// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss".
+// The families with experts (MoeKeys), e.g. "qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, deepseek_v3".
 std::string MoeModelTypes();
 
 // The FFN a family builds with `activation` (an ACT2FN name): kGated with

@@ -426,6 +426,11 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, "num_experts_per_tok", &per_token));
   ZPLAN_RETURN_IF_ERROR(ReadInt(config, keys.expert_ffn_key, &width));
   if (!keys.shared_expert_ffn_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadInt(config, keys.shared_expert_ffn_key, &shared));
+  int64_t shared_experts = keys.default_shared_experts;
+  if (!keys.shared_experts_count_key.empty()) {
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, keys.shared_experts_count_key, &shared_experts));
+    if (shared_experts < 0) return config.Error(keys.shared_experts_count_key, "must be a count of experts, or 0");
+  }
   if (experts < 1) return config.Error(keys.experts_key, "must be at least 1 expert");
   if (per_token < 1 || per_token > experts) {
     return config.Error("num_experts_per_tok", absl::StrCat(per_token, ": must be between 1 and ", keys.experts_key,
@@ -433,20 +438,46 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
   }
   if (width < 1) return config.Error(keys.expert_ffn_key, "must be a positive width");
   if (shared < 0) return config.Error(keys.shared_expert_ffn_key, "must be a width, or 0 for no shared expert");
+  // DeepseekV3MoE's shared_experts: n_shared_experts experts wide.
+  const bool counted_shared = !keys.shared_experts_count_key.empty();
+  if (counted_shared) shared = shared_experts * width;
   moe.set_num_experts(experts);
   moe.set_experts_per_token(per_token);
   moe.set_expert_ffn_hidden_size(width);
   moe.set_shared_expert_ffn_hidden_size(shared);
-  moe.set_shared_expert_gate(shared > 0 && !keys.shared_mlp_after_experts);
+  moe.set_shared_expert_gate(shared > 0 && !keys.shared_mlp_after_experts && !counted_shared);
   moe.set_shared_expert_fused_after_experts(shared > 0 && keys.shared_mlp_after_experts);
+  moe.set_shared_expert_after_experts(shared > 0 && counted_shared);
   moe.set_router_before_experts(keys.router_before_experts);
   moe.set_routing_weights_fp32(keys.routing_weights_fp32);
-  bool renormalize = keys.renormalizes_always;
+  bool renormalize = keys.renormalizes_always || keys.default_norm_topk_prob;
   if (!keys.renormalizes_always) ZPLAN_RETURN_IF_ERROR(ReadBool(config, "norm_topk_prob", &renormalize));
   // GraniteMoe's softmax over the k needs no renormalization (its config has no norm_topk_prob).
   moe.set_renormalize_top_k(renormalize && !keys.top_k_then_softmax);
   moe.set_router_top_k_then_softmax(keys.top_k_then_softmax);
   moe.set_deepspeed_leaf(keys.deepspeed_leaf);
+  if (keys.sigmoid_grouped_router) {
+    // DeepseekV3TopkRouter views the scores [tokens, n_group, E / n_group]
+    // and takes the top 2 of each group, then topk_group groups.
+    int64_t groups = keys.default_router_groups, top_groups = keys.default_router_top_groups;
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_group", &groups));
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "topk_group", &top_groups));
+    if (groups < 1 || experts % groups != 0 || experts / groups < 2) {
+      return config.Error("n_group", absl::StrCat(groups, ": must divide ", keys.experts_key, " (", experts,
+                                                  ") into groups of at least 2 experts"));
+    }
+    if (top_groups < 1 || top_groups > groups) {
+      return config.Error("topk_group", absl::StrCat(top_groups, ": must be between 1 and n_group (", groups, ")"));
+    }
+    if (per_token > top_groups * (experts / groups)) {
+      return config.Error("num_experts_per_tok",
+                          absl::StrCat(per_token, ": more than the ", top_groups * (experts / groups),
+                                       " experts of topk_group groups"));
+    }
+    moe.set_router_sigmoid_grouped(true);
+    moe.set_router_groups(groups);
+    moe.set_router_top_groups(top_groups);
+  }
   if (keys.gpt_oss) {
     // GptOssConfig's swiglu_limit and swiglu_alpha.
     double limit = kGptOssSwigluLimit, alpha = kGptOssSwigluAlpha;
@@ -494,6 +525,14 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
       for (bool d : dense) moe.add_dense_layers(d);
     }
   }
+  if (!keys.first_dense_layers_key.empty()) {
+    int64_t first_dense = keys.default_first_dense_layers;
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, keys.first_dense_layers_key, &first_dense));
+    if (first_dense < 0) return config.Error(keys.first_dense_layers_key, "must be a count of layers, or 0");
+    if (first_dense > 0 && spec->num_layers() >= 1 && spec->num_layers() <= kMaxLayers) {
+      for (int64_t i = 0; i < spec->num_layers(); ++i) moe.add_dense_layers(i < first_dense);
+    }
+  }
   std::string impl;
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "experts_implementation", &impl));
   ZPLAN_RETURN_IF_ERROR(ReadString(config, "_experts_implementation", &impl));
@@ -508,6 +547,50 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
                         absl::StrCat(QuoteInput(impl), " is not modelled; zplan plans \"grouped_mm\" (the default), "
                                      "\"eager\" and \"batched_mm\""));
   }
+  return absl::OkStatus();
+}
+
+// DeepseekV3Config's latent attention keys (ModelFamily::LatentDefaults).
+// Its heads are q's and k's nope + rope wide (the config's head_dim,
+// qk_rope_head_dim, sizes RoPE alone), every one with its own key and value.
+absl::Status ReadLatentAttention(const JsonObject& config, const ModelFamily& family, ModelSpec* spec) {
+  const ModelFamily::LatentDefaults& d = family.latent_attention;
+  int64_t q_rank = d.q_lora_rank, kv_rank = d.kv_lora_rank, nope = d.qk_nope_head_dim, rope = d.qk_rope_head_dim,
+          v = d.v_head_dim;
+  bool interleave = d.rope_interleave;
+  if (const google::protobuf::Value* given = config.Find("q_lora_rank"); given != nullptr && given->has_null_value()) {
+    q_rank = 0;  // null: one q_proj
+  } else {
+    ZPLAN_RETURN_IF_ERROR(ReadInt(config, "q_lora_rank", &q_rank));
+    if (q_rank < 1) return config.Error("q_lora_rank", "must be a positive rank, or null for one q_proj");
+  }
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "kv_lora_rank", &kv_rank));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "qk_nope_head_dim", &nope));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "qk_rope_head_dim", &rope));
+  ZPLAN_RETURN_IF_ERROR(ReadInt(config, "v_head_dim", &v));
+  ZPLAN_RETURN_IF_ERROR(ReadBool(config, "rope_interleave", &interleave));
+  for (const auto& [key, value] : {std::pair{"kv_lora_rank", kv_rank}, std::pair{"qk_nope_head_dim", nope},
+                                   std::pair{"v_head_dim", v}}) {
+    if (value < 1) return config.Error(key, "must be a positive width");
+  }
+  if (rope < 2 || rope % 2 != 0) return config.Error("qk_rope_head_dim", "must be a positive even width (RoPE's pairs)");
+  // DeepseekV2Attention's num_key_value_groups repeats k and v, which
+  // expand_kv already made for every head: only kv heads = heads runs.
+  if (spec->num_kv_heads() > 0 && spec->num_kv_heads() != spec->num_attention_heads()) {
+    return config.Error("num_key_value_heads",
+                        absl::StrCat(spec->num_kv_heads(), ": latent attention expands k and v to every head; "
+                                     "give num_attention_heads (", spec->num_attention_heads(), ") or leave it out"));
+  }
+  LatentAttentionSpec& latent = *spec->mutable_latent_attention();
+  latent.set_q_lora_rank(q_rank);
+  latent.set_kv_lora_rank(kv_rank);
+  latent.set_qk_nope_head_dim(nope);
+  latent.set_qk_rope_head_dim(rope);
+  latent.set_v_head_dim(v);
+  latent.set_rope_interleave(interleave);
+  spec->set_num_kv_heads(spec->num_attention_heads());
+  spec->set_head_dim(nope + rope);
+  spec->set_rotary_dim(rope);
   return absl::OkStatus();
 }
 
@@ -575,6 +658,7 @@ absl::Status ReadFamilyFields(const JsonObject& config, const ModelFamily& famil
   if (family.granite_hybrid_layers) ZPLAN_RETURN_IF_ERROR(ReadGraniteHybridLayers(config, family, spec));
   if (family.gemma4_layers) ZPLAN_RETURN_IF_ERROR(ReadGemma4Layers(config, spec));
   if (!family.moe.experts_key.empty()) ZPLAN_RETURN_IF_ERROR(ReadMoeConfig(config, family, spec));
+  if (family.latent_attention.kv_lora_rank > 0) ZPLAN_RETURN_IF_ERROR(ReadLatentAttention(config, family, spec));
   for (absl::string_view key : family.unmodelled_keys) {
     const google::protobuf::Value* given = config.Find(key);
     if (given == nullptr || given->has_null_value() || (given->has_bool_value() && !given->bool_value()) ||
@@ -1139,6 +1223,37 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
         "model.attention_impl: SDPA; transformers refuses it for ", spec.model_type(),
         " (_supports_sdpa is False: SDPA has no ", spec.attention_sinks() ? "sinks" : "softcapping",
         ") and runs it eager; use --attention eager"));
+  }
+  if (spec.has_latent_attention()) {
+    const LatentAttentionSpec& l = spec.latent_attention();
+    ZPLAN_RETURN_IF_ERROR(CheckFields({
+        {"model.latent_attention.q_lora_rank", l.q_lora_rank(), 0, kMaxHiddenSize, "0 = one q_proj"},
+        {"model.latent_attention.kv_lora_rank", l.kv_lora_rank(), 1, kMaxHiddenSize, "the latent's width"},
+        {"model.latent_attention.qk_nope_head_dim", l.qk_nope_head_dim(), 1, kMaxHeadDim, "q and k without RoPE"},
+        {"model.latent_attention.qk_rope_head_dim", l.qk_rope_head_dim(), 2, kMaxHeadDim, "q and k with RoPE"},
+        {"model.latent_attention.v_head_dim", l.v_head_dim(), 1, kMaxHeadDim, "each value head"},
+    }));
+    if (spec.head_dim() != l.qk_nope_head_dim() + l.qk_rope_head_dim() ||
+        spec.num_kv_heads() != spec.num_attention_heads()) {
+      return absl::InvalidArgumentError(
+          "model.head_dim: latent attention's heads are qk_nope_head_dim + qk_rope_head_dim wide, one key and value "
+          "head per query head; read the spec from its config.json");
+    }
+    // Planned as measured: SDPA, no attention dropout, full fine-tuning.
+    if (spec.attention_impl() != ATTENTION_SDPA) {
+      return absl::InvalidArgumentError(
+          "model.attention_impl: latent attention is planned with SDPA only (eager's tensors were not measured); "
+          "use --attention sdpa");
+    }
+    if (spec.attention_dropout() > 0) {
+      return absl::InvalidArgumentError(
+          "model.attention_dropout: latent attention with attention dropout is not modelled; set attention_dropout 0");
+    }
+    if (spec.has_lora()) {
+      return absl::InvalidArgumentError(
+          "model.lora: LoRA on latent attention (q_a_proj, kv_b_proj, ...) is not modelled yet; plan full "
+          "fine-tuning (drop --lora-config)");
+    }
   }
   if (spec.attention_sinks() && spec.attention_impl() != ATTENTION_EAGER) {
     return absl::InvalidArgumentError(

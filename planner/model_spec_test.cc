@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -700,6 +701,63 @@ TEST(ModelSpecTest, GraniteMoeSharedAddsAnUngatedSharedMlpAfterTheExperts) {
   EXPECT_NE(negative.message().find("shared_intermediate_size"), std::string::npos) << negative;
 }
 
+// DeepseekV3Config: latent attention (its heads nope + rope wide, RoPE over
+// the rope part), dense layers below first_k_dense_replace, the sigmoid
+// router over n_group groups, n_shared_experts shared experts after the
+// experts, norm_topk_prob true by default.
+TEST(ModelSpecTest, DeepseekV3ReadsLatentAttentionGroupsAndSharedExperts) {
+  const std::string shape = R"("model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
+      "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 96, "moe_intermediate_size": 16,
+      "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 2, "n_group": 4, "topk_group": 2,
+      "first_k_dense_replace": 1, "kv_lora_rank": 16, "qk_nope_head_dim": 12,
+      "qk_rope_head_dim": 8, "v_head_dim": 10, "head_dim": 8)";
+  auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "q_lora_rank": 24})"), "ds.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->head_dim(), 20) << "nope + rope; the config's head_dim is RoPE's";
+  EXPECT_EQ(spec->rotary_dim(), 8);
+  EXPECT_EQ(spec->num_kv_heads(), 4);
+  EXPECT_EQ(spec->latent_attention().v_head_dim(), 10);
+  EXPECT_TRUE(spec->latent_attention().rope_interleave()) << "DeepseekV3Config's default";
+  EXPECT_THAT(spec->moe().dense_layers(), testing::ElementsAre(true, false, false));
+  EXPECT_EQ(spec->moe().shared_expert_ffn_hidden_size(), 32) << "2 experts of 16";
+  EXPECT_TRUE(spec->moe().shared_expert_after_experts());
+  EXPECT_FALSE(spec->moe().shared_expert_gate());
+  EXPECT_TRUE(spec->moe().renormalize_top_k()) << "norm_topk_prob defaults to true";
+  EXPECT_TRUE(spec->moe().routing_weights_fp32());
+  EXPECT_EQ(spec->moe().router_groups(), 4);
+  std::vector<std::string> layer1;
+  for (const TensorSpec& t : ParameterInventory(*spec)) {
+    if (absl::StartsWith(t.name(), "layers.1.attn.") || absl::StartsWith(t.name(), "layers.1.mlp.")) {
+      layer1.push_back(absl::StrCat(t.name(), " ", NumElements(t)));
+    }
+  }
+  EXPECT_THAT(layer1, testing::ElementsAre(
+                          "layers.1.attn.q_a_proj.weight 1536", "layers.1.attn.q_a_layernorm.weight 24",
+                          "layers.1.attn.q_b_proj.weight 1920", "layers.1.attn.kv_a_proj_with_mqa.weight 1536",
+                          "layers.1.attn.kv_a_layernorm.weight 16", "layers.1.attn.kv_b_proj.weight 1408",
+                          "layers.1.attn.o_proj.weight 2560", "layers.1.mlp.experts.gate_up_proj 16384",
+                          "layers.1.mlp.experts.down_proj 8192", "layers.1.mlp.gate.weight 512",
+                          "layers.1.mlp.shared_expert.gate_proj.weight 2048",
+                          "layers.1.mlp.shared_expert.up_proj.weight 2048",
+                          "layers.1.mlp.shared_expert.down_proj.weight 2048"));
+  // q_lora_rank null: one q_proj [h -> heads x 20].
+  auto direct = ModelSpecFromHfConfig(absl::StrCat("{", shape, R"(, "q_lora_rank": null})"), "ds.json");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(direct->latent_attention().q_lora_rank(), 0);
+  for (const auto& [given, bad, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {R"("n_group": 4)", R"("n_group": 3)",
+            "n_group: 3: must divide n_routed_experts (8) into groups of at least 2 experts"},
+           {R"("topk_group": 2)", R"("topk_group": 5)", "topk_group: 5: must be between 1 and n_group (4)"},
+           {R"("head_dim": 8)", R"("num_key_value_heads": 2)",
+            "num_key_value_heads: 2: latent attention expands k and v to every head"},
+           {R"("qk_rope_head_dim": 8)", R"("qk_rope_head_dim": 7)", "qk_rope_head_dim: must be a positive even width"},
+           {R"("v_head_dim": 10)", R"("v_head_dim": 0)", "v_head_dim: must be a positive width"}}) {
+    const absl::Status refused =
+        ModelSpecFromHfConfig(absl::StrCat("{", absl::StrReplaceAll(shape, {{given, bad}}), "}"), "ds.json").status();
+    EXPECT_NE(refused.message().find(message), std::string::npos) << bad << ": " << refused;
+  }
+}
+
 // A model_type without a family (model_family.h) is refused: the message
 // names the field, the value, the supported types and the flag that plans it
 // anyway. First-generation "qwen" is one of them.
@@ -710,7 +768,7 @@ TEST(ModelSpecTest, RefusesModelTypesWithoutAFamily) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << type;
     EXPECT_EQ(std::string(status.message()),
               absl::StrCat("config.json: model_type: \"", type, "\" is not supported; zplan plans llama, mistral, "
-                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
+                           "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, deepseek_v3, gpt2, vit. Planning it as one of those is an unvalidated approximation: to "
                            "accept that, add --approximate-as FAMILY (e.g. --approximate-as llama)"));
   }
   const absl::Status missing = FromJson(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -742,7 +800,7 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
   unmarked.clear_unvalidated_approximation();
   const absl::Status status = ValidateModelSpec(unmarked);
   EXPECT_NE(status.message().find("model.model_type: \"starcoder2\" is not supported (zplan plans llama, mistral, qwen2, "
-                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit)"),
+                                  "qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, deepseek_v3, gpt2, vit)"),
             std::string::npos)
       << status;
   // A supported type is planned as itself; a family must exist.
@@ -756,10 +814,11 @@ TEST(ModelSpecTest, ApproximateAsPlansAnUnsupportedTypeAndSaysSo) {
       << unknown;
   // Without the flag, the same config is refused; MoE stays refused with it.
   EXPECT_NE(FromJson(kStarcoder2).message().find("model_type: \"starcoder2\" is not supported"), std::string::npos);
-  const absl::Status moe = ModelSpecFromHfConfig(R"({"model_type": "deepseek_v3", "n_routed_experts": 8})", "m.json",
+  const absl::Status moe = ModelSpecFromHfConfig(R"({"model_type": "deepseek_v2", "n_routed_experts": 8})", "m.json",
                                                  "mistral").status();
-  EXPECT_NE(moe.message().find("n_routed_experts: a mixture of experts of model_type \"deepseek_v3\" is not "
-                               "modelled; zplan plans the mixture-of-experts types qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss"),
+  EXPECT_NE(moe.message().find("n_routed_experts: a mixture of experts of model_type \"deepseek_v2\" is not "
+                               "modelled; zplan plans the mixture-of-experts types qwen3_5_moe_text, qwen3_moe, mixtral, "
+                               "qwen2_moe, granitemoe, granitemoeshared, gpt_oss, deepseek_v3"),
             std::string::npos)
       << moe;
 }

@@ -359,8 +359,8 @@ INSTANTIATE_TEST_SUITE_P(
                      "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000,
                      "vision_config": {"depth": 2, "hidden_size": 32, "num_heads": 4, "intermediate_size": 64,
                      "out_hidden_size": 64, "fullatt_block_indexes": [1]}})"},
-        BadInput{"hf_moe", Nothing, "n_routed_experts: a mixture of experts of model_type \"deepseek_v3\" is not modelled",
-                 R"({"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "n_routed_experts": 8,
+        BadInput{"hf_moe", Nothing, "n_routed_experts: a mixture of experts of model_type \"deepseek_v2\" is not modelled",
+                 R"({"model_type": "deepseek_v2", "num_hidden_layers": 2, "hidden_size": 64, "n_routed_experts": 8,
                      "num_attention_heads": 1, "intermediate_size": 64, "vocab_size": 100})"},
         BadInput{"hf_moe_aux_fused_loss", [](ZplanOptions* o) { o->loss = "liger-fused"; },
                  "output_router_logits: the auxiliary load-balancing loss beside Liger's fused cross-entropy is not "
@@ -702,7 +702,7 @@ TEST(ZplanCommandTest, UnsupportedModelTypeIsRefusedOrPlannedAsAMarkedApproximat
     const absl::Status status = RunCapture(o);
     EXPECT_EQ(ExitCodeFor(status), kExitBadInput) << status;
     EXPECT_NE(status.message().find("model_type: \"" + type + "\" is not supported; zplan plans llama, mistral, "
-                                    "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit. Planning it as one of those is an unvalidated "
+                                    "qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, deepseek_v3, gpt2, vit. Planning it as one of those is an unvalidated "
                                     "approximation: to accept that, add --approximate-as FAMILY"),
               std::string::npos)
         << status;

@@ -81,7 +81,7 @@ cat > starcoder2.json <<'JSON'
  "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
  "hidden_act": "gelu_pytorch_tanh"}
 JSON
-expect 2 "starcoder2.json: model_type: \"starcoder2\" is not supported; zplan plans llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, gpt2, vit.*--approximate-as FAMILY" \
+expect 2 "starcoder2.json: model_type: \"starcoder2\" is not supported; zplan plans llama, mistral, qwen2, qwen3, granite, granitemoehybrid, phi3, olmo2, olmo3, smollm3, glm4, gemma3_text, gemma2, gemma4_text, lfm2, qwen3_5_text, qwen3_5_moe_text, qwen3_moe, mixtral, qwen2_moe, granitemoe, granitemoeshared, gpt_oss, deepseek_v3, gpt2, vit.*--approximate-as FAMILY" \
   "$ZPLAN" --gpu cpu --hf-config starcoder2.json --gpus 1 --zero-stage 0 --seq 32 --out g.pb
 [[ -e g.pb ]] && fail "a refused config.json wrote a plan"
 mark='model_type "starcoder2" planned as llama: an unvalidated approximation, nothing about "starcoder2" was checked'

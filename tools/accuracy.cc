@@ -612,7 +612,10 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     granitemoeshared = "configs/hf/tiny/granitemoeshared.json",
                     granitemoeshared_wide = "configs/hf/tiny/granitemoeshared-wide.json",
                     gpt_oss = "configs/hf/tiny/gpt_oss.json", gpt_oss_aux = "configs/hf/tiny/gpt_oss-aux.json",
-                    gpt_oss_wide = "configs/hf/tiny/gpt_oss-wide.json";
+                    gpt_oss_wide = "configs/hf/tiny/gpt_oss-wide.json",
+                    deepseek_v3 = "configs/hf/tiny/deepseek_v3.json",
+                    deepseek_v3_wide = "configs/hf/tiny/deepseek_v3-wide.json",
+                    deepseek_v3_square = "configs/hf/tiny/deepseek_v3-square.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -1071,6 +1074,25 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("gpt_oss-wide-z2-bf16", gpt_oss_wide, DsConfig(2, "bf16", 1, 1, "", kSmall), 2, 512, "eager"),
       DeepSpeedCase("gpt_oss-wide-z3-bf16-ckpt", gpt_oss_wide, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 512, "eager",
                     true),
+      // DeepSeek-V3: latent attention, a dense first layer, the sigmoid router over groups, shared experts after
+      // the experts; no leaf.
+      DeepSpeedCase("deepseek_v3-z2-bf16", deepseek_v3, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("deepseek_v3-z3-bf16-ckpt", deepseek_v3, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512, "sdpa",
+                    true),
+      DeepSpeedCase("deepseek_v3-z1-fp32-ckpt", deepseek_v3, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256, "sdpa",
+                    true),
+      DeepSpeedCase("deepseek_v3-z2-bf16-offload", deepseek_v3, DsConfig(2, "bf16", 2, 1, "", With({kSmall, kOffload})),
+                    2, 512),
+      // Heads of one width (nope + rope = v): the CPU's flash kernel in place of the math path; tied.
+      DeepSpeedCase("deepseek_v3-square-z2-bf16", deepseek_v3_square, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      DeepSpeedCase("deepseek_v3-square-z3-bf16-ckpt", deepseek_v3_square, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2,
+                    512, "sdpa", true),
+      // Held out: wider, one q_proj (q_lora_rank null), 16 experts in 8 groups, top 4, two dense layers,
+      // RoPE over halves, no renormalization.
+      DeepSpeedCase("deepseek_v3-wide-z2-bf16-ckpt", deepseek_v3_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("deepseek_v3-wide-z3-bf16-b1", deepseek_v3_wide, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 1024),
+      DeepSpeedCase("deepseek_v3-wide-z1-fp32", deepseek_v3_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
   };
 }
 
