@@ -1,6 +1,7 @@
 #include "executor/transformer.h"
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -278,6 +279,34 @@ struct TransformerBridge {
 
 namespace {
 
+// Whether this thread is recomputing a checkpointed block whole (its
+// recompute does not stop in the experts: RecomputeStopsInExperts).
+thread_local bool t_recomputing_whole = false;
+
+// down x the fp32 pair weights in a block recomputed whole: autograd's mul,
+// but down is let go of before the engine casts its gradient back to down's
+// 16-bit dtype. torch.utils.checkpoint(use_reentrant=False) hands each
+// recomputed tensor to its node's backward and keeps no reference of its
+// own, so the recomputed down dies with that backward; autograd's own saved
+// variable would keep it through the cast (planner: MoeTransients::backward_cast_bytes).
+struct RecomputedPairWeighting : public torch::autograd::Function<RecomputedPairWeighting> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& down, const at::Tensor& weights) {
+    ctx->saved_data["down"] = down;
+    ctx->save_for_backward({weights});
+    return down * weights;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor down = ctx->saved_data["down"].toTensor();
+    ctx->saved_data.erase("down");
+    const at::Tensor weights = ctx->get_saved_variables()[0];
+    // MulBackward0's two products; the engine reduces the weights' to their shape and casts down's.
+    at::Tensor grad_weights = grads[0] * down;
+    at::Tensor grad_down = grads[0] * weights;
+    down.reset();
+    return {grad_down, grad_weights};
+  }
+};
+
 // The backward of weighted.index({inverse}) without its forward:
 // torch.utils.checkpoint(use_reentrant=False) stops a recompute as the
 // index op saves `inverse`, before the reordered copy [S, h] exists; the
@@ -373,6 +402,10 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   std::vector<at::Tensor>* const sink = CollectRouterLogits(model, grads.size() > 1 ? &logits : nullptr);
   {
     at::AutoGradMode enable(true);
+    struct Recomputing {
+      explicit Recomputing(bool whole) { t_recomputing_whole = whole; }
+      ~Recomputing() { t_recomputing_whole = false; }
+    } recomputing(!lazy);
     auto stashed = ctx->saved_data.find("rng_state");
     if (stashed == ctx->saved_data.end()) {
       y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments,
@@ -506,10 +539,13 @@ absl::Status Transformer::CheckAttentionKernelOf(const ModelSpec& spec, int64_t 
   // and device, not on the batch.
   const at::Tensor q = at::empty({1, a, seq_length, d}, options);
   const at::Tensor kv_tensor = at::empty({1, kv, seq_length, d}, options);
+  // Latent attention's values are v_head_dim wide.
+  const at::Tensor v = at::empty({1, kv, seq_length, ValueHeadDimOf(spec, -1)}, options);
   const auto chosen = static_cast<at::SDPBackend>(
-      at::_fused_sdp_choice(q, kv_tensor, kv_tensor, /*attn_mask=*/{}, spec.attention_dropout(), causal,
+      at::_fused_sdp_choice(q, kv_tensor, v, /*attn_mask=*/{}, spec.attention_dropout(), causal,
                             /*scale=*/std::nullopt, /*enable_gqa=*/kv != a));
-  const bool planned_math = SdpaRunsMath(spec, device_.is_cuda() ? KernelDevice::kCuda : KernelDevice::kCpu);
+  const KernelDevice device = device_.is_cuda() ? KernelDevice::kCuda : KernelDevice::kCpu;
+  const bool planned_math = SdpaRunsMath(spec, device) || LatentSdpaRunsMath(spec, device);
   if ((chosen == at::SDPBackend::math) == planned_math && chosen != at::SDPBackend::error) {
     return absl::OkStatus();
   }
@@ -546,10 +582,10 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   // transformers' *SparseMoeBlock.forward with grouped_mm_experts_forward
   // (integrations/moe.py), op for op: what autograd keeps and frees is theirs.
   const MoeSpec& moe = spec_.moe();
-  const int64_t h = spec_.hidden_size(), k = moe.experts_per_token(), e = moe.num_experts();
-  const at::Tensor flat = x.view({-1, h});
+  const int64_t k = moe.experts_per_token();
+  const at::Tensor flat = x.view({-1, spec_.hidden_size()});
   at::Tensor shared;
-  if (moe.shared_expert_ffn_hidden_size() > 0 && !moe.shared_expert_fused_after_experts()) {
+  if (moe.shared_expert_ffn_hidden_size() > 0 && !SharedExpertAfterExperts(moe)) {
     // Qwen2MoeMLP on every token, first.
     const std::string se = m + kSharedExpert;
     shared = Linear(at::silu(Linear(flat, se + "gate_proj", false)) * Linear(flat, se + "up_proj", false),
@@ -559,23 +595,63 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   // (router_top_value /= sum), cast back unless the pairs stay fp32 (Mixtral);
   // GraniteMoeTopKRouter: fp32 logits, their top k, softmax over the k, cast back.
   // GptOssTopKRouter: its bias, top k and softmax over the k in the working dtype.
-  at::Tensor probs, top_weights, top_index;
-  const at::Tensor linear_logits = Linear(flat, m + kRouter, moe.router_bias());
-  const at::Tensor logits = moe.router_top_k_then_softmax() && !moe.router_top_k_in_working_dtype()
-                                ? linear_logits.to(at::kFloat)
-                                : linear_logits;
-  if (router_logits_ != nullptr) router_logits_->push_back(logits);
-  if (moe.router_top_k_then_softmax()) {
-    at::Tensor top_logits;
-    std::tie(top_logits, top_index) = at::topk(logits, k, -1);
-    top_weights = at::softmax(top_logits, -1);
+  // DeepseekV3TopkRouter: fp32 logits of fp32 copies, sigmoid, the top
+  // groups' experts chosen by the biased scores, their unbiased weights.
+  at::Tensor logits, probs, top_weights, top_index;
+  if (moe.router_sigmoid_grouped()) {
+    const int64_t e = moe.num_experts(), groups = moe.router_groups();
+    logits = ApplyLinear(flat.to(at::kFloat), Param(m + kRouter + ".weight").to(at::kFloat), std::nullopt,
+                         saves_.linear);
+    probs = at::sigmoid(logits);
+    // e_score_correction_bias: a zero buffer at initialization (_init_weights).
+    const at::Tensor choice = probs + at::zeros({e}, probs.options());
+    const at::Tensor group_scores =
+        std::get<0>(choice.view({-1, groups, e / groups}).topk(2, -1)).sum(-1);
+    const at::Tensor group_index = std::get<1>(at::topk(group_scores, moe.router_top_groups(), -1, true, false));
+    const at::Tensor group_mask = at::zeros_like(group_scores).scatter_(1, group_index, 1);
+    const at::Tensor score_mask = group_mask.unsqueeze(-1).expand({-1, groups, e / groups}).reshape({-1, e});
+    top_index = std::get<1>(at::topk(choice.masked_fill(score_mask.to(at::kBool).logical_not(),
+                                                        -std::numeric_limits<double>::infinity()),
+                                     k, -1, true, false));
+    top_weights = probs.gather(1, top_index);
+    if (moe.renormalize_top_k()) top_weights.div_(top_weights.sum(-1, /*keepdim=*/true) + 1e-20);
+    top_weights = top_weights * moe.routed_scaling_factor();
   } else {
-    // MixtralTopKRouter: softmax(router_logits.float()); the others: softmax(..., dtype=torch.float).
-    probs = moe.routing_weights_fp32() ? at::softmax(logits.to(at::kFloat), -1) : at::softmax(logits, -1, at::kFloat);
-    std::tie(top_weights, top_index) = at::topk(probs, k, -1);
-    if (moe.renormalize_top_k()) top_weights.div_(top_weights.sum(-1, /*keepdim=*/true));
+    const at::Tensor linear_logits = Linear(flat, m + kRouter, moe.router_bias());
+    logits = moe.router_top_k_then_softmax() && !moe.router_top_k_in_working_dtype() ? linear_logits.to(at::kFloat)
+                                                                                      : linear_logits;
+    if (moe.router_top_k_then_softmax()) {
+      at::Tensor top_logits;
+      std::tie(top_logits, top_index) = at::topk(logits, k, -1);
+      top_weights = at::softmax(top_logits, -1);
+    } else {
+      // MixtralTopKRouter: softmax(router_logits.float()); the others: softmax(..., dtype=torch.float).
+      probs =
+          moe.routing_weights_fp32() ? at::softmax(logits.to(at::kFloat), -1) : at::softmax(logits, -1, at::kFloat);
+      std::tie(top_weights, top_index) = at::topk(probs, k, -1);
+      if (moe.renormalize_top_k()) top_weights.div_(top_weights.sum(-1, /*keepdim=*/true));
+    }
   }
+  if (router_logits_ != nullptr) router_logits_->push_back(logits);
   if (!moe.routing_weights_fp32()) top_weights = top_weights.to(x.scalar_type());
+  at::Tensor out = GroupedExperts(flat, top_weights, top_index, m, reordered);
+  if (!out.defined()) return out;
+  if (shared.defined()) out = out + at::sigmoid(Linear(flat, m + kSharedExpertGate, false)) * shared;
+  if (moe.shared_expert_after_experts()) {
+    // DeepseekV3MoE.forward: shared_experts(residuals) once the experts have
+    // returned, the router's outputs still its locals.
+    const std::string se = m + kSharedExpert;
+    out = out.view(x.sizes()) + Linear(at::silu(Linear(x, se + "gate_proj", false)) * Linear(x, se + "up_proj", false),
+                                       se + "down_proj", false);
+  }
+  return out.view(x.sizes());
+}
+
+at::Tensor Transformer::GroupedExperts(const at::Tensor& flat, const at::Tensor& top_weights,
+                                       const at::Tensor& top_index, const std::string& m,
+                                       at::Tensor* reordered) const {
+  const MoeSpec& moe = spec_.moe();
+  const int64_t k = moe.experts_per_token(), e = moe.num_experts();
   // The pairs sorted by expert, gathered, through the grouped products.
   const at::Tensor pair_weights = top_weights.reshape(-1);
   auto [expert_ids, perm] = at::sort(top_index.reshape(-1));
@@ -607,7 +683,9 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
         at::_grouped_mm(gathered, Param(m + kExpertsGateUp).transpose(-2, -1), offsets).chunk(2, -1);
     down = at::_grouped_mm(at::silu(gate_up[0]) * gate_up[1], Param(m + kExpertsDown).transpose(-2, -1), offsets);
   }
-  at::Tensor weighted = down * weights.unsqueeze(-1);
+  at::Tensor weighted = t_recomputing_whole && weights.scalar_type() != down.scalar_type()
+                            ? RecomputedPairWeighting::apply(down, weights.unsqueeze(-1))
+                            : down * weights.unsqueeze(-1);
   at::Tensor inverse = at::empty_like(perm);
   inverse.index_put_({perm}, at::arange(perm.size(0), perm.options()));
   if (reordered != nullptr) {
@@ -617,9 +695,49 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
     return at::Tensor();
   }
   weighted = weighted.index({inverse});
-  at::Tensor out = weighted.view({flat.size(0), k, h}).sum(1).to(x.scalar_type());
-  if (shared.defined()) out = out + at::sigmoid(Linear(flat, m + kSharedExpertGate, false)) * shared;
-  return out.view(x.sizes());
+  return weighted.view({flat.size(0), k, flat.size(1)}).sum(1).to(flat.scalar_type());
+}
+
+void Transformer::LatentAttentionInputs(const at::Tensor& x, const std::string& m, const at::Tensor& cos,
+                                        const at::Tensor& sin, at::Tensor* q, at::Tensor* k, at::Tensor* v,
+                                        std::vector<at::Tensor>* locals) const {
+  const LatentAttentionSpec& l = spec_.latent_attention();
+  const int64_t b = x.size(0), s = x.size(1), a = spec_.num_attention_heads();
+  const int64_t nope = l.qk_nope_head_dim(), rope = l.qk_rope_head_dim(), rank = l.kv_lora_rank();
+  const bool bias = spec_.attention_qkv_bias();
+  const at::Tensor q_states =
+      (l.q_lora_rank() == 0
+           ? Linear(x, m + "q_proj", false)
+           : Linear(HfRmsNorm(Linear(x, m + kQAProj, bias), Param(m + kQALayernorm + ".weight"), spec_), m + kQBProj,
+                    false))
+          .view({b, s, a, nope + rope})
+          .transpose(1, 2);
+  const at::Tensor compressed = Linear(x, m + kKvAProj, bias);
+  const at::Tensor kv_nope = HfRmsNorm(compressed.narrow(-1, 0, rank), Param(m + kKvALayernorm + ".weight"), spec_)
+                                 .view({b, 1, s, rank});
+  at::Tensor q_rot = q_states.narrow(-1, nope, rope);
+  at::Tensor k_rot = compressed.narrow(-1, rank, rope).view({b, 1, s, rope});
+  if (l.rope_interleave()) {
+    // apply_rotary_pos_emb_interleave: the even and odd dims rotated by the first half of the tables.
+    const at::Tensor c = cos.narrow(-1, 0, rope / 2), sn = sin.narrow(-1, 0, rope / 2);
+    auto rotated = [&](const at::Tensor& t) {
+      const at::Tensor even = t.slice(-1, 0, rope, 2), odd = t.slice(-1, 1, rope, 2);
+      return at::cat({even * c - odd * sn, odd * c + even * sn}, -1);
+    };
+    q_rot = rotated(q_rot);
+    k_rot = rotated(k_rot);
+  } else {
+    q_rot = q_rot * cos + RotateHalf(q_rot) * sin;
+    k_rot = k_rot * cos + RotateHalf(k_rot) * sin;
+  }
+  *q = at::cat({q_states.narrow(-1, 0, nope), q_rot}, -1);
+  // expand_kv: k_nope and v views of kv_b_proj's output, the key a new tensor the two parts are copied into.
+  const at::Tensor kv = Linear(kv_nope, m + kKvBProj, false).view({b, s, a, nope + l.v_head_dim()}).transpose(1, 2);
+  *v = kv.narrow(-1, nope, l.v_head_dim());
+  *k = at::empty({b, a, s, nope + rope}, kv.options());
+  k->narrow(-1, 0, nope).copy_(kv.narrow(-1, 0, nope));
+  k->narrow(-1, nope, rope).copy_(k_rot.expand({-1, a, -1, -1}));
+  *locals = {q_states, compressed, q_rot, k_rot, kv};
 }
 
 at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -679,6 +797,7 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
   at::Tensor stream = x;   // the residual stream
   at::Tensor current = x;  // what the next op reads
   at::Tensor q, k, v, attn, gate;
+  std::vector<at::Tensor> attention_locals;  // latent attention's, alive until its o_proj has run
   std::vector<at::Tensor> norm_outputs;  // a pre-norm's output lives until the block returns
   const std::vector<BlockOp> layout = BlockLayout(spec, layer);
   for (size_t i = 0; i < layout.size(); ++i) {
@@ -692,6 +811,10 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         break;
       case BlockOpKind::kQkvProjection: {
         const std::vector<BlockLinear> linears = OpLinears(spec, op);
+        if (spec.has_latent_attention()) {
+          LatentAttentionInputs(current, m, cos, sin, &q, &k, &v, &attention_locals);  // ReadLatentAttention's scale
+          break;
+        }
         if (spec.fused_qkv_projection()) {
           // Phi3Attention: q, k and v are slices (views) of one output.
           const at::Tensor qkv = Linear(current, m + kQkvProj, linears[0].bias);
@@ -729,6 +852,12 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         break;
       }
       case BlockOpKind::kAttention: {
+        if (spec.has_latent_attention()) {
+          // q, k and v are [b, heads, s, width] already (LatentAttentionInputs); SDPA as transformers calls it.
+          attn = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                  /*scale=*/spec.attention_multiplier());
+          break;
+        }
         q = q.transpose(1, 2);
         k = k.transpose(1, 2);
         v = v.transpose(1, 2);
@@ -834,7 +963,7 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         break;
       }
       case BlockOpKind::kOutProjection: {
-        at::Tensor output = attn.transpose(1, 2).reshape({b, s, a * d});
+        at::Tensor output = attn.transpose(1, 2).reshape({b, s, a * ValueHeadDimOf(spec, layer)});
         if (gate.defined()) output = output * at::sigmoid(gate);  // Qwen3_5Attention
         current = Linear(output, m + "o_proj", spec.attention_out_bias());
         // What transformers' attention module returns with: its locals are
@@ -844,6 +973,7 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         v.reset();
         attn.reset();
         gate.reset();
+        attention_locals.clear();
         break;
       }
       case BlockOpKind::kGatedDeltaNet:

@@ -167,6 +167,17 @@ class Transformer {
   // x [b, s, h]; with `reordered` (Block's), it stops at the reordering of
   // the weighted pairs, whose backward goes there, and returns nothing.
   at::Tensor Experts(const at::Tensor& x, const std::string& m, at::Tensor* reordered = nullptr) const;
+  // integrations/moe.py's grouped_mm_experts_forward on the routed pairs
+  // (its locals die as it returns); the undefined tensor where it stops at
+  // the reordering (Experts' `reordered`).
+  at::Tensor GroupedExperts(const at::Tensor& flat, const at::Tensor& top_weights, const at::Tensor& top_index,
+                            const std::string& m, at::Tensor* reordered) const;
+  // DeepseekV3Attention.forward up to SDPA on x [b, s, h] of the module `m`:
+  // q, k [b, heads, s, nope + rope] and v [b, heads, s, v_head_dim] (a view
+  // of kv_b_proj's output); `locals` keeps what its Python locals keep alive
+  // until the module returns.
+  void LatentAttentionInputs(const at::Tensor& x, const std::string& m, const at::Tensor& cos, const at::Tensor& sin,
+                             at::Tensor* q, at::Tensor* k, at::Tensor* v, std::vector<at::Tensor>* locals) const;
   // `mask`: eager attention's additive causal mask [b, 1, s, s] (undefined for SDPA).
   // `per_layer_input`: Gemma 4's [b, s, p] slice (undefined without per-layer embeddings).
   // `block` of the step's one stack (inventory.h, StepNumBlocks): a vision

@@ -162,6 +162,29 @@ TEST(TransformerTest, MoeAuxiliaryLossCheckpointingMatches) {
   }
 }
 
+// DeepSeek-V3, small: latent attention with q_a_proj and interleaved RoPE
+// (layer 0 dense), and with one q_proj and RoPE over halves; the sigmoid
+// router over groups and two shared experts after the experts.
+TEST(TransformerTest, DeepseekV3TrainsAndCheckpointingMatches) {
+  const std::string shape = R"("model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 128, "intermediate_size": 96, "moe_intermediate_size": 16,
+      "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 2, "n_group": 4, "topk_group": 2,
+      "first_k_dense_replace": 1, "kv_lora_rank": 16, "qk_nope_head_dim": 12, "qk_rope_head_dim": 8,
+      "v_head_dim": 10)";
+  // In bf16 the fp32 pair weights' product has its own backward in a recompute (RecomputedPairWeighting).
+  for (const auto& [variant, dtype] : std::vector<std::pair<std::string, at::ScalarType>>{
+           {R"("q_lora_rank": 24)", at::kFloat},
+           {R"("q_lora_rank": 24)", at::kBFloat16},
+           {R"("q_lora_rank": null, "rope_interleave": false)", at::kFloat}}) {
+    auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, ", ", variant, "}"), "deepseek.json");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    auto model = Transformer::Create(*spec, dtype, 1, at::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ExpectCheckpointingMatches(*model, MakeBatch(*spec, 2, 32), std::log(128.0),
+                               absl::StrCat(variant, " ", c10::toString(dtype)));
+  }
+}
+
 // transformers' ViTForImageClassification, small: 4x4 patches of 16x16
 // images (17 tokens), 5 labels, dropout at every site.
 constexpr char kVitConfig[] = R"({"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 2,
@@ -490,6 +513,53 @@ TEST(TransformerTest, SavedActivationsMatchThePlannerInventory) {
   }
 }
 
+// What the planner's inventory has a language model's step save on CPU
+// ranks: every block's tensors, the final norm's and the embedding's.
+int64_t InventorySavedBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype, const SavePolicy& saves) {
+  int64_t bytes = 0;
+  for (int layer = 0; layer < spec.num_layers(); ++layer) {
+    for (const TensorSpec& t : BlockSavedActivations(spec, b, s, dtype, layer, KernelDevice::kCpu, saves)) {
+      bytes += TensorBytes(t);
+    }
+  }
+  for (const TensorSpec& t : FinalNormSavedActivations(spec, b, s, dtype, KernelDevice::kCpu, saves)) {
+    bytes += TensorBytes(t);
+  }
+  for (const TensorSpec& t : EmbeddingSavedActivations(spec, b, s, dtype, KernelDevice::kCpu)) bytes += TensorBytes(t);
+  return bytes;
+}
+
+// The same for DeepSeek-V3's latent attention (the math path; flash with
+// heads of one width) and its MoE layer, in bf16 and fp32.
+TEST(TransformerTest, DeepseekV3SavedActivationsMatchThePlannerInventory) {
+  ASSERT_TRUE(InstallCountingCpuAllocator());
+  const std::string shape = R"("model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 128, "intermediate_size": 96, "moe_intermediate_size": 16,
+      "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 2, "n_group": 4, "topk_group": 2,
+      "first_k_dense_replace": 1, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_rope_head_dim": 8)";
+  for (const auto& [heads, dtype] : std::vector<std::pair<std::string, at::ScalarType>>{
+           {R"("qk_nope_head_dim": 12, "v_head_dim": 10)", at::kBFloat16},
+           {R"("qk_nope_head_dim": 12, "v_head_dim": 10)", at::kFloat},
+           {R"("qk_nope_head_dim": 8, "v_head_dim": 16)", at::kBFloat16}}) {
+    auto spec = ModelSpecFromHfConfig(absl::StrCat("{", shape, ", ", heads, "}"), "deepseek.json");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const SavePolicy saves = SavePolicyFor(ResolveRunConfig(RunConfig()));
+    auto model = Transformer::Create(*spec, dtype, 1, at::kCPU, /*materialize=*/true, saves);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const int64_t b = 2, s = 64, w = dtype == at::kFloat ? 4 : 2;
+    const DType planned_dtype = dtype == at::kFloat ? DTYPE_FP32 : DTYPE_BF16;
+    const Batch batch = MakeBatch(*spec, b, s);
+    const int64_t before = GetCpuMemoryStats().current_bytes;
+    at::Tensor loss = model->Loss(batch.ids, batch.targets, {});
+    const int64_t kept = GetCpuMemoryStats().current_bytes - before;
+    // The log-softmax, cos and sin; the rest is the loss scalar and nll's total weight.
+    const int64_t planned = b * s * spec->vocab_size() * 4 + 2 * s * RotaryDims(*spec) * w +
+                            InventorySavedBytes(*spec, b, s, planned_dtype, saves);
+    EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001) << heads << " " << c10::toString(dtype) << ": kept "
+                                                                 << kept << ", planned " << planned;
+  }
+}
+
 // The same for a ViT: the pixels' working-dtype cast, the blocks, the final
 // norm's whole output (the classifier reads its CLS view) and the
 // log-softmax of [b, labels] in the logits' dtype.
@@ -562,17 +632,7 @@ TEST(TransformerTest, Gemma4SavedActivationsMatchThePlannerInventory) {
     for (const auto& [name, param] : model->parameters()) {
       if (dtype != at::kFloat && absl::StrContains(name, "norm")) planned += param.numel() * 4;
     }
-    for (int layer = 0; layer < spec->num_layers(); ++layer) {
-      for (const TensorSpec& t : BlockSavedActivations(*spec, b, s, planned_dtype, layer, KernelDevice::kCpu, {})) {
-        planned += TensorBytes(t);
-      }
-    }
-    for (const TensorSpec& t : FinalNormSavedActivations(*spec, b, s, planned_dtype, KernelDevice::kCpu)) {
-      planned += TensorBytes(t);
-    }
-    for (const TensorSpec& t : EmbeddingSavedActivations(*spec, b, s, planned_dtype, KernelDevice::kCpu)) {
-      planned += TensorBytes(t);
-    }
+    planned += InventorySavedBytes(*spec, b, s, planned_dtype, {});
     std::printf("gemma4_text %s: kept %lld bytes, planner %lld (%.2f%%)\n", c10::toString(dtype),
                 static_cast<long long>(kept), static_cast<long long>(planned), 100.0 * (kept - planned) / planned);
     EXPECT_NEAR(static_cast<double>(kept) / planned, 1.0, 0.001);

@@ -412,11 +412,6 @@ absl::Status RefuseFusedKernels(const ModelSpec& model) {
         "model.linear_attention_impl: LINEAR_ATTENTION_FLA (fla's Triton kernels) cannot run under LibTorch; zrun "
         "trains transformers' torch fallback: plan without --kernels fla");
   }
-  if (model.has_latent_attention()) {
-    return absl::InvalidArgumentError(
-        "model.latent_attention: zrun does not train DeepSeek's latent attention yet; zplan plans it (checked "
-        "against DeepSpeed on CPU ranks, docs/moe.md)");
-  }
   if (model.short_conv_impl() == SHORT_CONV_CAUSAL_CONV1D) {
     return absl::InvalidArgumentError(
         "model.short_conv_impl: SHORT_CONV_CAUSAL_CONV1D (causal-conv1d's CUDA extension) cannot run under "

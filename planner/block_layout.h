@@ -32,7 +32,8 @@ namespace zplan {
 enum class BlockOpKind {
   kNorm,             // spec.norm_type over the hidden width: "<module>.weight" (+ ".bias")
   kQkvProjection,    // "<module>.q_proj", k_proj, v_proj of the current tensor (biases: attention_qkv_bias);
-                     // latent attention's q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
+                     // latent attention's q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+                     // kv_a_layernorm, kv_b_proj
   kQkNorm,           // "<module>.q_norm", k_norm: an RMSNorm over head_dim on q and on k
   kAttention,        // RoPE (position_embedding), then SDPA or eager attention (attention_impl)
   kOutProjection,    // "<module>.o_proj" of the attention output (attention_out_bias)

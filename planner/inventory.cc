@@ -1051,11 +1051,19 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
         // replaces for good: LinearSaves::kAlways).
         if (moe.router_sigmoid_grouped()) {
           // DeepseekV3TopkRouter's F.linear of x and the weight, both cast to
-          // fp32: each copy kept for the other's gradient. The shared experts
-          // alone keep x itself, to their backward, the first of the half's.
-          if (saves_input(kRouter, current_grad)) act(m + "router.input_fp32", {b, s, h}, DTYPE_FP32);
-          if (current_grad) act(m + "router.weight_fp32", {e, h}, DTYPE_FP32);
-          if (fs > 0 && saves_input(kSharedExpert, current_grad)) act(m + kSharedMlp + "input", {b, s, h}, dtype);
+          // fp32: each copy kept for the other's gradient (in fp32 the casts
+          // are x and the parameter themselves). The shared experts keep x
+          // itself, to their backward (the half's first: its tail), unless the
+          // router keeps it too.
+          const bool router_keeps_x = saves_input(kRouter, current_grad);
+          const bool shared_keeps_x = fs > 0 && saves_input(kSharedExpert, current_grad);
+          if (dtype != DTYPE_FP32) {
+            if (router_keeps_x) act(m + "router.input_fp32", {b, s, h}, DTYPE_FP32);
+            if (current_grad) act(m + "router.weight_fp32", {e, h}, DTYPE_FP32);
+            if (shared_keeps_x) act(m + kSharedMlp + "input", {b, s, h}, dtype);
+          } else if (router_keeps_x || shared_keeps_x) {
+            act(router_keeps_x ? read_name() : m + kSharedMlp + "input", {b, s, h}, dtype);
+          }
         } else if (saves_input(kRouter, current_grad)) {
           act(read_name(), {b, s, h}, dtype);
         }
@@ -1484,15 +1492,16 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // GraniteMoeSharedMLP runs after them, beside their output: gate_up
   // [T, 2 f_s] with the activation and product, then the product and
   // output_linear's output.
-  const int64_t shared_nograd = moe.shared_expert_fused_after_experts()
+  const int64_t shared_nograd = SharedExpertAfterExperts(moe)
                                     ? tokens * w * (h + 3 * fs + std::max(fs, h))
                                     : std::max(3 * tokens * fs * w, tokens * h * w + experts);
   t.nograd_bytes = fs > 0 ? std::max(experts, shared_nograd) : experts;
   // Backward, at its start: the output gradient expanded to the pairs (a
   // copy), the zeros it is scattered into in pair order and the scatter's
-  // result; fp32 pairs in a 16-bit model then cast down's output gradient
-  // back to its dtype beside them.
-  t.backward_bytes = 3 * pairs * h * weighted + (weighted != w ? pairs * h * w : 0);
+  // result. fp32 pairs in a 16-bit model then cast down's output gradient
+  // back to its dtype beside them, while down's saved output is held.
+  t.backward_bytes = 3 * pairs * h * weighted;
+  t.backward_cast_bytes = weighted != w ? pairs * h * w : 0;
   // A shared expert's backward runs last (its ops were recorded first): the
   // gradient of its output waits through the experts'; GraniteMoeShared's
   // runs first, and the gradient of its input waits.

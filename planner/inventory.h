@@ -361,6 +361,13 @@ struct MoeTransients : MixerTransients {
   // index, with the index's arange [S] (int64) alive and the reordered copy
   // not yet made.
   int64_t recompute_bytes = 0;
+  // Beside backward_bytes where down's saved output is still held: fp32
+  // pairs' gradient cast back to down's 16-bit dtype. A block recomputed
+  // whole (past a shared expert after the experts) casts it after torch's
+  // non-reentrant checkpoint has freed that output at its unpack
+  // (DeepSeek-V3's checkpointed trace); one whose recompute stops in the
+  // experts keeps the rule read from Mixtral's (docs/moe.md: its residual).
+  int64_t backward_cast_bytes = 0;
 };
 MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
 

@@ -708,7 +708,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
       // freed (InHalfTail: its saved tensors), beside the half's output
       // gradient times residual_multiplier, which the experts' backward
       // takes next, and output_linear's weight gradient.
-      if (m.moe().shared_expert_fused_after_experts()) {
+      if (SharedExpertAfterExperts(m.moe())) {
         const int64_t fs = m.moe().shared_expert_ffn_hidden_size();
         k.mlp_tail_bwd_transient = (2 * fs + width) * rows * w;
         if (BaseWeightsTrain(m)) {
@@ -717,6 +717,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         }
       }
       if (m.moe().router_aux_loss()) k.aux_router_logits = rows * m.moe().num_experts() * RouterLogitsBytes(m.moe(), w);
+      k.mlp_bwd_cast = st.moe.backward_cast_bytes;
     }
     if (l.conv || l.delta_rule) {
       const MixerTransients& mixer = l.conv ? st.conv : st.delta_rule;

@@ -72,13 +72,14 @@ constexpr int64_t kGptOssExperts = 128, kGptOssExpertsPerToken = 4, kGptOssInter
 constexpr int64_t kGptOssDefaultHeadDim = 64, kGptOssDefaultSlidingWindow = 128, kGptOssFullAttentionInterval = 2;
 // DeepseekV3Config: n_routed_experts 256, num_experts_per_tok 8,
 // moe_intermediate_size 2048, n_shared_experts 1, first_k_dense_replace 3,
-// n_group 8, topk_group 4; q_lora_rank 1536, kv_lora_rank 512,
+// n_group 8, topk_group 4, routed_scaling_factor 2.5; q_lora_rank 1536, kv_lora_rank 512,
 // qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128.
 constexpr int64_t kDeepseekV3Experts = 256, kDeepseekV3ExpertsPerToken = 8, kDeepseekV3ExpertFfn = 2048,
                   kDeepseekV3SharedExperts = 1, kDeepseekV3FirstDenseLayers = 3, kDeepseekV3Groups = 8,
                   kDeepseekV3TopGroups = 4;
 constexpr int64_t kDeepseekV3QLoraRank = 1536, kDeepseekV3KvLoraRank = 512, kDeepseekV3QkNopeHeadDim = 128,
                   kDeepseekV3QkRopeHeadDim = 64, kDeepseekV3VHeadDim = 128;
+constexpr double kDeepseekV3RoutedScalingFactor = 2.5;
 // Where BuildFamilies puts mistral, qwen2 and granite.
 constexpr size_t kMistralEntry = 1, kQwen2Entry = 2, kGraniteEntry = 4;
 // SmolLM3Config's no_rope_layer_interval: layer i uses RoPE unless (i + 1) % 4 == 0.
@@ -525,9 +526,13 @@ std::vector<ModelFamily> BuildFamilies() {
     f.moe.sigmoid_grouped_router = true;
     f.moe.default_router_groups = kDeepseekV3Groups;
     f.moe.default_router_top_groups = kDeepseekV3TopGroups;
+    f.moe.default_routed_scaling_factor = kDeepseekV3RoutedScalingFactor;
     f.moe.default_norm_topk_prob = true;
     f.latent_attention = {kDeepseekV3QLoraRank, kDeepseekV3KvLoraRank, kDeepseekV3QkNopeHeadDim,
                           kDeepseekV3QkRopeHeadDim, kDeepseekV3VHeadDim, /*rope_interleave=*/true};
+    // DeepseekV3ForCausalLM adds no auxiliary loss; output_router_logits
+    // only records every layer's logits in its outputs (not modelled).
+    f.unmodelled_keys = {"output_router_logits"};
     families.push_back(f);
   }
   {

@@ -15,7 +15,8 @@
 // per-layer head widths and embeddings, LFM2's
 // short-conv layers, Qwen3.5's Gated DeltaNet layers and gated attention,
 // GPT-OSS's attention sinks and biased experts, GraniteMoeShared's shared_mlp,
-// DeepSeek-V3's latent attention, sigmoid router and dense first layers, and the transformers source (5.23.0, planner/version.h)
+// DeepSeek-V3's latent attention, sigmoid router and dense first layers, and
+// the transformers source (5.23.0, planner/version.h)
 // it was read from.
 // ModelSpecFromHfConfig (model_spec.h) reads every config.json through its
 // model_type's entry.
@@ -247,6 +248,7 @@ struct ModelFamily {
     // and topk_group defaults.
     bool sigmoid_grouped_router = false;
     int64_t default_router_groups = 0, default_router_top_groups = 0;
+    double default_routed_scaling_factor = 1.0;
     // norm_topk_prob's default where the config leaves it out.
     bool default_norm_topk_prob = false;
   } moe;

@@ -460,8 +460,11 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
     // DeepseekV3TopkRouter views the scores [tokens, n_group, E / n_group]
     // and takes the top 2 of each group, then topk_group groups.
     int64_t groups = keys.default_router_groups, top_groups = keys.default_router_top_groups;
+    double scaling = keys.default_routed_scaling_factor;
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "n_group", &groups));
     ZPLAN_RETURN_IF_ERROR(ReadInt(config, "topk_group", &top_groups));
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(config, "routed_scaling_factor", &scaling));
+    if (!std::isfinite(scaling)) return config.Error("routed_scaling_factor", "must be a finite number");
     if (groups < 1 || experts % groups != 0 || experts / groups < 2) {
       return config.Error("n_group", absl::StrCat(groups, ": must divide ", keys.experts_key, " (", experts,
                                                   ") into groups of at least 2 experts"));
@@ -477,6 +480,7 @@ absl::Status ReadMoeConfig(const JsonObject& config, const ModelFamily& family, 
     moe.set_router_sigmoid_grouped(true);
     moe.set_router_groups(groups);
     moe.set_router_top_groups(top_groups);
+    moe.set_routed_scaling_factor(scaling);
   }
   if (keys.gpt_oss) {
     // GptOssConfig's swiglu_limit and swiglu_alpha.
@@ -573,7 +577,9 @@ absl::Status ReadLatentAttention(const JsonObject& config, const ModelFamily& fa
                                    std::pair{"v_head_dim", v}}) {
     if (value < 1) return config.Error(key, "must be a positive width");
   }
-  if (rope < 2 || rope % 2 != 0) return config.Error("qk_rope_head_dim", "must be a positive even width (RoPE's pairs)");
+  if (rope < 2 || rope % 2 != 0) {
+    return config.Error("qk_rope_head_dim", "must be a positive even width (RoPE's pairs)");
+  }
   // DeepseekV2Attention's num_key_value_groups repeats k and v, which
   // expand_kv already made for every head: only kv heads = heads runs.
   if (spec->num_kv_heads() > 0 && spec->num_kv_heads() != spec->num_attention_heads()) {
@@ -591,6 +597,25 @@ absl::Status ReadLatentAttention(const JsonObject& config, const ModelFamily& fa
   spec->set_num_kv_heads(spec->num_attention_heads());
   spec->set_head_dim(nope + rope);
   spec->set_rotary_dim(rope);
+  // DeepseekV2Attention's scaling: (nope + rope)^-0.5, times yarn_get_mscale's
+  // square where rope_parameters (or the legacy rope_scaling) names a
+  // rope_type with mscale_all_dim (yarn_apply_mscale); numerics only.
+  double scaling = 1.0 / std::sqrt(static_cast<double>(nope + rope));
+  for (absl::string_view key : {"rope_scaling", "rope_parameters"}) {  // the legacy key wins (standardize_rope_params)
+    ZPLAN_ASSIGN_OR_RETURN(std::optional<JsonObject> rope_config, config.Object(key));
+    if (!rope_config) continue;
+    std::string type = "default";
+    double factor = 1.0, mscale_all_dim = 0;
+    ZPLAN_RETURN_IF_ERROR(ReadString(*rope_config, "rope_type", &type));
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(*rope_config, "factor", &factor));
+    ZPLAN_RETURN_IF_ERROR(ReadDouble(*rope_config, "mscale_all_dim", &mscale_all_dim));
+    if (type != "default" && mscale_all_dim != 0 && factor > 1) {
+      const double mscale = 0.1 * mscale_all_dim * std::log(factor) + 1.0;
+      scaling *= mscale * mscale;
+    }
+    break;
+  }
+  spec->set_attention_multiplier(scaling);
   return absl::OkStatus();
 }
 

@@ -721,7 +721,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     const char* mlp = "backward, layer #, MLP gradients";
     if (recompute) r.Free(Ref{pending_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP gradients");
     Ref transient{mlp_transient, i};
-    r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient, PHASE_BACKWARD, i, mlp);
+    const bool recomputed_whole = recompute && k.recompute_pending_grad == 0;
+    r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient + (recomputed_whole ? 0 : k.mlp_bwd_cast),
+            PHASE_BACKWARD, i, mlp);
     norm_copy(i, false, true, i);
     bool waits = false;
     buckets_at(i, false, i, mlp);

@@ -221,6 +221,9 @@ struct StepSizes {
     // first in the MLP half, beside all the half saved (what the shared_mlp
     // saved is its tail, freed before the experts' backward).
     int64_t mlp_tail_bwd_transient = 0;
+    // Beside bwd_mlp_transient unless the block was recomputed whole
+    // (MoeTransients::backward_cast_bytes).
+    int64_t mlp_bwd_cast = 0;
     // Its weight gradients (in grads_mlp), output_linear's [h, f_s] made
     // before that moment, input_linear's [2 f_s, h] after it: kept ones
     // (grads_kept_on_production) stay from then on.

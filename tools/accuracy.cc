@@ -76,6 +76,9 @@ const std::vector<std::string> kMixtralAux = {"--hf-config", "configs/hf/tiny/mi
 const std::vector<std::string> kGraniteMoe = {"--hf-config", "configs/hf/tiny/granitemoe.json"};
 const std::vector<std::string> kGraniteMoeAux = {"--hf-config", "configs/hf/tiny/granitemoe-aux.json"};
 const std::vector<std::string> kGraniteMoeShared = {"--hf-config", "configs/hf/tiny/granitemoeshared.json"};
+const std::vector<std::string> kDeepseekV3 = {"--hf-config", "configs/hf/tiny/deepseek_v3.json"};
+const std::vector<std::string> kDeepseekV3Wide = {"--hf-config", "configs/hf/tiny/deepseek_v3-wide.json"};
+const std::vector<std::string> kDeepseekV3Square = {"--hf-config", "configs/hf/tiny/deepseek_v3-square.json"};
 const std::vector<std::string> kGptOss = {"--hf-config", "configs/hf/tiny/gpt_oss.json"};
 const std::vector<std::string> kGptOssAux = {"--hf-config", "configs/hf/tiny/gpt_oss-aux.json"};
 // transformers' ViTForImageClassification: hidden 128 over 65 tokens, and
@@ -466,6 +469,12 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       // ZeRO-3's reduction of an expert bank larger than a bucket, at the router's hook (docs/moe.md).
       Case("gpt_oss-aux-z3-bf16-w2-ckpt", kGptOssAux, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("gpt_oss-z1-fp32-w2", kGptOss, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      // DeepSeek-V3: latent attention (the math path on CPU ranks; flash with heads of one width), the sigmoid
+      // router over groups, shared experts after the experts, dense first layers.
+      Case("deepseek_v3-z3-bf16-w2-ckpt", kDeepseekV3, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("deepseek_v3-z2-bf16-w2", kDeepseekV3, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      Case("deepseek_v3-square-z2-bf16-w2-ckpt", kDeepseekV3Square, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("deepseek_v3-wide-z1-fp32-w2", kDeepseekV3Wide, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
   };
 }
 
@@ -615,7 +624,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     gpt_oss_wide = "configs/hf/tiny/gpt_oss-wide.json",
                     deepseek_v3 = "configs/hf/tiny/deepseek_v3.json",
                     deepseek_v3_wide = "configs/hf/tiny/deepseek_v3-wide.json",
-                    deepseek_v3_square = "configs/hf/tiny/deepseek_v3-square.json";
+                    deepseek_v3_square = "configs/hf/tiny/deepseek_v3-square.json",
+                    deepseek_v3_top4 = "configs/hf/tiny/deepseek_v3-top4.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
   // every block linear with dropout 0.05.
   const std::string lora_qv = "configs/peft/lora-qv-r8.json",
@@ -1087,6 +1097,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("deepseek_v3-square-z2-bf16", deepseek_v3_square, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
       DeepSpeedCase("deepseek_v3-square-z3-bf16-ckpt", deepseek_v3_square, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2,
                     512, "sdpa", true),
+      // Top 4 of 8 at a small vocabulary: the experts' backward is the peak, without checkpointing (its fp32 pair
+      // gradients cast back beside the saved output) and with it (the recompute has freed that output).
+      DeepSpeedCase("deepseek_v3-top4-z2-bf16", deepseek_v3_top4, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
       // Held out: wider, one q_proj (q_lora_rank null), 16 experts in 8 groups, top 4, two dense layers,
       // RoPE over halves, no renormalization.
       DeepSpeedCase("deepseek_v3-wide-z2-bf16-ckpt", deepseek_v3_wide, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512,

@@ -23,7 +23,7 @@
 # Gemma 3 past its sliding window; LFM2's short convolutions, through transformers' fallback and
 # causal-conv1d's kernel; Qwen3.5 through transformers' fallbacks and through fla's kernels; Qwen2.5-VL;
 # Qwen3-30B-A3B's first four layers (its experts under ZeRO-3's leaf modules); gpt-oss-20b's first four
-# (attention sinks, biased experts, no leaf).
+# (attention sinks, biased experts, no leaf); DeepSeek-V3 at full width, two layers (latent attention).
 #
 # ROWS and DEADLINE_S (tools/gpu_env.sh) split the rows across a lease's calls; each finished row
 # is appended to $OUT/deepspeed/rows.txt at once.
@@ -51,9 +51,10 @@ if (( dry_run )); then
   qwen35=$root/configs/hf/tiny/qwen3_5.json gemma4=$root/configs/hf/tiny/gemma4.json
   qwen25vl=$root/configs/hf/tiny/qwen2_5_vl.json vl_image=224
   qwen3moe=$root/configs/hf/tiny/qwen3_moe.json gptoss=$root/configs/hf/tiny/gpt_oss.json
+  deepseek=$root/configs/hf/tiny/deepseek_v3.json
   # Two real Gloo ranks, not an emulated one: torch's fake process group makes none of the copies
   # Gloo's reduce-scatter makes under ZeRO-3, which a CPU plan counts (NCCL makes none either).
-  gptoss_world=2 gptoss_rank=-1
+  gptoss_world=2 gptoss_rank=-1 deepseek_world=2 deepseek_rank=-1
   vit_seq=65 vit_batch=4
   fla_kernels=() conv_kernels=()
   buckets='"reduce_bucket_size": 200000, "allgather_bucket_size": 200000'
@@ -93,6 +94,12 @@ json.dump(c, open(sys.argv[2], "w"), indent=2)' "$root/configs/hf/qwen3-30b-a3b.
   "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4
 c["layer_types"] = c["layer_types"][:4]; c.pop("quantization_config"); json.dump(c, open(sys.argv[2], "w"), indent=2)' \
     "$root/configs/hf/gpt-oss-20b.json" "$gptoss"
+  # DeepSeek-V3 (DeepseekV3Config's defaults) cut to two layers, one dense and one MoE layer with 64 of
+  # its 256 experts (8 groups of 8, top 8): its latent attention at full width, 5.5B parameters.
+  deepseek=$out/deepseek-v3-2-layers-64-experts.json deepseek_world=8 deepseek_rank=7
+  "$PY" -c 'import sys, transformers
+transformers.AutoConfig.for_model("deepseek_v3", num_hidden_layers=2, first_k_dense_replace=1,
+                                  n_routed_experts=64).to_json_file(sys.argv[1])' "$deepseek"
   # Qwen2.5-VL-7B-Instruct (published), one 448 px image per sequence: 256 image tokens.
   qwen25vl=$root/configs/hf/qwen2.5-vl-7b-instruct.json vl_image=448
   fla_kernels=(--kernels fla) conv_kernels=(--kernels causal_conv1d)
@@ -277,6 +284,11 @@ ds_row "Qwen3-30B-A3B (4 layers), ZeRO-3 + ckpt, 7/8" "$qwen3moe" "$seq" 8 7 "$(
 ds_row "gpt-oss-20b (4 layers), ZeRO-3 + ckpt" "$gptoss" "$seq" "$gptoss_world" "$gptoss_rank" \
   "$(ds_config 3 1 1 "$buckets3")" \
   --attention eager --checkpointing
+# DeepSeek-V3 (docs/moe.md): latent attention, whose heads of two widths CUDA's efficient kernel takes (the
+# plan counts a fused kernel; unmeasured on a GPU before this row), the sigmoid router, shared experts after
+# the experts, no leaf module at ZeRO-3; zrun trains it too.
+ds_row "DeepSeek-V3 (2 layers), ZeRO-3 + ckpt" "$deepseek" "$seq" "$deepseek_world" "$deepseek_rank" \
+  "$(ds_config 3 1 1 "$buckets3")" --checkpointing
 ds_row "LFM2 + causal-conv1d, ZeRO-2 + ckpt" "$lfm2" "$seq" 1 -1 "$(ds_config 2 "$batch" 1 "$buckets")" \
   --checkpointing "${conv_kernels[@]}"
 
