@@ -65,7 +65,9 @@ enum class BlockOpKind {
   // "<module>.shared_expert.*" every token runs, scaled by
   // sigmoid("<module>.shared_expert_gate"), or GraniteMoeShared's after the
   // experts with its gate and up fused ("<module>.shared_expert.gate_up_proj"
-  // [h -> 2 f_s], MoeSpec.shared_expert_fused_after_experts). GPT-OSS's experts
+  // [h -> 2 f_s], MoeSpec.shared_expert_fused_after_experts), or DeepSeek-V3's
+  // after them unfused and ungated (MoeSpec.shared_expert_after_experts, its
+  // sigmoid router over groups: router_sigmoid_grouped). GPT-OSS's experts
   // (MoeSpec.gpt_oss_experts) are transposed, with biases and a clamped gate.
   kMoe,
 };

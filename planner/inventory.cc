@@ -1489,9 +1489,10 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // (The others' fp32 softmax over the experts beside their logits.)
   const int64_t probs = moe.router_top_k_then_softmax() ? 0 : tokens * e * 4;
   const int64_t experts = chain + routing + 3 * pairs * 8 + probs + tokens * k * 8;
-  // GraniteMoeSharedMLP runs after them, beside their output: gate_up
-  // [T, 2 f_s] with the activation and product, then the product and
-  // output_linear's output.
+  // A shared MLP after them (GraniteMoeSharedMLP, DeepseekV3MoE's
+  // shared_experts) runs beside their output: gate and up [T, 2 f_s] with
+  // the activation and product, then the product and its down projection's
+  // output.
   const int64_t shared_nograd = SharedExpertAfterExperts(moe)
                                     ? tokens * w * (h + 3 * fs + std::max(fs, h))
                                     : std::max(3 * tokens * fs * w, tokens * h * w + experts);

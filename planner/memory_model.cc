@@ -703,11 +703,12 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         k.recompute_pending_grad = st.moe.weighted_pairs_bytes;
         k.recompute_mlp_fwd_transient = st.moe.recompute_bytes;
       }
-      // GraniteMoeSharedMLP's backward, first: at its mul's, the product's
+      // A shared MLP after the experts (GraniteMoeSharedMLP, DeepseekV3MoE's
+      // shared_experts), its backward first: at its mul's, the product's
       // gradient and the activation's and up's, [T, f_s] each, the product
       // freed (InHalfTail: its saved tensors), beside the half's output
-      // gradient times residual_multiplier, which the experts' backward
-      // takes next, and output_linear's weight gradient.
+      // gradient (Granite's times residual_multiplier), which the experts'
+      // backward takes next, and its down projection's weight gradient.
       if (SharedExpertAfterExperts(m.moe())) {
         const int64_t fs = m.moe().shared_expert_ffn_hidden_size();
         k.mlp_tail_bwd_transient = (2 * fs + width) * rows * w;

@@ -721,6 +721,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     const char* mlp = "backward, layer #, MLP gradients";
     if (recompute) r.Free(Ref{pending_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP gradients");
     Ref transient{mlp_transient, i};
+    // A recompute that stops in the experts makes their pending gradient; one that does not runs whole.
     const bool recomputed_whole = recompute && k.recompute_pending_grad == 0;
     r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient + (recomputed_whole ? 0 : k.mlp_bwd_cast),
             PHASE_BACKWARD, i, mlp);
