@@ -5,8 +5,9 @@ Builds the first layer of a mixture-of-experts config.json with transformers (ra
 _experts_implementation "eager": the *Experts class's loop over the experts hit), routes --tokens random
 hidden states three ways (random: the layer's router's own choices; balanced: pair i to expert i mod E;
 worst: every token on experts 0..k-1), runs the experts module forward and backward on each with the
-counting allocator (bazel-bin/executor/libzplan_counting_allocator.so), and prints the backward's peak above
-its start beside the event model below, which replays that backward allocation by allocation (docs/moe.md,
+counting allocator (bazel-bin/executor/libzplan_counting_allocator.so), and prints the forward's (with autograd
+recording and under no_grad) and the backward's peaks above their start beside the event models below,
+which replay them allocation by allocation (docs/moe.md,
 "Routing").
 
 The model: autograd runs the experts hit in reverse order of the loop. Each one frees its own saved tensors
@@ -82,6 +83,61 @@ def backward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr):
     return peak, run
 
 
+def forward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr, grad):
+    """The eager experts' forward peak above its start (bytes), with autograd recording (grad) or under
+    no_grad, in the terms of backward_peak_bytes. With grad every per-expert tensor but Mixtral's fp32
+    weighted product is saved; under no_grad the loop's locals (where's indices, the gathered rows,
+    gate_up's output, the weighted product) live until the next expert's replace them."""
+    experts = len(counts)
+    run = peak = 0
+
+    def ev(b):
+        nonlocal run, peak
+        run += b
+        peak = max(peak, run)
+
+    hit = [e for e in range(experts) if counts[e] > 0]
+    one_hot = tokens * top_k * (experts + 1) * 8
+    ev(tokens * hidden * w)  # the output, zeros_like(hidden_states)
+    ev(8); ev(-8); ev(8); ev(-8)
+    ev(one_hot); ev(8 * (experts + 1)); ev(8); ev(experts + 1); ev(-8); ev(-8 * (experts + 1))  # mask, sums
+    ev(8 * len(hit)); ev(-(experts + 1))  # expert_hit: nonzero
+    fp32 = wr != w
+    prev = None
+    for e in hit:
+        n = counts[e]
+        nh, nh32, ni = n * hidden * w, n * hidden * 4, n * ffn * w
+        weighted = nh32 if fp32 else nh
+        ev(8); ev(1); ev(-8); ev(-1)  # expert_idx == num_experts
+        if grad:
+            ev(16 * n); ev(nh); ev(2 * ni); ev(ni); ev(ni)  # where, rows, gate_up, act, product
+            if fp32 and prev is not None:
+                ev(-prev * hidden * 4)  # the last expert's fp32 product, its name rebound
+            ev(nh); ev(n * wr)  # down's output, the weights slice
+            if fp32:
+                ev(nh32); ev(nh32); ev(-nh32); ev(nh)  # the product (its temporary), the cast index_add_ keeps
+            else:
+                ev(nh)
+            ev(1024); ev(-1024)  # index_add_'s scratch
+        else:
+            p = prev
+            ev(16 * n)
+            if p is not None: ev(-16 * p)
+            ev(nh)
+            if p is not None: ev(-p * hidden * w)
+            ev(2 * ni)
+            if p is not None: ev(-2 * p * ffn * w)
+            ev(ni); ev(ni); ev(-ni)  # act, product; act freed
+            if p is not None: ev(-(p * hidden * (4 if fp32 else w)))  # the last weighted product
+            ev(nh); ev(-ni); ev(n * wr)  # down's output; product freed; the weights slice
+            if fp32:
+                ev(nh32); ev(nh32); ev(-nh32); ev(-n * wr); ev(-nh); ev(nh); ev(1024); ev(-1024); ev(-nh)
+            else:
+                ev(nh); ev(-n * wr); ev(-nh); ev(1024); ev(-1024)
+        prev = n
+    return peak
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hf-config", required=True, help="a mixture-of-experts config.json")
@@ -117,7 +173,8 @@ def main(argv):
         _, router_weights, router_index = router(x)  # the router's own choices and its weights' dtype
     print(f"{args.hf_config}: {args.tokens} tokens, {experts} experts, top {top_k}, hidden {hidden}, "
           f"expert width {ffn}, bf16, top-k weights {router_weights.dtype}")
-    print(f"{'routing':<9} {'experts hit':>11} {'busiest':>8} {'measured':>10} {'modelled':>10}")
+    print(f"{'routing':<9} {'experts hit':>11} {'busiest':>8}   measured / modelled peak above the start: "
+          "forward, under no_grad, backward")
     for routing in ("random", "balanced", "worst"):
         if routing == "random":
             index = router_index
@@ -128,17 +185,33 @@ def main(argv):
         counts = torch.bincount(index.reshape(-1), minlength=experts).tolist()
         # The experts module alone, as the *SparseMoeBlock calls it: its input and the pair weights need
         # gradients (the router's and the shared expert's backward are the block's, not the loop's).
-        states = x.clone().requires_grad_(True)
-        weights = router_weights.clone().requires_grad_(True)
+        measured = {}
+        states = x.clone()
+        weights = router_weights.clone()
+        lib.zplan_reset_peak()
+        start = lib.zplan_current_bytes()
+        with torch.no_grad():
+            out = experts_module(states, index, weights)
+        measured["nograd"] = lib.zplan_peak_bytes() - start
+        del out
+        states.requires_grad_(True)
+        weights.requires_grad_(True)
+        lib.zplan_reset_peak()
+        start = lib.zplan_current_bytes()
         out = experts_module(states, index, weights)
+        measured["forward"] = lib.zplan_peak_bytes() - start
         grad = torch.randn(out.shape, dtype=out.dtype, generator=gen)
         lib.zplan_reset_peak()
         start = lib.zplan_current_bytes()
         out.backward(grad)
-        measured = lib.zplan_peak_bytes() - start
-        modelled, _ = backward_peak_bytes(counts, args.tokens, hidden, ffn, top_k, 2, weights.element_size())
+        measured["backward"] = lib.zplan_peak_bytes() - start
+        shape = (counts, args.tokens, hidden, ffn, top_k, 2, weights.element_size())
+        modelled = {"forward": forward_peak_bytes(*shape, grad=True),
+                    "nograd": forward_peak_bytes(*shape, grad=False),
+                    "backward": backward_peak_bytes(*shape)[0]}
         hit = sum(1 for c in counts if c > 0)
-        print(f"{routing:<9} {hit:>11} {max(counts):>8} {measured:>10,} {modelled:>10,}")
+        cells = "   ".join(f"{measured[k]:,} / {modelled[k]:,}" for k in ("forward", "nograd", "backward"))
+        print(f"{routing:<9} {hit:>11} {max(counts):>8}   {cells}")
         del out, grad, states, weights
         experts_module.zero_grad(set_to_none=True)
 
