@@ -32,6 +32,17 @@ import torch
 import transformers
 
 
+class Tally:
+    """Allocations (+) and frees (-) in order: the running total and its peak."""
+
+    def __init__(self):
+        self.run = self.peak = 0
+
+    def ev(self, nbytes):
+        self.run += nbytes
+        self.peak = max(self.peak, self.run)
+
+
 def backward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr):
     """The eager experts' backward peak above its start, and the net change at its end (bytes).
 
@@ -42,12 +53,8 @@ def backward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr):
     experts = len(counts)
     bank_gate_up, bank_down = experts * 2 * ffn * hidden * w, experts * hidden * ffn * w
     one_gate_up, one_down = 2 * ffn * hidden * w, hidden * ffn * w
-    run = peak = 0
-
-    def ev(b):
-        nonlocal run, peak
-        run += b
-        peak = max(peak, run)
+    tally = Tally()
+    ev = tally.ev
 
     hit = [e for e in range(experts) if counts[e] > 0]
     for j, e in enumerate(reversed(hit)):
@@ -80,7 +87,7 @@ def backward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr):
         ev(tokens * hidden * w); ev(-nh); ev(-16 * n)  # hidden_states[token_idx]'s gradient [T, h]; where's indices
         if later:
             ev(-tokens * hidden * w)
-    return peak, run
+    return tally.peak, tally.run
 
 
 def forward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr, grad):
@@ -89,12 +96,8 @@ def forward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr, grad):
     weighted product is saved; under no_grad the loop's locals (where's indices, the gathered rows,
     gate_up's output, the weighted product) live until the next expert's replace them."""
     experts = len(counts)
-    run = peak = 0
-
-    def ev(b):
-        nonlocal run, peak
-        run += b
-        peak = max(peak, run)
+    tally = Tally()
+    ev = tally.ev
 
     hit = [e for e in range(experts) if counts[e] > 0]
     one_hot = tokens * top_k * (experts + 1) * 8
@@ -135,7 +138,7 @@ def forward_peak_bytes(counts, tokens, hidden, ffn, top_k, w, wr, grad):
             else:
                 ev(nh); ev(-n * wr); ev(-nh); ev(1024); ev(-1024)
         prev = n
-    return peak
+    return tally.peak
 
 
 # One shape's forward (hidden 96, 6 experts, top 3) measures 256 bytes under the model: a small tensor
