@@ -21,7 +21,8 @@ activations, the rest of the forward as temporaries; the LM head, loss and
 their gradients as logits; what initialize allocated as buffers; everything
 else as temporaries. peak_event names the phase of the peak. measured_host is
 the process's VmHWM. Samples: after initialize (the construction and
-initialize peak) and the whole run's peak.
+initialize peak) and the whole run's peak. routing: for a mixture of
+experts, each MoE layer's pairs per expert in the micro-step of the peak.
 
 --trace FILE also writes the last step's allocation log per rank: events
 (bytes, tag, live bytes after) and marks (event index, label) at module
@@ -65,6 +66,7 @@ import importlib.metadata
 import inspect
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -601,6 +603,33 @@ def agree_as_rank0():
     utils.get_lst_from_rank0 = as_rank0(utils.get_lst_from_rank0)
 
 
+def record_routing(model):
+    """Per MoE layer (by its decoder layer's index), the token-expert pairs each expert takes: read from the
+    top-k indices its experts module is called with (every *Experts of transformers 5.23 takes
+    (hidden_states, top_k_index, top_k_weights)). numpy counts them, so no tensor is allocated and the
+    measurement is unchanged. The first call since the dict was cleared counts: a checkpointed layer's
+    recompute routes the same tokens again."""
+    import numpy
+    import torch
+    routing = {}
+
+    def hook(layer, experts):
+        def pre(module, args):
+            if layer not in routing:
+                index = args[1].detach()
+                index = index if index.device.type == "cpu" else index.cpu()
+                routing[layer] = numpy.bincount(index.numpy().reshape(-1), minlength=experts).tolist()
+        return pre
+
+    for name, module in model.named_modules():
+        layer = re.search(r"layers\.(\d+)\.", name)
+        bank = getattr(module, "gate_up_proj", None)
+        if layer and type(module).__name__.endswith("Experts") and isinstance(bank, torch.nn.Parameter):
+            experts = getattr(bank, "ds_shape", bank.shape)[0]  # a ZeRO-3 partition keeps its full shape there
+            module.register_forward_pre_hook(hook(int(layer.group(1)), experts))
+    return routing
+
+
 def tag_resident_states(alloc, engine):
     """Retags what lives across steps by identity: parameters, master
     weights and optimizer states; the rest keeps its allocation-time tag."""
@@ -1039,6 +1068,7 @@ def run_rank(args):
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable, config=ds_config)
     init_peak = alloc.peak()
     tag_resident_states(alloc, engine)
+    routing = record_routing(engine.module)
 
     micro = engine.train_micro_batch_size_per_gpu()
     accum = engine.gradient_accumulation_steps()
@@ -1112,12 +1142,13 @@ def run_rank(args):
 
     losses = []
     steady_breakdown = {}
-    phase = {"peak": 0, "label": ""}  # the running peak of this step and the phase that set it
+    # The running peak of this step, the phase that set it and the routing of that micro-step.
+    phase = {"peak": 0, "label": "", "routing": {}}
 
     def note_phase(label):
         alloc.synchronize()
         if alloc.peak() > phase["peak"]:
-            phase["peak"], phase["label"] = alloc.peak(), label
+            phase["peak"], phase["label"], phase["routing"] = alloc.peak(), label, dict(routing)
 
     step_seconds = []
     for step in range(args.steps):
@@ -1146,6 +1177,7 @@ def run_rank(args):
                 ids = torch.randint(0, vocab, (micro, args.seq), generator=gen)
                 batch = {"input_ids": ids, "labels": ids}
             batch = {k: v.to(device) for k, v in batch.items()}
+            routing.clear()
             mark(f"micro-step {micro_step}")
             # As the Trainer's training_step: the batch and the loss outlive the
             # forward (the logits in the model's output are released before backward).
@@ -1185,6 +1217,7 @@ def run_rank(args):
         "losses": losses,
         # The steps after the warm-up, as zrun reports them.
         "step_seconds": step_seconds[1:],
+        "routing": [{"layer": layer, "pairs_per_expert": pairs} for layer, pairs in sorted(phase["routing"].items())],
         "mean_step_seconds": sum(step_seconds[1:]) / len(step_seconds[1:]),
         "device": torch.cuda.get_device_name(alloc.device) if args.device == "cuda" else "cpu",
         "framework": f"DeepSpeed {deepspeed.__version__}, transformers {transformers.__version__}, "
