@@ -1,0 +1,90 @@
+// File: eager_experts.h
+// A mixture of experts' routing (RunConfig.routing: balanced, worst case or
+// measured per layer, zplan --routing) and what transformers' eager experts
+// allocate under it (config.json's _experts_implementation "eager": the
+// *Experts class's loop over the experts hit, Qwen3MoeExperts.forward and
+// its copies in Mixtral, Qwen2-MoE, Qwen3.5-MoE and GraniteMoe).
+//
+// Under grouped_mm every pair tensor is [S, ...] whatever the routing; the
+// eager loop allocates per expert hit, so its peaks depend on the pairs each
+// expert takes and on their order. The models below replay, allocation by
+// allocation, the counting allocator's logs of the experts module alone
+// (tools/eager_experts.py measures them and checks its Python form of these
+// models byte for byte; docs/moe.md, "The eager experts' backward").
+//
+// Example:
+//   ZPLAN_ASSIGN_OR_RETURN(ExpertRouting routing, ParseRouting("configs/routing/x.json"));
+//   std::vector<int64_t> pairs = PairsPerExpert(routing, layer, tokens, experts, top_k);
+//   EagerExpertsBytes bytes = EagerExpertsAllocations(pairs, shape);
+#ifndef ZPLAN_PLANNER_EAGER_EXPERTS_H_
+#define ZPLAN_PLANNER_EAGER_EXPERTS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/model.pb.h"
+#include "proto/run_config.pb.h"
+
+namespace zplan {
+
+// --routing's value: "balanced", "worst", or the path of a JSON file
+// ({"layers": [{"layer": i, "pairs_per_expert": [...]}, ...]}, as
+// tools/moe_routing.py writes it and the DeepSpeed oracle records it; a
+// "router" name may stand in for "layer": its "layers.<i>." gives the index).
+absl::StatusOr<ExpertRouting> ParseRouting(absl::string_view value);
+// The file's text; `source` names it in errors.
+absl::StatusOr<ExpertRouting> ParseRoutingJson(absl::string_view text, absl::string_view source);
+
+// A measured routing names every MoE layer of `spec` once, each with
+// num_experts counts, none negative, some pair in each.
+absl::Status ValidateRouting(const ExpertRouting& routing, const ModelSpec& spec);
+
+// The pairs each of `experts` experts takes in `layer` at `tokens` tokens
+// and `top_k` experts a token: balanced, worst case, or the layer's
+// measured counts scaled to tokens x top_k pairs (largest remainders),
+// each at most `tokens` (a token picks an expert once).
+std::vector<int64_t> PairsPerExpert(const ExpertRouting& routing, int layer, int64_t tokens, int64_t experts,
+                                    int64_t top_k);
+
+// "balanced", "worst case" or "measured (<file>)", for the plan's output.
+std::string RoutingName(const ExpertRouting& routing);
+
+struct EagerExpertsShape {
+  int64_t tokens = 0, hidden = 0, ffn = 0, top_k = 0;
+  int64_t w = 2;   // the working dtype's bytes
+  int64_t wr = 2;  // the top-k weights' (4: Mixtral hands fp32 ones to the experts)
+};
+
+// One eager experts module's allocations, bytes.
+struct EagerExpertsBytes {
+  // What the loop saves for backward: per pair where's two int64 indices,
+  // the gathered row, gate_up's output, the activation, the product, the
+  // weight, down's output and the weighted row index_add_ keeps. The same
+  // whatever the routing.
+  int64_t saved = 0;
+  // Forward with autograd recording, above its start (its input alive): the
+  // output, the one-hot mask [T, k, E + 1] (int64), every saved tensor and
+  // the loop's locals.
+  int64_t forward_peak = 0;
+  // Under no_grad: the loop's locals live until the next expert's replace them.
+  int64_t nograd_peak = 0;
+  // Backward above its start (what the loop saved and its output gradient
+  // alive). Autograd runs the experts hit in reverse order, each freeing
+  // what it saved; each weight gradient is a bank-sized zeros tensor
+  // (select_backward) with the expert's slice copied in: the first expert's
+  // become the parameters' accumulation buffers, every later one is added
+  // into them and freed.
+  int64_t backward_peak = 0;
+  // Of backward_peak, the two accumulation buffers then alive (the
+  // parameters' gradients, handed to their hooks after the last expert).
+  int64_t backward_banks = 0;
+};
+EagerExpertsBytes EagerExpertsAllocations(const std::vector<int64_t>& pairs_per_expert, const EagerExpertsShape& shape);
+
+}  // namespace zplan
+
+#endif  // ZPLAN_PLANNER_EAGER_EXPERTS_H_
