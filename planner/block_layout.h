@@ -102,9 +102,11 @@ inline int NumMoeLayers(const ModelSpec& spec) {
 // with a Python float, the residual add), and whether the backward reaches
 // it only past those ops: a MoE layer without a shared expert (Qwen2-MoE's
 // gate product and GraniteMoeShared's shared_mlp are recorded last, saving
-// their inputs).
+// their inputs). The eager experts' loop saves up to its last index_add_,
+// whose backward, reached first, needs no copy of the output gradient.
 inline bool RecomputeStopsInExperts(const ModelSpec& spec, int layer) {
   return LayerIsMoe(spec, layer) && spec.moe().shared_expert_ffn_hidden_size() == 0 &&
+         spec.moe().experts_impl() != EXPERTS_EAGER &&
          spec.norm_placement() == NORM_PLACEMENT_PRE && spec.residual_dropout() == 0 &&
          spec.per_layer_input_size() == 0;
 }

@@ -1,9 +1,8 @@
 // File: eager_experts.h
-// A mixture of experts' routing (RunConfig.routing: balanced, worst case or
-// measured per layer, zplan --routing) and what transformers' eager experts
-// allocate under it (config.json's _experts_implementation "eager": the
-// *Experts class's loop over the experts hit, Qwen3MoeExperts.forward and
-// its copies in Mixtral, Qwen2-MoE, Qwen3.5-MoE and GraniteMoe).
+// What transformers' eager experts allocate under a routing (config.json's
+// _experts_implementation "eager": the *Experts class's loop over the
+// experts hit, Qwen3MoeExperts.forward and its copies in Mixtral, Qwen2-MoE,
+// Qwen3.5-MoE and GraniteMoe; the routing: expert_routing.h).
 //
 // Under grouped_mm every pair tensor is [S, ...] whatever the routing; the
 // eager loop allocates per expert hit, so its peaks depend on the pairs each
@@ -13,45 +12,14 @@
 // models byte for byte; docs/moe.md, "The eager experts' backward").
 //
 // Example:
-//   ZPLAN_ASSIGN_OR_RETURN(ExpertRouting routing, ParseRouting("configs/routing/x.json"));
-//   std::vector<int64_t> pairs = PairsPerExpert(routing, layer, tokens, experts, top_k);
-//   EagerExpertsBytes bytes = EagerExpertsAllocations(pairs, shape);
+//   EagerExpertsBytes bytes = EagerExpertsAllocations(PairsPerExpert(routing, layer, T, E, k), {T, h, I, k, 2, 2});
 #ifndef ZPLAN_PLANNER_EAGER_EXPERTS_H_
 #define ZPLAN_PLANNER_EAGER_EXPERTS_H_
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
-#include "proto/model.pb.h"
-#include "proto/run_config.pb.h"
-
 namespace zplan {
-
-// --routing's value: "balanced", "worst", or the path of a JSON file
-// ({"layers": [{"layer": i, "pairs_per_expert": [...]}, ...]}, as
-// tools/moe_routing.py writes it and the DeepSpeed oracle records it; a
-// "router" name may stand in for "layer": its "layers.<i>." gives the index).
-absl::StatusOr<ExpertRouting> ParseRouting(absl::string_view value);
-// The file's text; `source` names it in errors.
-absl::StatusOr<ExpertRouting> ParseRoutingJson(absl::string_view text, absl::string_view source);
-
-// A measured routing names every MoE layer of `spec` once, each with
-// num_experts counts, none negative, some pair in each.
-absl::Status ValidateRouting(const ExpertRouting& routing, const ModelSpec& spec);
-
-// The pairs each of `experts` experts takes in `layer` at `tokens` tokens
-// and `top_k` experts a token: balanced, worst case, or the layer's
-// measured counts scaled to tokens x top_k pairs (largest remainders),
-// each at most `tokens` (a token picks an expert once).
-std::vector<int64_t> PairsPerExpert(const ExpertRouting& routing, int layer, int64_t tokens, int64_t experts,
-                                    int64_t top_k);
-
-// "balanced", "worst case" or "measured (<file>)", for the plan's output.
-std::string RoutingName(const ExpertRouting& routing);
 
 struct EagerExpertsShape {
   int64_t tokens = 0, hidden = 0, ffn = 0, top_k = 0;

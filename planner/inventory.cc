@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "planner/block_layout.h"
+#include "planner/eager_experts.h"
 #include "planner/vision_tower.h"
 
 namespace zplan {
@@ -1095,32 +1096,48 @@ std::vector<TensorSpec> BlockSavedActivations(const ModelSpec& spec, int64_t b, 
           act(m + "router.top_k_sum", {b, s, 1}, DTYPE_FP32);
           act(m + "router.top_k_weights", {b, s, k}, DTYPE_FP32);
         }
-        // The experts: the pairs' gather indices (perm // k, perm), the
-        // cumulative counts per expert, the gathered tokens, gate_up's output
-        // (silu's input and up, views of it), the activation, the product
-        // (down's input), the pair weights, down's output (the weighting's)
-        // and the inverse permutation.
-        act(m + "experts.token_index", {b, s, k}, DTYPE_INT64);
-        act(m + "experts.pair_index", {b, s, k}, DTYPE_INT64);
-        // GPT-OSS's biases are gathered per pair by the sorted expert ids.
-        if (moe.gpt_oss_experts() && trains) act(m + "experts.expert_ids", {b, s, k}, DTYPE_INT64);
-        act(m + "experts.offsets", {e}, DTYPE_INT32);
-        if (trains) act(m + "experts.gathered", {b, s, k, h}, dtype);
-        act(m + "experts.gate_up", {b, s, k, 2 * fe}, dtype);
-        if (moe.gpt_oss_experts()) {
-          // GptOssExperts._apply_gate: the clamps keep gate_up (as views),
-          // sigmoid its output, the products their factors: the clamped
-          // gate, the sigmoid, up + 1 and gate x sigmoid.
-          for (const char* name : {"gate_clamped", "gate_sigmoid", "up_plus_one", "glu"}) {
-            act(m + "experts." + name, {b, s, k, fe}, dtype);
-          }
-        } else {
+        if (moe.experts_impl() == EXPERTS_EAGER) {
+          // The eager loop's (eager_experts.h), per pair whatever the
+          // routing: where's two indices, the gathered row, gate_up's output,
+          // the activation, the product, the weight, down's output and the
+          // weighted row index_add_ keeps (a cast of the fp32 product with
+          // fp32 pair weights). Refused with frozen experts (RefuseMoeStep).
+          act(m + "experts.where_indices", {b, s, k, 2}, DTYPE_INT64);
+          act(m + "experts.gathered", {b, s, k, h}, dtype);
+          act(m + "experts.gate_up", {b, s, k, 2 * fe}, dtype);
           act(m + "experts.act", {b, s, k, fe}, dtype);
+          act(m + "experts.product", {b, s, k, fe}, dtype);
+          act(m + "experts.pair_weights", {b, s, k}, moe.routing_weights_fp32() ? DTYPE_FP32 : dtype);
+          act(m + "experts.down", {b, s, k, h}, dtype);
+          act(m + "experts.weighted", {b, s, k, h}, dtype);
+        } else {
+          // The experts: the pairs' gather indices (perm // k, perm), the
+          // cumulative counts per expert, the gathered tokens, gate_up's output
+          // (silu's input and up, views of it), the activation, the product
+          // (down's input), the pair weights, down's output (the weighting's)
+          // and the inverse permutation.
+          act(m + "experts.token_index", {b, s, k}, DTYPE_INT64);
+          act(m + "experts.pair_index", {b, s, k}, DTYPE_INT64);
+          // GPT-OSS's biases are gathered per pair by the sorted expert ids.
+          if (moe.gpt_oss_experts() && trains) act(m + "experts.expert_ids", {b, s, k}, DTYPE_INT64);
+          act(m + "experts.offsets", {e}, DTYPE_INT32);
+          if (trains) act(m + "experts.gathered", {b, s, k, h}, dtype);
+          act(m + "experts.gate_up", {b, s, k, 2 * fe}, dtype);
+          if (moe.gpt_oss_experts()) {
+            // GptOssExperts._apply_gate: the clamps keep gate_up (as views),
+            // sigmoid its output, the products their factors: the clamped
+            // gate, the sigmoid, up + 1 and gate x sigmoid.
+            for (const char* name : {"gate_clamped", "gate_sigmoid", "up_plus_one", "glu"}) {
+              act(m + "experts." + name, {b, s, k, fe}, dtype);
+            }
+          } else {
+            act(m + "experts.act", {b, s, k, fe}, dtype);
         }
         if (trains) act(m + "experts.product", {b, s, k, fe}, dtype);
         act(m + "experts.pair_weights", {b, s, k}, moe.routing_weights_fp32() ? DTYPE_FP32 : dtype);
         act(m + "experts.down", {b, s, k, h}, dtype);
         act(m + "experts.inverse_index", {b, s, k}, DTYPE_INT64);
+        }
         if (moe.shared_expert_gate()) {
           act(m + "shared_expert_gate.sigmoid", {b, s, 1}, dtype);
           act(m + "shared_expert.output", {b, s, h}, dtype);
@@ -1440,7 +1457,8 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
   return t;
 }
 
-MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype) {
+MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
+                                const std::vector<int64_t>& pairs_per_expert) {
   const MoeSpec& moe = spec.moe();
   const int64_t w = DTypeBytes(dtype), h = spec.hidden_size(), tokens = b * s;
   const int64_t e = moe.num_experts(), k = moe.experts_per_token(), f = moe.expert_ffn_hidden_size();
@@ -1476,9 +1494,18 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
     t.backward_bytes = 3 * pairs * h * w;
     return t;
   }
-  const int64_t routing = logits + pairs * (8 + 4) + e * 4 + (moe.routing_weights_fp32() ? 0 : tokens * k * w);
-  t.forward_bytes = 2 * pairs * h * weighted + routing;
-  t.recompute_bytes = t.forward_bytes - t.weighted_pairs_bytes + pairs * 8;
+  // The top-k weights cast from fp32 to the working dtype (Mixtral's stay fp32).
+  const int64_t cast_weights = moe.routing_weights_fp32() ? 0 : tokens * k * w;
+  const bool eager = moe.experts_impl() == EXPERTS_EAGER;
+  EagerExpertsBytes loop;
+  if (eager) {
+    loop = EagerExpertsAllocations(pairs_per_expert, {tokens, h, f, k, w, weighted});
+    // No pairs' gradient waits for a recompute: it does not stop in the loop (RecomputeStopsInExperts).
+    t.weighted_pairs_bytes = 0;
+  }
+  const int64_t routing = eager ? logits + cast_weights : logits + pairs * (8 + 4) + e * 4 + cast_weights;
+  t.forward_bytes = eager ? loop.forward_peak - loop.saved + routing : 2 * pairs * h * weighted + routing;
+  t.recompute_bytes = eager ? t.forward_bytes : t.forward_bytes - t.weighted_pairs_bytes + pairs * 8;
   // Under no_grad each pair tensor lives until the next is made: gathered
   // and gate_up, gate_up with the activation and product, down and the
   // weighted pairs, the weighted pairs and their reordered copy; the
@@ -1488,7 +1515,8 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
                                   2 * pairs * h * weighted});
   // (The others' fp32 softmax over the experts beside their logits.)
   const int64_t probs = moe.router_top_k_then_softmax() ? 0 : tokens * e * 4;
-  const int64_t experts = chain + routing + 3 * pairs * 8 + probs + tokens * k * 8;
+  const int64_t experts =
+      eager ? loop.nograd_peak + routing + probs + tokens * k * 8 : chain + routing + 3 * pairs * 8 + probs + tokens * k * 8;
   // A shared MLP after them (GraniteMoeSharedMLP, DeepseekV3MoE's
   // shared_experts) runs beside their output: gate and up [T, 2 f_s] with
   // the activation and product, then the product and its down projection's
@@ -1501,8 +1529,9 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // copy), the zeros it is scattered into in pair order and the scatter's
   // result. fp32 pairs in a 16-bit model then cast down's output gradient
   // back to its dtype beside them, while down's saved output is held.
-  t.backward_bytes = 3 * pairs * h * weighted;
-  t.backward_cast_bytes = weighted != w ? pairs * h * w : 0;
+  t.backward_bytes = eager ? loop.backward_peak : 3 * pairs * h * weighted;
+  // Under the eager experts the loop's, with its gradient buffers: the expert banks' gradients.
+  t.backward_cast_bytes = !eager && weighted != w ? pairs * h * w : 0;
   // A shared expert's backward runs last (its ops were recorded first): the
   // gradient of its output waits through the experts'; GraniteMoeShared's
   // runs first, and the gradient of its input waits.

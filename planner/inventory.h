@@ -369,7 +369,11 @@ struct MoeTransients : MixerTransients {
   // experts keeps the rule read from Mixtral's (docs/moe.md: its residual).
   int64_t backward_cast_bytes = 0;
 };
-MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype);
+// Under the eager experts (MoeSpec.experts_impl EXPERTS_EAGER) the loop's
+// allocations under `pairs_per_expert` (one layer's routing, eager_experts.h)
+// in these terms, beside the router's locals as under grouped_mm.
+MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype,
+                                const std::vector<int64_t>& pairs_per_expert = {});
 
 // Eager attention's logits with the sink column (ModelSpec.attention_sinks):
 // b x heads x s x (s + 1) elements.

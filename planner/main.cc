@@ -78,6 +78,9 @@ ABSL_FLAG(std::string, kernels, "",
 ABSL_FLAG(std::string, loss, "",
           "full (default: transformers' loss over b x s x V logits) or liger-fused (Liger's fused linear "
           "cross-entropy, as use_liger_kernel applies it: chunked, no logits; ZeRO stages 0-2)");
+ABSL_FLAG(std::string, routing, "",
+          "a mixture of experts' routing: balanced (default), worst (every token on experts 0..k-1) or a JSON file "
+          "of pairs per expert per layer (tools/moe_routing.py --json); it sets the eager experts' memory");
 ABSL_FLAG(std::string, gpu, "", "GPU catalog key (default h100-80gb)");
 ABSL_FLAG(std::string, host_ram_gib, "",
           "host RAM per node in GiB, to judge host fit; a plan over it exits 3 (default: not judged)");
@@ -156,6 +159,7 @@ int main(int argc, char** argv) {
   o.attention = absl::GetFlag(FLAGS_attention);
   o.kernels = absl::GetFlag(FLAGS_kernels);
   o.loss = absl::GetFlag(FLAGS_loss);
+  o.routing = absl::GetFlag(FLAGS_routing);
   o.gpu = absl::GetFlag(FLAGS_gpu);
   o.host_ram_gib = absl::GetFlag(FLAGS_host_ram_gib);
   o.budget_gib = absl::GetFlag(FLAGS_budget_gib);

@@ -13,6 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "planner/block_layout.h"
+#include "planner/eager_experts.h"
+#include "planner/expert_routing.h"
 #include "planner/gpu_catalog.h"
 #include "planner/limits.h"
 #include "planner/model_family.h"
@@ -154,9 +156,9 @@ absl::Status RefuseVisionLanguageStep(const ModelSpec& model, const RunConfig& c
   return absl::OkStatus();
 }
 
-// What of a mixture of experts' training zplan does not plan, by name:
-// the experts implementations other than grouped_mm (batched_mm with what
-// its weight copies would take).
+// What of a mixture of experts' training zplan does not plan, by name
+// (batched_mm with what its weight copies would take, the eager experts of
+// the types not measured).
 absl::Status RefuseMoeStep(const ModelSpec& model, const RunConfig& config) {
   const MoeSpec& moe = model.moe();
   if (moe.router_aux_loss() && config.loss() == LOSS_IMPL_LIGER_FUSED_LINEAR) {
@@ -165,9 +167,16 @@ absl::Status RefuseMoeStep(const ModelSpec& model, const RunConfig& config) {
         "use --loss full, or set output_router_logits to false");
   }
   if (moe.experts_impl() == EXPERTS_EAGER) {
-    return absl::InvalidArgumentError(
-        "_experts_implementation: \"eager\" (the *Experts class's loop over the experts hit) is not planned yet; "
-        "use \"grouped_mm\", transformers' default (leave the key out)");
+    // The loop measured is Qwen3MoeExperts.forward and its copies
+    // (eager_experts.h); GPT-OSS's (biases, clamps) and DeepSeek-V3's MoE are
+    // not, and nor are frozen experts (LoRA) under it.
+    auto refuse = [](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("_experts_implementation: \"eager\" ", why,
+                                                     "; use \"grouped_mm\", transformers' default (leave the key out)"));
+    };
+    if (moe.gpt_oss_experts()) return refuse("with GptOssExperts' own loop (biases, clamps) is not planned yet");
+    if (moe.router_sigmoid_grouped()) return refuse("with DeepSeek-V3's MoE is not planned yet");
+    if (model.has_lora()) return refuse("with LoRA (frozen experts) is not planned yet");
   }
   if (moe.experts_impl() == EXPERTS_BATCHED_MM) {
     // batched_mm_experts_forward (integrations/moe.py) gathers each pair's
@@ -204,12 +213,14 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
                                             const GpuSpec& gpu) {
   StepSizer sizer;
   sizer.model_ = model;
+  sizer.routing_ = config.routing();
   StepSizes& s = sizer.base_;
   const ZeroConfig& zero = config.zero();
   s.stage = zero.stage();
   s.world_size = WorldSize(config);
   s.ranks_per_node = config.cluster().gpus_per_node();
   s.num_layers = StepNumBlocks(model);
+  ZPLAN_RETURN_IF_ERROR(ValidateRouting(config.routing(), model));
   if (model.has_moe()) ZPLAN_RETURN_IF_ERROR(RefuseMoeStep(model, config));
   if (model.has_vision_language()) {
     ZPLAN_RETURN_IF_ERROR(RefuseVisionLanguageStep(model, config));
@@ -428,6 +439,8 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     l.delta_rule = LayerMixesByDeltaRule(m, layer);
     l.moe = LayerIsMoe(m, layer);
     l.recompute_stops_in_experts = RecomputeStopsInExperts(m, layer);
+    l.eager_experts = l.moe && m.moe().experts_impl() == EXPERTS_EAGER;
+    if (l.eager_experts && config.routing().kind() == ExpertRouting::ROUTING_MEASURED) l.routing_layer = layer;
     l.leaf_gradients = l.moe && s.stage == 3 && m.moe().deepspeed_leaf();
     l.head_dim = HeadDimOf(m, layer);
     l.fit = fit_index(block, false);
@@ -608,7 +621,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         RmsNormBackwardTransientBytes(m, rows_b * rows_seq * m.hidden_size(), dtype, BaseWeightsTrain(m));
     st.conv = ShortConvTransientBytes(m, rows_b, rows_seq, dtype);
     st.delta_rule = DeltaRuleTransientBytes(m, rows_b, rows_seq, dtype);
-    if (m.has_moe()) st.moe = MoeTransientBytes(m, rows_b, rows_seq, dtype);
+    // (The eager experts' depend on each layer's routing: per kind, below.)
+    if (m.has_moe() && m.moe().experts_impl() != EXPERTS_EAGER) st.moe = MoeTransientBytes(m, rows_b, rows_seq, dtype);
     return st;
   };
   const Stack language = stack(model, b, seq, down_input_saved_);
@@ -695,13 +709,18 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     k.mlp_pre_norm_bwd = pre_norm_backward(f.mlp_pre_norm_per_token);
     k.attn_pre_norm_bwd = pre_norm_backward(f.attn_pre_norm_per_token);
     // A mixture of experts' MLP in place of the dense one (its no_grad chain for the FFN's).
-    const int64_t ffn_live = l.moe ? st.moe.nograd_bytes : st.ffn_live;
+    const MoeTransients moe =
+        l.eager_experts ? MoeTransientBytes(m, st.b, st.seq, dtype,
+                                            PairsPerExpert(routing_, l.routing_layer, rows, m.moe().num_experts(),
+                                                           m.moe().experts_per_token()))
+                        : st.moe;
+    const int64_t ffn_live = l.moe ? moe.nograd_bytes : st.ffn_live;
     if (l.moe) {
-      k.mlp_fwd_transient = k.recompute_mlp_fwd_transient = st.moe.forward_bytes;
+      k.mlp_fwd_transient = k.recompute_mlp_fwd_transient = moe.forward_bytes;
       // The pairs' output gradient, made before the recompute, which stops short of the reordered copy.
       if (l.recompute_stops_in_experts) {
-        k.recompute_pending_grad = st.moe.weighted_pairs_bytes;
-        k.recompute_mlp_fwd_transient = st.moe.recompute_bytes;
+        k.recompute_pending_grad = moe.weighted_pairs_bytes;
+        k.recompute_mlp_fwd_transient = moe.recompute_bytes;
       }
       // A shared MLP after the experts (GraniteMoeSharedMLP, DeepseekV3MoE's
       // shared_experts), its backward first: at its mul's, the product's
@@ -718,7 +737,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
         }
       }
       if (m.moe().router_aux_loss()) k.aux_router_logits = rows * m.moe().num_experts() * RouterLogitsBytes(m.moe(), w);
-      k.mlp_bwd_cast = st.moe.backward_cast_bytes;
+      k.mlp_bwd_cast = moe.backward_cast_bytes;
     }
     if (l.conv || l.delta_rule) {
       const MixerTransients& mixer = l.conv ? st.conv : st.delta_rule;
@@ -743,17 +762,23 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const int64_t output_grad = k.mlp_tail_saved > 0 ? rows * width * w : 0;
     k.mlp_output_grad = GatedMlp(m) ? 0 : output_grad;
     k.bwd_mlp_transient =
-        (l.moe ? st.moe.backward_bytes
+        (l.moe ? moe.backward_bytes
                : BlockBackwardTransientBytes(m, st.b, st.seq, dtype, device, st.down_input_saved, m.head_dim())
                      .mlp_bytes) +
         k.mlp_output_grad;
     k.grads_mlp = l.mlp_elements * w;
     k.grads_down = l.down_elements * w;
-    if (l.moe && s.grads_kept_on_production) {
+    // The eager loop makes both banks' gradients as it goes (its accumulation
+    // buffers): kept ones are the loop's from its widest moment on.
+    const int64_t eager_banks = (l.down_elements + l.largest_mlp) * w;
+    if (l.eager_experts && s.grads_kept_on_production) {
+      k.grads_down = eager_banks;
+      k.bwd_mlp_transient = std::max<int64_t>(0, k.bwd_mlp_transient - eager_banks);
+    } else if (l.moe && s.grads_kept_on_production) {
       // Kept gradients (the step program's kept_down beside the transient):
       // the experts' down_proj gradient comes once the first temporaries are
       // gone, beside its pairs' input gradient [S, I].
-      k.bwd_mlp_transient = std::max(k.bwd_mlp_transient - k.grads_down, st.moe.pair_ffn_bytes);
+      k.bwd_mlp_transient = std::max(k.bwd_mlp_transient - k.grads_down, moe.pair_ffn_bytes);
     }
     // A weight gradient bound for a reduce bucket (stages 1-3) is made beside
     // its linear's input gradient (down_proj: the FFN-wide one, and the
@@ -763,15 +788,19 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // ZeRO-3's reduction that an expert bank larger than a bucket brings
     // stands beside it, at gate_up_proj's moment (Stage3ExpertReductions).
     const int64_t gate_up_moment =
-        l.moe ? MoeGateUpGradientBytes(st.moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w) : 0;
+        l.moe ? MoeGateUpGradientBytes(moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w) : 0;
+    // After the eager loop both banks' gradients meet their hooks' reductions.
     k.max_mlp_grad = std::max<int64_t>(
-        0, (l.moe ? std::max(l.down_elements * w + st.moe.pair_ffn_bytes, gate_up_moment + l.reductions.copy)
+        0, (l.eager_experts ? eager_banks + l.reductions.copy
+            : l.moe ? std::max(l.down_elements * w + moe.pair_ffn_bytes, gate_up_moment + l.reductions.copy)
                   : rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w) -
                k.bwd_mlp_transient);
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;
     k.mlp_reduce_pending = l.moe ? l.reductions.pending : 0;
     // Past down_proj's hook: a dense MLP's activation backward; the experts' gate_up_proj gradient.
-    k.mlp_past_down_hook = l.moe ? gate_up_moment : k.bwd_mlp_transient - k.mlp_output_grad;
+    k.mlp_past_down_hook = l.eager_experts ? l.largest_mlp * w
+                           : l.moe            ? gate_up_moment
+                                              : k.bwd_mlp_transient - k.mlp_output_grad;
     if (m.norm_placement() != NORM_PLACEMENT_PRE) {
       k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, BaseWeightsTrain(m));
     }

@@ -96,6 +96,7 @@ class StepSizer {
   std::vector<RankVariant> variants_;  // distinct ones
   std::vector<int> rank_variant_;      // rank -> index into variants_
   ModelSpec model_;
+  ExpertRouting routing_;            // RunConfig.routing
   std::vector<TensorSpec> params_;
   StepSizes base_;                   // fields independent of batch and sequence
   int64_t dtype_bytes_ = 2;
@@ -140,6 +141,8 @@ class StepSizer {
     bool moe = false;         // LayerIsMoe
     bool leaf_gradients = false;  // ZeRO-3 reduces the MoE block's gradients after its backward
     bool recompute_stops_in_experts = false;  // RecomputeStopsInExperts
+    bool eager_experts = false;   // MoeSpec.experts_impl EXPERTS_EAGER
+    int routing_layer = -1;       // its measured routing's layer (RunConfig.routing), -1 balanced or worst
     int64_t head_dim = 0;     // HeadDimOf
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
     // The MLP half's gradients (elements): all, down_proj's, the largest
@@ -152,7 +155,9 @@ class StepSizer {
     bool operator==(const LayerStatics& o) const {
       return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && delta_rule == o.delta_rule &&
              moe == o.moe && leaf_gradients == o.leaf_gradients &&
-             recompute_stops_in_experts == o.recompute_stops_in_experts && head_dim == o.head_dim && grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
+             recompute_stops_in_experts == o.recompute_stops_in_experts && eager_experts == o.eager_experts &&
+             routing_layer == o.routing_layer && head_dim == o.head_dim && grads_attn == o.grads_attn &&
+             max_attn_grad == o.max_attn_grad &&
              gather == o.gather && gather_kept == o.gather_kept && mlp_elements == o.mlp_elements &&
              down_elements == o.down_elements && largest_mlp == o.largest_mlp &&
              down_weight_elements == o.down_weight_elements && reductions == o.reductions && tower == o.tower && forward_only == o.forward_only;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/struct.pb.h"
 #include "planner/ds_config.h"
+#include "planner/expert_routing.h"
 #include "planner/gpu_catalog.h"
 #include "planner/inventory.h"
 #include "planner/limits.h"
@@ -341,6 +342,9 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     else if (l == "liger-fused") c.set_loss(LOSS_IMPL_LIGER_FUSED_LINEAR);
     else return FlagError("loss", o.loss, "full or liger-fused");
   }
+  if (!o.routing.empty()) {
+    ZPLAN_ASSIGN_OR_RETURN(*c.mutable_routing(), ParseRouting(o.routing));
+  }
   if (!o.attention.empty()) {
     const std::string a = absl::AsciiStrToLower(o.attention);
     if (a == "sdpa" || a == "flash") r.model.set_attention_impl(ATTENTION_SDPA);
@@ -405,15 +409,18 @@ std::string Header(const Plan& plan) {
   std::string origin = ModelOriginLine(plan.model());
   if (m.has_moe()) {
     // transformers' grouped_mm sizes every pair tensor by the T x k token-expert pairs, however the
-    // router splits them (docs/moe.md): balanced and worst-case routing plan alike.
+    // router splits them (docs/moe.md): balanced and worst-case routing plan alike; the eager loop's do not.
     const MoeSpec& moe = m.moe();
+    const std::string routing =
+        moe.experts_impl() == EXPERTS_EAGER
+            ? absl::StrCat("; eager experts, routing ", RoutingName(c.routing()))
+            : "; grouped_mm: any routing (balanced, worst case) takes the same memory";
     absl::StrAppend(&origin, origin.empty() ? "" : "\n", "       mixture of experts: ", moe.num_experts(),
                     " experts, top ", moe.experts_per_token(), ", ", moe.expert_ffn_hidden_size(), " wide",
                     moe.shared_expert_ffn_hidden_size() > 0
                         ? absl::StrCat(", a shared expert ", moe.shared_expert_ffn_hidden_size(), " wide")
                         : "",
-                    "; grouped_mm: any routing (balanced, worst case) takes the same memory",
-                    moe.router_aux_loss() ? "; the auxiliary load-balancing loss keeps every router's logits" : "");
+                    routing, moe.router_aux_loss() ? "; the auxiliary load-balancing loss keeps every router's logits" : "");
   }
   return absl::StrFormat(
       "zplan: %s (%s), seq %d, micro-batch %d, grad-accum %d, %s, %s attention%s\n"

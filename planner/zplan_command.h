@@ -83,6 +83,7 @@ struct ZplanOptions {
   std::string attention;        // "sdpa" | "eager"
   std::string kernels;          // "none" | a list of "fla", "causal_conv1d"
   std::string loss;             // "full" | "liger-fused"
+  std::string routing;          // "balanced" | "worst" | a routing JSON file (eager_experts.h)
   std::string gpu;              // catalog key; default h100-80gb
   std::string host_ram_gib;     // RAM per node in GiB; empty = not judged
   std::string budget_gib;       // device budget per GPU in GiB; empty = capacity

@@ -27,6 +27,8 @@ void ExpectLiveCasesMeasureTheirRecordings(Suite suite) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     auto report = MeasureCase(c, o, dir);
     ASSERT_TRUE(report.ok()) << report.status();
+    plan = PlanOnMeasuredRouting(c, o, dir, *std::move(plan), *report);
+    ASSERT_TRUE(plan.ok()) << plan.status();
     auto row = JudgeRow(c, *std::move(plan), *report);
     ASSERT_TRUE(row.ok()) << row.status();
     EXPECT_TRUE(row->device_ok) << "device peak " << 100 * row->device_error << "% off the plan";

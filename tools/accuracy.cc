@@ -161,6 +161,37 @@ absl::StatusOr<Plan> PlanCase(const AccuracyCase& c, const AccuracyOptions& o, c
   return plan;
 }
 
+absl::StatusOr<Plan> PlanOnMeasuredRouting(const AccuracyCase& c, const AccuracyOptions& o, const std::string& dir,
+                                           Plan plan, const Report& report) {
+  if (plan.model().moe().experts_impl() != EXPERTS_EAGER) return plan;
+  for (const RankReport& r : report.ranks()) {
+    if (r.routing().empty()) continue;
+    // The routing file zplan reads (expert_routing.h): {"layers": [{"layer": i, "pairs_per_expert": [...]}]}.
+    std::string json = "{\"layers\": [";
+    for (int i = 0; i < r.routing_size(); ++i) {
+      absl::StrAppend(&json, i ? ", " : "", "{\"layer\": ", r.routing(i).layer(), ", \"pairs_per_expert\": [",
+                      absl::StrJoin(r.routing(i).pairs_per_expert(), ", "), "]}");
+    }
+    json += "]}\n";
+    const std::string stem = absl::StrCat(dir, "/rank", r.rank());
+    ZPLAN_RETURN_IF_ERROR(WriteFileAtomically(stem + "-routing.json", json));
+    AccuracyCase on_routing = c;
+    on_routing.zplan_args.insert(on_routing.zplan_args.end(), {"--routing", stem + "-routing.json"});
+    const std::string rank_dir = stem + "-plan";
+    ZPLAN_ASSIGN_OR_RETURN(Plan ranked, PlanCase(on_routing, o, rank_dir));
+    RankPlan* target = nullptr;
+    for (RankPlan& p : *plan.mutable_ranks()) {
+      if (p.rank() == r.rank()) target = &p;
+    }
+    if (target == nullptr) {
+      target = plan.add_ranks();
+      target->set_rank(r.rank());
+    }
+    *target->mutable_device() = PlannedDevice(ranked, r.rank());
+  }
+  return plan;
+}
+
 absl::StatusOr<Report> MeasureCase(const AccuracyCase& c, const AccuracyOptions& o, const std::string& dir) {
   const std::string report_path = dir + (IsDeepSpeed(c) ? "/report.json" : "/report.pb");
   int code = 0;
@@ -624,6 +655,11 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     gpt_oss_wide = "configs/hf/tiny/gpt_oss-wide.json",
                     deepseek_v3 = "configs/hf/tiny/deepseek_v3.json",
                     deepseek_v3_wide = "configs/hf/tiny/deepseek_v3-wide.json",
+                    qwen3_moe_eager = "configs/hf/tiny/qwen3_moe-eager.json",
+                    mixtral_eager = "configs/hf/tiny/mixtral-eager.json",
+                    granitemoe_eager = "configs/hf/tiny/granitemoe-eager.json",
+                    qwen3_moe_wide_eager = "configs/hf/tiny/qwen3_moe-wide-eager.json",
+                    qwen2_moe_eager = "configs/hf/tiny/qwen2_moe-eager.json",
                     deepseek_v3_square = "configs/hf/tiny/deepseek_v3-square.json",
                     deepseek_v3_top4 = "configs/hf/tiny/deepseek_v3-top4.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
@@ -1051,6 +1087,29 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       DeepSpeedCase("granitemoe-aux-z3-bf16-ckpt", granitemoe_aux, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
       DeepSpeedCase("granitemoe-aux-z2-bf16", granitemoe_aux, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512),
+      // transformers' eager experts (_experts_implementation "eager", a loop over the experts hit), planned
+      // per rank on the routing the oracle recorded (RankReport.routing); checkpointed rows, where the
+      // loop's moments set the peak (with the b x s x V loss beside them the loss would).
+      DeepSpeedCase("qwen3_moe-eager-z3-bf16-ckpt", qwen3_moe_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("qwen3_moe-eager-z1-bf16-ckpt", qwen3_moe_eager, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("mixtral-eager-z2-bf16-ckpt", mixtral_eager, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa",
+                    true),
+      DeepSpeedCase("mixtral-eager-z1-fp32-ckpt", mixtral_eager, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256, "sdpa",
+                    true),
+      DeepSpeedCase("granitemoe-eager-z3-bf16-ckpt", granitemoe_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
+                    "sdpa", true),
+      DeepSpeedCase("granitemoe-eager-z1-fp32-ckpt", granitemoe_eager, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256,
+                    "sdpa", true),
+      // Held out (recorded after the rows above): a wider Qwen3-MoE (16 experts, top 4, hidden 256) and
+      // Qwen2-MoE's shared expert.
+      DeepSpeedCase("qwen3_moe-wide-eager-z2-bf16-ckpt", qwen3_moe_wide_eager, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                    512, "sdpa", true),
+      DeepSpeedCase("qwen3_moe-wide-eager-z1-fp32-b1", qwen3_moe_wide_eager, DsConfig(1, "fp32", 1, 1, "", kSmall), 2,
+                    1024),
+      DeepSpeedCase("qwen2_moe-eager-z3-bf16-ckpt", qwen2_moe_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
+                    "sdpa", true),
       // GraniteMoeShared: GraniteMoe's layers with an ungated shared_mlp after the experts.
       DeepSpeedCase("granitemoeshared-z3-bf16-ckpt", granitemoeshared, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
@@ -1129,6 +1188,7 @@ absl::StatusOr<std::vector<AccuracyRow>> RunAccuracyMatrix(const std::vector<Acc
     const std::string dir = CaseDir(matrix[i], options, static_cast<int>(i + 1));
     ZPLAN_ASSIGN_OR_RETURN(Plan plan, PlanCase(matrix[i], options, dir));
     ZPLAN_ASSIGN_OR_RETURN(Report report, MeasureCase(matrix[i], options, dir));
+    ZPLAN_ASSIGN_OR_RETURN(plan, PlanOnMeasuredRouting(matrix[i], options, dir, std::move(plan), report));
     ZPLAN_ASSIGN_OR_RETURN(AccuracyRow row, JudgeRow(matrix[i], std::move(plan), report));
     if (options.on_row) options.on_row(row);
     rows.push_back(std::move(row));

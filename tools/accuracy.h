@@ -144,6 +144,12 @@ std::string CaseDir(const AccuracyCase& c, const AccuracyOptions& options, int i
 absl::StatusOr<Plan> PlanCase(const AccuracyCase& c, const AccuracyOptions& options, const std::string& dir);
 // zrun or the DeepSpeed oracle trains dir/plan.pb's case: its Report.
 absl::StatusOr<Report> MeasureCase(const AccuracyCase& c, const AccuracyOptions& options, const std::string& dir);
+// A plan whose memory follows the routing (the eager experts): each rank
+// that measured one (RankReport.routing) planned again on it (zplan
+// --routing), its device breakdown taking the place of `plan`'s; other
+// plans come back as they are.
+absl::StatusOr<Plan> PlanOnMeasuredRouting(const AccuracyCase& c, const AccuracyOptions& options,
+                                           const std::string& dir, Plan plan, const Report& report);
 // The plan judged against a measurement of it.
 absl::StatusOr<AccuracyRow> JudgeRow(const AccuracyCase& c, Plan plan, const Report& report);
 

@@ -16,7 +16,8 @@ gate_up_proj[e] and down_proj[e]) with the expert's slice copied in: the first e
 parameters' accumulation buffers, every later one is added into them and freed. So from the second expert
 hit on, the bank's gate_up gradient exists twice beside down_proj's, while the experts not yet reached
 keep what they saved: the peak depends on how many experts are hit and on the order of their pair counts.
-This is the rule zplan's planner is to take for eager plans (issue 36); until then zplan refuses them.
+zplan plans eager experts with the C++ form of these models (planner/eager_experts.h, whose test holds it
+to the peaks measured here).
 
   tools/eager_experts.py --hf-config configs/hf/tiny/qwen3_moe.json --tokens 512 \
       --allocator bazel-bin/executor/libzplan_counting_allocator.so

@@ -11,6 +11,7 @@ how they split).
 
   tools/moe_routing.py --hf-config configs/hf/qwen3-30b-a3b.json --layers 2 --seq 4096
   tools/moe_routing.py --hf-config configs/hf/tiny/mixtral.json --json routing.json
+  zplan --hf-config configs/hf/tiny/mixtral-eager.json --routing routing.json ...
 
 Python only because it drives transformers; it writes nothing but --json.
 """
@@ -62,7 +63,9 @@ def main(argv):
         k = sum(c) // tokens
         balanced = sum(c) / len(c)
         print(f"{name:<32} {len(c):>7} {k:>5} {balanced:>9.1f} {max(c):>8} {min(c):>7} {tokens:>10}")
-        layers.append({"router": name, "pairs_per_expert": c})
+        # The decoder layer's index, as zplan --routing reads it (planner/expert_routing.h).
+        layer = int(name.split("layers.")[1].split(".")[0])
+        layers.append({"layer": layer, "router": name, "pairs_per_expert": c})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": args.hf_config, "tokens": tokens, "layers": layers}, f, indent=1)

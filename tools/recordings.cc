@@ -147,6 +147,7 @@ std::vector<std::string> LiveCases(Suite s) {
       "z0-bf16-torch-adamw-heavy",                     // a torch Adam at ZeRO-0 in bf16
       "llava-z3-bf16-freeze-tower",                    // a vision-language model, a frozen tower
       "gpt_oss-z3-bf16",                               // attention sinks
+      "qwen3_moe-eager-z3-bf16-ckpt",                  // eager experts, on the routing measured
   };
 }
 
@@ -195,6 +196,8 @@ std::set<std::string> Mechanisms(const AccuracyCase& c, const Plan& plan) {
   if (model.norm_type() == NORM_LAYERNORM) m.insert("LayerNorm");
   if (model.attention_impl() == ATTENTION_EAGER) m.insert("eager attention");
   if (model.attention_sinks()) m.insert("attention sinks");
+  // Planned per rank on the routing each measured (accuracy.h, PlanOnMeasuredRouting).
+  if (model.moe().experts_impl() == EXPERTS_EAGER) m.insert("eager experts");
   if (model.attention_dropout() > 0 || model.residual_dropout() > 0) m.insert("dropout");
   const int64_t world = WorldSize(config);
   if (c.emulate_rank >= 0) {
@@ -285,7 +288,8 @@ absl::StatusOr<JudgedSuite> JudgeRecordings(Suite s, const AccuracyOptions& opti
   const std::vector<AccuracyCase> matrix = SuiteMatrix(s);
   for (size_t i = 0; i < matrix.size(); ++i) {
     const AccuracyCase& c = matrix[i];
-    ZPLAN_ASSIGN_OR_RETURN(Plan plan, PlanCase(c, options, CaseDir(c, options, static_cast<int>(i + 1))));
+    const std::string dir = CaseDir(c, options, static_cast<int>(i + 1));
+    ZPLAN_ASSIGN_OR_RETURN(Plan plan, PlanCase(c, options, dir));
     ZPLAN_ASSIGN_OR_RETURN(RecordedInputs inputs, InputsOf(s, c, plan, options));
     absl::StatusOr<Recording> recording = ReadRecording(options.root + "/" + RecordingPath(s, c.name));
     if (absl::IsNotFound(recording.status())) {
@@ -297,6 +301,7 @@ absl::StatusOr<JudgedSuite> JudgeRecordings(Suite s, const AccuracyOptions& opti
       judged.stale.push_back(absl::StrCat(c.name, ": ", why));
       continue;
     }
+    ZPLAN_ASSIGN_OR_RETURN(plan, PlanOnMeasuredRouting(c, options, dir, std::move(plan), recording->report()));
     ZPLAN_ASSIGN_OR_RETURN(AccuracyRow row, JudgeRow(c, std::move(plan), recording->report()));
     judged.rows.push_back(std::move(row));
     judged.recordings.push_back(*std::move(recording));

@@ -1,0 +1,75 @@
+#include "planner/eager_experts.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "planner/expert_routing.h"
+
+namespace zplan {
+namespace {
+
+ExpertRouting Kind(ExpertRouting::Kind kind) {
+  ExpertRouting r;
+  r.set_kind(kind);
+  return r;
+}
+
+// The counting allocator's peaks of the experts module alone (bf16, CPU,
+// transformers 5.23), as tools/eager_experts.py measured them on the tiny
+// configs at 512 tokens (docs/moe.md): forward, under no_grad, backward.
+struct Measured {
+  const char* config;
+  EagerExpertsShape shape;
+  int64_t experts;
+  ExpertRouting::Kind routing;
+  int64_t forward, nograd, backward;
+  bool banks_at_peak;  // the backward peaks once the gradient buffers exist (else at the first expert's pairs)
+};
+
+TEST(EagerExpertsTest, ModelsEqualTheMeasuredPeaks) {
+  const EagerExpertsShape qwen3{512, 128, 96, 2, 2, 2}, mixtral{512, 128, 96, 2, 2, 4}, granite{512, 128, 64, 2, 2, 2};
+  const Measured rows[] = {
+      {"qwen3_moe", qwen3, 8, ExpertRouting::ROUTING_BALANCED, 1797184, 370752, 802304, true},
+      {"qwen3_moe", qwen3, 8, ExpertRouting::ROUTING_WORST, 1797136, 868368, 263168, false},
+      {"mixtral", mixtral, 4, ExpertRouting::ROUTING_BALANCED, 1962016, 668704, 424960, true},
+      {"mixtral", mixtral, 4, ExpertRouting::ROUTING_WORST, 2158608, 1165328, 786432, false},
+      {"granitemoe", granite, 16, ExpertRouting::ROUTING_BALANCED, 1600640, 337152, 1327872, true},
+      {"granitemoe", granite, 16, ExpertRouting::ROUTING_WORST, 1600528, 803856, 518144, true},
+  };
+  for (const Measured& m : rows) {
+    const std::vector<int64_t> pairs = PairsPerExpert(Kind(m.routing), 0, m.shape.tokens, m.experts, m.shape.top_k);
+    const EagerExpertsBytes bytes = EagerExpertsAllocations(pairs, m.shape);
+    EXPECT_EQ(bytes.forward_peak, m.forward) << m.config << " " << m.routing;
+    EXPECT_EQ(bytes.nograd_peak, m.nograd) << m.config << " " << m.routing;
+    EXPECT_EQ(bytes.backward_peak, m.backward) << m.config << " " << m.routing;
+    // Every saved tensor is in the forward's peak.
+    EXPECT_LT(bytes.saved, bytes.forward_peak) << m.config;
+    EXPECT_EQ(bytes.backward_banks, m.banks_at_peak ? m.experts * 3 * m.shape.ffn * m.shape.hidden * m.shape.w : 0)
+        << m.config << " " << m.routing;
+  }
+}
+
+TEST(EagerExpertsTest, FullSizeQwen3MoeLayerBackward) {
+  // One Qwen3-30B-A3B layer (128 experts, top 8) at 2048 tokens, measured.
+  const EagerExpertsShape shape{2048, 2048, 768, 8, 2, 2};
+  EXPECT_EQ(EagerExpertsAllocations(PairsPerExpert(Kind(ExpertRouting::ROUTING_BALANCED), 0, 2048, 128, 8), shape)
+                .backward_peak,
+            2023781888);
+  EXPECT_EQ(EagerExpertsAllocations(PairsPerExpert(Kind(ExpertRouting::ROUTING_WORST), 0, 2048, 128, 8), shape)
+                .backward_peak,
+            1960828928);
+}
+
+TEST(EagerExpertsTest, SavedDoesNotDependOnTheRouting) {
+  const EagerExpertsShape shape{300, 64, 48, 2, 2, 2};
+  const int64_t balanced =
+      EagerExpertsAllocations(PairsPerExpert(Kind(ExpertRouting::ROUTING_BALANCED), 0, 300, 6, 2), shape).saved;
+  const int64_t worst =
+      EagerExpertsAllocations(PairsPerExpert(Kind(ExpertRouting::ROUTING_WORST), 0, 300, 6, 2), shape).saved;
+  EXPECT_EQ(balanced, worst);
+  EXPECT_EQ(balanced, 600 * (16 + 2 + (3 * 64 + 4 * 48) * 2));
+}
+
+}  // namespace
+}  // namespace zplan
