@@ -1,32 +1,23 @@
 #include "planner/eager_experts.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <numeric>
 
 namespace zplan {
 namespace {
 
-// Allocations (+) and frees (-) in order: the running total, its peak and
-// what `tracked` held at the peak.
+// Allocations (+) and frees (-) in order: the running total and its peak.
 class Tally {
  public:
   void Ev(int64_t bytes) {
     run_ += bytes;
-    if (run_ > peak_) {
-      peak_ = run_;
-      tracked_at_peak_ = tracked_;
-    }
-  }
-  // An event of the tracked tensors (the backward's accumulation buffers).
-  void Tracked(int64_t bytes) {
-    tracked_ += bytes;
-    Ev(bytes);
+    peak_ = std::max(peak_, run_);
   }
   int64_t peak() const { return peak_; }
-  int64_t tracked_at_peak() const { return tracked_at_peak_; }
 
  private:
-  int64_t run_ = 0, peak_ = 0, tracked_ = 0, tracked_at_peak_ = 0;
+  int64_t run_ = 0, peak_ = 0;
 };
 
 std::vector<int64_t> Hit(const std::vector<int64_t>& counts) {
@@ -37,8 +28,9 @@ std::vector<int64_t> Hit(const std::vector<int64_t>& counts) {
   return hit;
 }
 
-// tools/eager_experts.py, backward_peak_bytes: one line per logged event.
-void Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x, EagerExpertsBytes* out) {
+// tools/eager_experts.py, backward_peak_bytes: one line per logged event; the
+// recomputed and input_grad_exists orders as the oracle's traces showed them.
+int64_t Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x) {
   const int64_t experts = static_cast<int64_t>(counts.size()), w = x.w, wr = x.wr, h = x.hidden, f = x.ffn;
   const int64_t bank_gate_up = experts * 2 * f * h * w, bank_down = experts * h * f * w;
   const int64_t one_gate_up = 2 * f * h * w, one_down = h * f * w, weights_grad = x.tokens * x.top_k * wr;
@@ -49,23 +41,38 @@ void Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x, Ea
     const bool later = j > 0;
     const int64_t nh = n * h * w, nh32 = n * h * 4, ni = n * f * w;
     t.Ev(nh); t.Ev(-nh);  // index_add_: the output gradient's rows; its saved source freed
+    // The weighting's backward. Recomputed, the product's saved factors (down's
+    // output, the weights slice) go as the checkpoint hands them over, before
+    // its gradients are made whole; otherwise with its node.
     if (wr != w) {
       t.Ev(nh32); t.Ev(-nh);                                 // the cast's backward to fp32
       t.Ev(nh32); t.Ev(nh32); t.Ev(-nh32); t.Ev(nh32);       // the weighting's two gradients
+      if (x.recomputed) { t.Ev(-nh); t.Ev(-n * wr); }
       t.Ev(nh); t.Ev(-nh32);                                 // down's output gradient cast back
-      t.Ev(n * 4); t.Ev(-nh32); t.Ev(-nh32); t.Ev(-n * 4);
+      t.Ev(n * 4); t.Ev(-nh32); t.Ev(-nh32);
+      if (x.recomputed) {
+        t.Ev(weights_grad); t.Ev(-n * 4);  // the top-k weights' gradient [T, k]
+      } else {
+        t.Ev(-n * 4);
+        t.Ev(-nh);                          // saved down output
+        t.Ev(weights_grad); t.Ev(-n * wr);  // the top-k weights' gradient [T, k]; the saved slice
+      }
+    } else if (x.recomputed) {
+      t.Ev(nh); t.Ev(nh); t.Ev(-nh); t.Ev(-n * w);  // down's output's gradient and the product's; saved factors
+      t.Ev(n * w); t.Ev(-nh); t.Ev(-nh);           // the weights' sum
+      t.Ev(weights_grad); t.Ev(-n * w);
     } else {
       t.Ev(nh); t.Ev(nh); t.Ev(n * w);  // down's output's gradient, the weights' product and sum
       t.Ev(-nh); t.Ev(-nh); t.Ev(-n * w);
+      t.Ev(-nh);                          // saved down output
+      t.Ev(weights_grad); t.Ev(-n * wr);  // the top-k weights' gradient [T, k]; the saved slice
     }
-    t.Ev(-nh);                                // saved down output
-    t.Ev(weights_grad); t.Ev(-n * wr);        // the top-k weights' gradient [T, k]; the saved slice
     if (later) { t.Ev(weights_grad); t.Ev(-weights_grad); t.Ev(-weights_grad); }  // added out of place
     t.Ev(one_down); t.Ev(ni); t.Ev(-nh); t.Ev(-ni);  // down_proj[e]'s gradient, its input's; product freed
     if (later) {
       t.Ev(bank_down); t.Ev(-one_down); t.Ev(-bank_down);  // select_backward, added into the buffer
     } else {
-      t.Tracked(bank_down); t.Ev(-one_down);                // the first: the accumulation buffer
+      t.Ev(bank_down); t.Ev(-one_down);                    // the first: the accumulation buffer
     }
     t.Ev(ni); t.Ev(ni); t.Ev(-ni); t.Ev(-ni);  // act * up: both gradients; saved act freed
     t.Ev(ni); t.Ev(-ni); t.Ev(-2 * ni);        // silu's; saved gate_up freed
@@ -74,13 +81,12 @@ void Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x, Ea
     if (later) {
       t.Ev(bank_gate_up); t.Ev(-one_gate_up); t.Ev(-bank_gate_up);
     } else {
-      t.Tracked(bank_gate_up); t.Ev(-one_gate_up);
+      t.Ev(bank_gate_up); t.Ev(-one_gate_up);
     }
     t.Ev(x.tokens * h * w); t.Ev(-nh); t.Ev(-16 * n);  // hidden_states[token_idx]'s gradient; where's indices
-    if (later) t.Ev(-x.tokens * h * w);
+    if (later || x.input_grad_exists) t.Ev(-x.tokens * h * w);
   }
-  out->backward_peak = t.peak();
-  out->backward_banks = t.tracked_at_peak();
+  return t.peak();
 }
 
 // tools/eager_experts.py, forward_peak_bytes.
@@ -138,7 +144,7 @@ EagerExpertsBytes EagerExpertsAllocations(const std::vector<int64_t>& counts, co
   out.saved = pairs * (16 + x.wr + (3 * x.hidden + 4 * x.ffn) * x.w);
   out.forward_peak = Forward(counts, x, /*grad=*/true);
   out.nograd_peak = Forward(counts, x, /*grad=*/false);
-  Backward(counts, x, &out);
+  out.backward_peak = Backward(counts, x);
   return out;
 }
 

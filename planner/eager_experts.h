@@ -25,6 +25,16 @@ struct EagerExpertsShape {
   int64_t tokens = 0, hidden = 0, ffn = 0, top_k = 0;
   int64_t w = 2;   // the working dtype's bytes
   int64_t wr = 2;  // the top-k weights' (4: Mixtral hands fp32 ones to the experts)
+  // A checkpointed layer's backward, after torch's non-reentrant recompute:
+  // a node's saved tensors go as it unpacks them (read from the oracle's
+  // allocation traces of Mixtral's and Qwen3-MoE's checkpointed rows).
+  bool recomputed = false;
+  // The gradient of the loop's input exists before its backward (a shared
+  // expert's, whose backward runs first: Qwen2-MoE's gate, GraniteMoeShared's
+  // shared_mlp), so every expert's contribution is added into it and freed;
+  // otherwise the first expert's becomes it (oracle's trace of Qwen2-MoE's
+  // checkpointed ZeRO-3 row).
+  bool input_grad_exists = false;
 };
 
 // One eager experts module's allocations, bytes.
@@ -47,9 +57,6 @@ struct EagerExpertsBytes {
   // become the parameters' accumulation buffers, every later one is added
   // into them and freed.
   int64_t backward_peak = 0;
-  // Of backward_peak, the two accumulation buffers then alive (the
-  // parameters' gradients, handed to their hooks after the last expert).
-  int64_t backward_banks = 0;
 };
 EagerExpertsBytes EagerExpertsAllocations(const std::vector<int64_t>& pairs_per_expert, const EagerExpertsShape& shape);
 

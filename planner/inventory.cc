@@ -1458,7 +1458,7 @@ BlockBackwardTransients BlockBackwardTransientBytes(const ModelSpec& spec, int64
 }
 
 MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DType dtype,
-                                const std::vector<int64_t>& pairs_per_expert) {
+                                const std::vector<int64_t>& pairs_per_expert, bool recomputed) {
   const MoeSpec& moe = spec.moe();
   const int64_t w = DTypeBytes(dtype), h = spec.hidden_size(), tokens = b * s;
   const int64_t e = moe.num_experts(), k = moe.experts_per_token(), f = moe.expert_ffn_hidden_size();
@@ -1499,13 +1499,22 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   const bool eager = moe.experts_impl() == EXPERTS_EAGER;
   EagerExpertsBytes loop;
   if (eager) {
-    loop = EagerExpertsAllocations(pairs_per_expert, {tokens, h, f, k, w, weighted});
-    // No pairs' gradient waits for a recompute: it does not stop in the loop (RecomputeStopsInExperts).
-    t.weighted_pairs_bytes = 0;
+    loop = EagerExpertsAllocations(pairs_per_expert, {tokens, h, f, k, w, weighted, recomputed, fs > 0});
   }
   const int64_t routing = eager ? logits + cast_weights : logits + pairs * (8 + 4) + e * 4 + cast_weights;
-  t.forward_bytes = eager ? loop.forward_peak - loop.saved + routing : 2 * pairs * h * weighted + routing;
-  t.recompute_bytes = eager ? t.forward_bytes : t.forward_bytes - t.weighted_pairs_bytes + pairs * 8;
+  // The eager loop's widest moment is its last expert's, with its output
+  // beside it and the decoder layer's `residual` (the MLP half's input, alive
+  // to the half's add; read from the oracle's traces of checkpointed rows).
+  // In fp32 the pre-norm's upcast is the residual itself, which it saves.
+  const int64_t residual = dtype == DTYPE_FP32 ? 0 : tokens * h * w;
+  t.forward_bytes = eager ? loop.forward_peak - loop.saved + routing + residual : 2 * pairs * h * weighted + routing;
+  // Granite's residual_multiplier scales the MLP half's output gradient into
+  // a new [T, h] (a product with a Python float saves nothing, so it runs
+  // before a checkpointed layer's recompute); every index_add_ of the eager
+  // loop reads it: alive through the recompute and the loop's backward.
+  const int64_t scaled_output_grad = eager && spec.residual_multiplier() != 0 ? tokens * h * w : 0;
+  t.recompute_bytes =
+      eager ? t.forward_bytes + scaled_output_grad : t.forward_bytes - t.weighted_pairs_bytes + pairs * 8;
   // Under no_grad each pair tensor lives until the next is made: gathered
   // and gate_up, gate_up with the activation and product, down and the
   // weighted pairs, the weighted pairs and their reordered copy; the
@@ -1529,8 +1538,8 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // copy), the zeros it is scattered into in pair order and the scatter's
   // result. fp32 pairs in a 16-bit model then cast down's output gradient
   // back to its dtype beside them, while down's saved output is held.
-  t.backward_bytes = eager ? loop.backward_peak : 3 * pairs * h * weighted;
-  // Under the eager experts the loop's, with its gradient buffers: the expert banks' gradients.
+  // The eager loop's, its gradient buffers (the banks' gradients) included.
+  t.backward_bytes = eager ? loop.backward_peak + scaled_output_grad : 3 * pairs * h * weighted;
   t.backward_cast_bytes = !eager && weighted != w ? pairs * h * w : 0;
   // A shared expert's backward runs last (its ops were recorded first): the
   // gradient of its output waits through the experts'; GraniteMoeShared's

@@ -359,7 +359,8 @@ struct MoeTransients : MixerTransients {
   // forward_bytes in a checkpointed block's recompute that stops in the
   // experts (RecomputeStopsInExperts): it stops as the reordering saves its
   // index, with the index's arange [S] (int64) alive and the reordered copy
-  // not yet made.
+  // not yet made. The eager loop's recompute runs whole, beside what the
+  // backward made before it.
   int64_t recompute_bytes = 0;
   // Beside backward_bytes where down's saved output is still held: fp32
   // pairs' gradient cast back to down's 16-bit dtype. A block recomputed
@@ -371,9 +372,10 @@ struct MoeTransients : MixerTransients {
 };
 // Under the eager experts (MoeSpec.experts_impl EXPERTS_EAGER) the loop's
 // allocations under `pairs_per_expert` (one layer's routing, eager_experts.h)
-// in these terms, beside the router's locals as under grouped_mm.
+// in these terms, beside the router's locals as under grouped_mm and the
+// decoder layer's residual; `recomputed`: a checkpointed layer's backward.
 MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t micro_batch, int64_t seq_length, DType dtype,
-                                const std::vector<int64_t>& pairs_per_expert = {});
+                                const std::vector<int64_t>& pairs_per_expert = {}, bool recomputed = false);
 
 // Eager attention's logits with the sink column (ModelSpec.attention_sinks):
 // b x heads x s x (s + 1) elements.

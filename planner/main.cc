@@ -71,6 +71,9 @@ ABSL_FLAG(std::string, checkpoint_function, "",
           "with --checkpointing: torch (transformers' torch.utils.checkpoint, default) or deepspeed (the blocks call "
           "deepspeed.checkpointing.checkpoint, which applies the DeepSpeed config's activation_checkpointing block)");
 ABSL_FLAG(std::string, attention, "", "sdpa (default) or eager");
+ABSL_FLAG(std::string, experts, "",
+          "a mixture of experts' implementation, as transformers' experts_implementation: grouped_mm (its "
+          "default) or eager (a loop over the experts hit; its memory follows --routing); default: config.json's");
 ABSL_FLAG(std::string, kernels, "",
           "the packages transformers finds for linear attention and short convolutions: none (default: its torch "
           "fallbacks, what CPU ranks run) or a list of fla (flash-linear-attention 0.6.0) and causal_conv1d "
@@ -157,6 +160,7 @@ int main(int argc, char** argv) {
   o.checkpoint_offload = absl::GetFlag(FLAGS_checkpoint_offload);
   o.checkpoint_function = absl::GetFlag(FLAGS_checkpoint_function);
   o.attention = absl::GetFlag(FLAGS_attention);
+  o.experts = absl::GetFlag(FLAGS_experts);
   o.kernels = absl::GetFlag(FLAGS_kernels);
   o.loss = absl::GetFlag(FLAGS_loss);
   o.routing = absl::GetFlag(FLAGS_routing);

@@ -72,7 +72,8 @@ auto BlockKindTie(const StepSizes::BlockKind& k) {
                   k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
                   k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
                   k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook, k.post_norm_bwd_transient,
-                  k.mlp_tail_bwd_transient, k.grads_mlp_tail_out, k.grads_mlp_tail_in, k.forward_only);
+                  k.mlp_tail_bwd_transient, k.grads_mlp_tail_out, k.grads_mlp_tail_in, k.mlp_grads_after_saved,
+                  k.forward_only);
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
@@ -441,6 +442,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
     l.recompute_stops_in_experts = RecomputeStopsInExperts(m, layer);
     l.eager_experts = l.moe && m.moe().experts_impl() == EXPERTS_EAGER;
     if (l.eager_experts && config.routing().kind() == ExpertRouting::ROUTING_MEASURED) l.routing_layer = layer;
+    l.recomputed = l.eager_experts && s.Checkpointed(block);
     l.leaf_gradients = l.moe && s.stage == 3 && m.moe().deepspeed_leaf();
     l.head_dim = HeadDimOf(m, layer);
     l.fit = fit_index(block, false);
@@ -712,11 +714,13 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     const MoeTransients moe =
         l.eager_experts ? MoeTransientBytes(m, st.b, st.seq, dtype,
                                             PairsPerExpert(routing_, l.routing_layer, rows, m.moe().num_experts(),
-                                                           m.moe().experts_per_token()))
+                                                           m.moe().experts_per_token()),
+                                            l.recomputed)
                         : st.moe;
     const int64_t ffn_live = l.moe ? moe.nograd_bytes : st.ffn_live;
     if (l.moe) {
-      k.mlp_fwd_transient = k.recompute_mlp_fwd_transient = moe.forward_bytes;
+      k.mlp_fwd_transient = moe.forward_bytes;
+      k.recompute_mlp_fwd_transient = l.eager_experts ? moe.recompute_bytes : moe.forward_bytes;
       // The pairs' output gradient, made before the recompute, which stops short of the reordered copy.
       if (l.recompute_stops_in_experts) {
         k.recompute_pending_grad = moe.weighted_pairs_bytes;
@@ -769,11 +773,10 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     k.grads_mlp = l.mlp_elements * w;
     k.grads_down = l.down_elements * w;
     // The eager loop makes both banks' gradients as it goes (its accumulation
-    // buffers): kept ones are the loop's from its widest moment on.
-    const int64_t eager_banks = (l.down_elements + l.largest_mlp) * w;
-    if (l.eager_experts && s.grads_kept_on_production) {
-      k.grads_down = eager_banks;
-      k.bwd_mlp_transient = std::max<int64_t>(0, k.bwd_mlp_transient - eager_banks);
+    // buffers), in its moments; kept ones stay once it is done.
+    if (l.eager_experts) {
+      k.mlp_grads_after_saved = true;
+      k.grads_down = 0;
     } else if (l.moe && s.grads_kept_on_production) {
       // Kept gradients (the step program's kept_down beside the transient):
       // the experts' down_proj gradient comes once the first temporaries are
@@ -789,10 +792,9 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     // stands beside it, at gate_up_proj's moment (Stage3ExpertReductions).
     const int64_t gate_up_moment =
         l.moe ? MoeGateUpGradientBytes(moe.pair_ffn_bytes, l.down_elements, l.largest_mlp, l.leaf_gradients, w) : 0;
-    // After the eager loop both banks' gradients meet their hooks' reductions.
-    k.max_mlp_grad = std::max<int64_t>(
-        0, (l.eager_experts ? eager_banks + l.reductions.copy
-            : l.moe ? std::max(l.down_elements * w + moe.pair_ffn_bytes, gate_up_moment + l.reductions.copy)
+    // (The eager loop's are in its moments; their hooks run once it has freed what it saved.)
+    k.max_mlp_grad = l.eager_experts ? 0 : std::max<int64_t>(
+        0, (l.moe ? std::max(l.down_elements * w + moe.pair_ffn_bytes, gate_up_moment + l.reductions.copy)
                   : rows * m.ffn_hidden_size() * w + output_grad + l.largest_mlp * w) -
                k.bwd_mlp_transient);
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;

@@ -143,6 +143,7 @@ class StepSizer {
     bool recompute_stops_in_experts = false;  // RecomputeStopsInExperts
     bool eager_experts = false;   // MoeSpec.experts_impl EXPERTS_EAGER
     int routing_layer = -1;       // its measured routing's layer (RunConfig.routing), -1 balanced or worst
+    bool recomputed = false;      // eager experts in a checkpointed block (EagerExpertsShape::recomputed)
     int64_t head_dim = 0;     // HeadDimOf
     int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
     // The MLP half's gradients (elements): all, down_proj's, the largest
@@ -156,8 +157,8 @@ class StepSizer {
       return fit == o.fit && masked_fit == o.masked_fit && conv == o.conv && delta_rule == o.delta_rule &&
              moe == o.moe && leaf_gradients == o.leaf_gradients &&
              recompute_stops_in_experts == o.recompute_stops_in_experts && eager_experts == o.eager_experts &&
-             routing_layer == o.routing_layer && head_dim == o.head_dim && grads_attn == o.grads_attn &&
-             max_attn_grad == o.max_attn_grad &&
+             routing_layer == o.routing_layer && recomputed == o.recomputed && head_dim == o.head_dim &&
+             grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
              gather == o.gather && gather_kept == o.gather_kept && mlp_elements == o.mlp_elements &&
              down_elements == o.down_elements && largest_mlp == o.largest_mlp &&
              down_weight_elements == o.down_weight_elements && reductions == o.reductions && tower == o.tower && forward_only == o.forward_only;

@@ -754,15 +754,18 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     norm_copy(i, false, false, i);
     if (waits) r.Free(Ref{waiting, i}, PHASE_BACKWARD, i, "backward, layer #, down_proj weight gradient reduced");
     retain(Ref{retained_mlp, i}, k.retained_mlp, "backward, layer #, MLP weight gradients kept to the epilogue");
-    if (kept) {
-      // The rest of the half's gradients, once down_proj's input gradient is freed.
+    // The rest of the half's gradients, once down_proj's input gradient is
+    // freed, or with the eager experts once their loop has freed what it saved.
+    auto keep_mlp_rest = [&] {
       r.Alloc(Ref{kept_mlp_rest, i}, COMPONENT_GRADS,
               k.grads_mlp - k.grads_down - k.grads_mlp_tail_out - k.grads_mlp_tail_in, PHASE_BACKWARD, i, mlp);
-    }
+    };
+    if (kept && !k.mlp_grads_after_saved) keep_mlp_rest();
     if (recompute) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    if (kept && k.mlp_grads_after_saved) keep_mlp_rest();
     const int reduction = r.Alloc(COMPONENT_TEMPORARIES, k.mlp_reduce_pending, PHASE_BACKWARD, i,
                                   "backward, layer #, ZeRO-3 reduction of the experts' waiting gradients");
     r.Free(reduction, PHASE_BACKWARD, i, "backward, layer #, reduced expert gradients partitioned");

@@ -229,6 +229,11 @@ struct StepSizes {
     // (grads_kept_on_production) stay from then on.
     int64_t grads_mlp_tail_out = 0;
     int64_t grads_mlp_tail_in = 0;
+    // The eager experts' loop (eager_experts.h) makes the expert banks'
+    // gradients as it frees what it saved: bwd_mlp_transient is its widest
+    // moment with them, and kept ones (grads_kept_on_production) are counted
+    // from the end of the half, once what it saved is freed.
+    bool mlp_grads_after_saved = false;
     // A tower block past the one whose output feeds the projector (llava's
     // vision_feature_layer -2): it runs forward, keeps what it saved until
     // the language model's forward ends, and runs no backward.

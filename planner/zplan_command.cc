@@ -351,6 +351,17 @@ absl::StatusOr<Resolved> Resolve(const ZplanOptions& o) {
     else if (a == "eager") r.model.set_attention_impl(ATTENTION_EAGER);
     else return FlagError("attention", o.attention, "sdpa or eager");
   }
+  if (!o.experts.empty()) {
+    const std::string e = absl::AsciiStrToLower(o.experts);
+    if (!r.model.has_moe()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--experts: ", o.experts, ": the model has no experts (not a mixture of experts): leave it out"));
+    }
+    if (e == "grouped_mm") r.model.mutable_moe()->set_experts_impl(EXPERTS_GROUPED_MM);
+    else if (e == "eager") r.model.mutable_moe()->set_experts_impl(EXPERTS_EAGER);
+    else if (e == "batched_mm") r.model.mutable_moe()->set_experts_impl(EXPERTS_BATCHED_MM);
+    else return FlagError("experts", o.experts, "grouped_mm, eager or batched_mm");
+  }
   if (!o.kernels.empty()) ZPLAN_RETURN_IF_ERROR(ApplyKernels(o.kernels, &r.model));
   if (!o.images_per_sample.empty()) {
     ZPLAN_ASSIGN_OR_RETURN(int64_t images, ParseInt("images-per-sample", o.images_per_sample, 1, kMaxSeqLength));

@@ -81,6 +81,7 @@ struct ZplanOptions {
   std::string checkpoint_offload; // "true" | "false"
   std::string checkpoint_function;  // "torch" | "deepspeed" (deepspeed.checkpointing.checkpoint)
   std::string attention;        // "sdpa" | "eager"
+  std::string experts;          // "grouped_mm" | "eager" | "batched_mm" (MoeSpec.experts_impl)
   std::string kernels;          // "none" | a list of "fla", "causal_conv1d"
   std::string loss;             // "full" | "liger-fused"
   std::string routing;          // "balanced" | "worst" | a routing JSON file (eager_experts.h)

@@ -380,6 +380,7 @@ INSTANTIATE_TEST_SUITE_P(
                  R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64, "num_local_experts": 4,
                      "_experts_implementation": "sonicmoe", "num_attention_heads": 1, "intermediate_size": 64,
                      "vocab_size": 100})"},
+        BadInput{"experts_on_dense", [](ZplanOptions* o) { o->experts = "eager"; }, "--experts: eager: the model has no"},
         BadInput{"routing_no_file", [](ZplanOptions* o) { o->routing = "/no/such/routing.json"; },
                  "--routing: /no/such/routing.json: no such file; give balanced, worst"},
         BadInput{"routing_on_dense", [](ZplanOptions* o) { o->routing = "configs/routing/qwen3_moe-tiny.json"; },

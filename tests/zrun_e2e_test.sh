@@ -169,6 +169,11 @@ RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$ZRUN" w2.
 "$ZRUN" fla.pb > fla.out 2>&1; rc=$?
 [[ $rc == 2 ]] && grep -q "LINEAR_ATTENTION_FLA" fla.out && pass "fla's kernels refused by name" \
   || { cat fla.out; fail "fla plan exit $rc"; }
+"$ZPLAN" --gpu cpu --hf-config "$TEST_SRCDIR/zplan/configs/hf/tiny/qwen3_moe-eager.json" --gpus 1 --zero-stage 2 \
+  --seq 64 --out eager.pb > /dev/null || fail "zplan of eager experts"
+"$ZRUN" eager.pb > eager.out 2>&1; rc=$?
+[[ $rc == 2 ]] && grep -q "EXPERTS_EAGER" eager.out && pass "eager experts refused by name" \
+  || { cat eager.out; fail "eager experts plan exit $rc"; }
 
 # 8. A rank killed mid-run: every process ends, with a clear error, in bounded time.
 plan long.pb 2 1

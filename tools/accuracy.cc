@@ -660,6 +660,9 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     granitemoe_eager = "configs/hf/tiny/granitemoe-eager.json",
                     qwen3_moe_wide_eager = "configs/hf/tiny/qwen3_moe-wide-eager.json",
                     qwen2_moe_eager = "configs/hf/tiny/qwen2_moe-eager.json",
+                    qwen3_5_moe_wide_eager = "configs/hf/tiny/qwen3_5_moe-wide-eager.json",
+                    granitemoeshared_wide_eager = "configs/hf/tiny/granitemoeshared-wide-eager.json",
+                    qwen3_moe_aux_eager = "configs/hf/tiny/qwen3_moe-aux-eager.json",
                     deepseek_v3_square = "configs/hf/tiny/deepseek_v3-square.json",
                     deepseek_v3_top4 = "configs/hf/tiny/deepseek_v3-top4.json";
   // peft LoRA: r 8 on q and v (PEFT's default targets for Llama); r 16 on
@@ -1102,14 +1105,28 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     "sdpa", true),
       DeepSpeedCase("granitemoe-eager-z1-fp32-ckpt", granitemoe_eager, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256,
                     "sdpa", true),
-      // Held out (recorded after the rows above): a wider Qwen3-MoE (16 experts, top 4, hidden 256) and
-      // Qwen2-MoE's shared expert.
+      // A wider Qwen3-MoE (16 experts, top 4, hidden 256) and Qwen2-MoE's shared expert, recorded with the
+      // rows above (docs/moe.md: what their traces showed).
       DeepSpeedCase("qwen3_moe-wide-eager-z2-bf16-ckpt", qwen3_moe_wide_eager, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
                     512, "sdpa", true),
       DeepSpeedCase("qwen3_moe-wide-eager-z1-fp32-b1", qwen3_moe_wide_eager, DsConfig(1, "fp32", 1, 1, "", kSmall), 2,
                     1024),
       DeepSpeedCase("qwen2_moe-eager-z3-bf16-ckpt", qwen2_moe_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
+      // Held out (recorded after the rules read from the rows above): Qwen3.5-MoE's gated shared expert
+      // beside Gated DeltaNet layers and the auxiliary loss (32 experts, top 4), GraniteMoeShared's shared MLP
+      // after the experts (16, top 4), 128 experts with the auxiliary loss, Mixtral's leaf at ZeRO-3, and the
+      // wide Qwen3-MoE at ZeRO-3 at micro-batch 1 x 1024.
+      DeepSpeedCase("qwen3_5_moe-wide-eager-z2-bf16-ckpt", qwen3_5_moe_wide_eager, DsConfig(2, "bf16", 2, 1, "", kSmall),
+                    2, 512, "sdpa", true),
+      DeepSpeedCase("granitemoeshared-wide-eager-z3-bf16-ckpt", granitemoeshared_wide_eager,
+                    DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512, "sdpa", true),
+      DeepSpeedCase("qwen3_moe-aux-eager-z2-bf16-ckpt", qwen3_moe_aux_eager, DsConfig(2, "bf16", 2, 1, "", kSmall), 2,
+                    512, "sdpa", true),
+      DeepSpeedCase("mixtral-eager-z3-bf16-ckpt", mixtral_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512, "sdpa",
+                    true),
+      DeepSpeedCase("qwen3_moe-wide-eager-z3-bf16-ckpt-b1", qwen3_moe_wide_eager, DsConfig(3, "bf16", 1, 1, "", kSmall3),
+                    2, 1024, "sdpa", true),
       // GraniteMoeShared: GraniteMoe's layers with an ungated shared_mlp after the experts.
       DeepSpeedCase("granitemoeshared-z3-bf16-ckpt", granitemoeshared, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
