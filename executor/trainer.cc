@@ -287,6 +287,21 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   const int64_t last_step = options.stop_after > 0 ? std::min(steps, options.stop_after) : steps;
   const int64_t traced_step = std::min(first_step + 2, last_step - 1);
   const std::string rank_file = absl::StrCat("/rank-", comm->rank());
+  // A mixture of experts' routing in the micro-step that set the device
+  // peak, as the oracle records it (RankReport.routing): the plan is
+  // compared on it.
+  Transformer::RoutingCounts routing, peak_routing;
+  int64_t routing_peak_bytes = -1;
+  if (plan.model().has_moe()) model.set_routing_sink(&routing);
+  auto sample = [&](Phase phase, int64_t step) {
+    if (step == first_step) return;
+    Sample(&report, device, phase, static_cast<int32_t>(step));
+    const int64_t peak = report.samples(report.samples_size() - 1).peak_allocated_bytes();
+    if (peak > routing_peak_bytes) {
+      routing_peak_bytes = peak;
+      peak_routing = routing;
+    }
+  };
   StepTrace trace;
   for (int64_t step = first_step; step < last_step; ++step) {
     // The first step warms up (optimizer state appears in it); peaks are
@@ -309,8 +324,9 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
       const uint64_t seed = static_cast<uint64_t>(config.seed()) * 1000003 + step * 10007 + micro * 101 + comm->rank();
       BeginForwardPart();  // RoPE tables live until backward is done
       batch = data.Next(b, s, seed, device);
+      routing.clear();
       at::Tensor loss = model.Loss(batch.inputs, batch.targets, checkpointing, hooks, batch.images);
-      if (step > first_step) Sample(&report, device, PHASE_FORWARD, static_cast<int32_t>(step));
+      sample(PHASE_FORWARD, step);
       if (device.is_cuda()) {
         const at::Tensor value = loss.detach().to(at::kFloat);
         device_loss_sum = device_loss_sum.defined() ? device_loss_sum + value : value;
@@ -321,13 +337,13 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
       SetMemoryTag(COMPONENT_TEMPORARIES);
       loss.reset();
       ZPLAN_RETURN_IF_ERROR(engine->AfterBackward(micro == accum - 1));
-      if (step > first_step) Sample(&report, device, PHASE_BACKWARD, static_cast<int32_t>(step));
+      sample(PHASE_BACKWARD, step);
     }
     const double learning_rate = LearningRate(config.optimizer(), step, steps);
     ZPLAN_ASSIGN_OR_RETURN(StepResult result, engine->Step(learning_rate));
     batch = {};
     if (device_loss_sum.defined()) loss_sum = device_loss_sum.item<double>();
-    if (step > first_step) Sample(&report, device, PHASE_OPTIMIZER_STEP, static_cast<int32_t>(step));
+    sample(PHASE_OPTIMIZER_STEP, step);
     at::Tensor mean_loss = at::full({1}, loss_sum / accum, at::TensorOptions().dtype(at::kDouble).device(device));
     ZPLAN_RETURN_IF_ERROR(comm->AllReduceSum(mean_loss));
     report.add_losses(mean_loss.item<double>() / comm->world_size());
@@ -358,6 +374,12 @@ absl::StatusOr<RankReport> TrainRankUnguarded(const Plan& plan, Collectives* com
   } else if (!options.memory_snapshot_dir.empty() && options.progress != nullptr) {
     *options.progress << "memory snapshot: CPU ranks have no caching allocator; nothing written to "
                       << options.memory_snapshot_dir << "\n";
+  }
+  model.set_routing_sink(nullptr);
+  for (const auto& [layer, pairs] : peak_routing) {
+    LayerRouting* r = report.add_routing();
+    r->set_layer(layer);
+    r->mutable_pairs_per_expert()->Assign(pairs.begin(), pairs.end());
   }
   // Measured: peak tensor bytes over the steady-state steps; on CUDA also the
   // allocator's reserved-but-unallocated band and memory outside it

@@ -95,11 +95,21 @@ at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
 // directly, the weight's through the transpose's backward): DeepSpeed's hooks
 // see them in that order, which decides whether a weight gradient larger than
 // a bucket is still waiting when the bias's reduction makes the partition.
+//
+// Unmade (`made` false): its inputs saved but no output computed, as where
+// torch.utils.checkpoint(use_reentrant=False) stops a recompute at it
+// (autograd saves an op's inputs before its kernel runs); an expanded zero
+// of the output's shape stands for it.
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& bias,
-                            const at::Tensor& weight) {
+                            const at::Tensor& weight, bool made) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["bias"] = bias.has_value();
+    if (!made) {
+      std::vector<int64_t> sizes = x.sizes().vec();
+      sizes.back() = weight.size(0);
+      return at::zeros({}, x.options()).expand(sizes);
+    }
     return bias.has_value() ? at::linear(x, weight, *bias) : at::linear(x, weight);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -116,7 +126,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (ctx->needs_input_grad(has_bias ? 2 : 1)) {
       grad_w = at::mm(g.reshape({-1, out_features}).t(), x.reshape({-1, in_features}));
     }
-    return {grad_x, grad_b, grad_w};
+    return {grad_x, grad_b, grad_w, at::Tensor()};
   }
 };
 
@@ -137,7 +147,7 @@ struct FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFunct
 // A linear layer as the plan's SavePolicy has it keep its input.
 at::Tensor ApplyLinear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        LinearSaves saves) {
-  if (weight.requires_grad() || saves == LinearSaves::kAlways) return LinearFunction::apply(x, bias, weight);
+  if (weight.requires_grad() || saves == LinearSaves::kAlways) return LinearFunction::apply(x, bias, weight, true);
   return FrozenLinearFunction::apply(x, weight, bias);
 }
 
@@ -258,7 +268,7 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 
   static at::Tensor BlockForward(const Transformer* model, int layer, const at::Tensor& x, const at::Tensor& cos,
                                  const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
-                                 const std::vector<int64_t>& segments, at::Tensor* reordered = nullptr);
+                                 const std::vector<int64_t>& segments, std::vector<at::Tensor>* stopped = nullptr);
   static std::vector<at::Tensor>* CollectRouterLogits(const Transformer* model, std::vector<at::Tensor>* sink);
 };
 
@@ -272,38 +282,45 @@ struct TransformerBridge {
   }
   static at::Tensor Block(const Transformer* m, int layer, const at::Tensor& x, const at::Tensor& cos,
                           const at::Tensor& sin, const at::Tensor& mask, const at::Tensor& per_layer_input,
-                          const std::vector<int64_t>& segments, at::Tensor* reordered) {
-    return m->Block(layer, x, cos, sin, mask, per_layer_input, segments, reordered);
+                          const std::vector<int64_t>& segments, std::vector<at::Tensor>* stopped) {
+    return m->Block(layer, x, cos, sin, mask, per_layer_input, segments, stopped);
   }
 };
 
 namespace {
 
-// Whether this thread is recomputing a checkpointed block whole (its
-// recompute does not stop in the experts: RecomputeStopsInExperts).
+// Whether this thread is recomputing a checkpointed block past its experts'
+// weighting (the recompute does not stop at their reordering:
+// RecomputeStopsInExperts).
 thread_local bool t_recomputing_whole = false;
 
-// down x the fp32 pair weights in a block recomputed whole: autograd's mul,
-// but down is let go of before the engine casts its gradient back to down's
-// 16-bit dtype. torch.utils.checkpoint(use_reentrant=False) hands each
-// recomputed tensor to its node's backward and keeps no reference of its
-// own, so the recomputed down dies with that backward; autograd's own saved
-// variable would keep it through the cast (planner: MoeTransients::backward_cast_bytes).
-struct RecomputedPairWeighting : public torch::autograd::Function<RecomputedPairWeighting> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& down, const at::Tensor& weights) {
-    ctx->saved_data["down"] = down;
-    ctx->save_for_backward({weights});
-    return down * weights;
+// self x other in a block recomputed whole (the experts' weighting of
+// down's output by the pair weights, Qwen2-MoE's gate product): autograd's
+// mul, but both factors are let go of before the engine reduces a
+// broadcast factor's gradient to its shape and casts one to its dtype.
+// torch.utils.checkpoint(use_reentrant=False) hands each recomputed tensor
+// to its node's backward and keeps no reference of its own, so the
+// recomputed factors die with that backward; autograd's own saved variables
+// would keep them through the engine's reduction and cast (planner:
+// MoeTransients::backward_cast_bytes; eager_experts.cc, `recomputed`).
+// Unmade (`made` false), as LinearFunction's.
+struct RecomputedProduct : public torch::autograd::Function<RecomputedProduct> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& self, const at::Tensor& other, bool made) {
+    ctx->saved_data["self"] = self;
+    ctx->saved_data["other"] = other;
+    if (!made) return at::zeros({}, self.options()).expand(at::infer_size(self.sizes(), other.sizes()));
+    return self * other;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    at::Tensor down = ctx->saved_data["down"].toTensor();
-    ctx->saved_data.erase("down");
-    const at::Tensor weights = ctx->get_saved_variables()[0];
-    // MulBackward0's two products; the engine reduces the weights' to their shape and casts down's.
-    at::Tensor grad_weights = grads[0] * down;
-    at::Tensor grad_down = grads[0] * weights;
-    down.reset();
-    return {grad_down, grad_weights};
+    at::Tensor self = ctx->saved_data["self"].toTensor(), other = ctx->saved_data["other"].toTensor();
+    ctx->saved_data.erase("self");
+    ctx->saved_data.erase("other");
+    // MulBackward0's two products, other's first.
+    at::Tensor grad_other = grads[0] * self;
+    at::Tensor grad_self = grads[0] * other;
+    self.reset();
+    other.reset();
+    return {grad_self, grad_other, at::Tensor()};
   }
 };
 
@@ -330,6 +347,18 @@ struct UnmadeReorder : public torch::autograd::Function<UnmadeReorder> {
 // (integrations/moe.py and load_balancing_loss_func alike).
 at::Tensor HistcInput(const at::Tensor& ids) { return ids.to(ids.is_cuda() ? at::kInt : at::kFloat); }
 
+// The token-expert pairs each expert takes in top_index [T, k], counted on
+// the host: a CPU rank reads the indices in place, so the measurement that
+// the counting allocator makes is unchanged (the oracle counts with numpy).
+std::vector<int64_t> CountPairsPerExpert(const at::Tensor& top_index, int64_t experts) {
+  const at::Tensor host = top_index.is_cpu() ? top_index : top_index.to(at::kCPU);
+  ZPLAN_CHECK(host.is_contiguous() && host.scalar_type() == at::kLong);  // topk's indices
+  std::vector<int64_t> pairs(experts, 0);
+  const int64_t* ids = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) ++pairs[ids[i]];
+  return pairs;
+}
+
 // A gradient handed to the edge after it once, then let go: the root of a
 // backward that must not outlive its first use.
 class HandOver : public torch::autograd::Node {
@@ -353,8 +382,8 @@ std::vector<at::Tensor>* CheckpointedBlock::CollectRouterLogits(const Transforme
 at::Tensor CheckpointedBlock::BlockForward(const Transformer* model, int layer, const at::Tensor& x,
                                            const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
                                            const at::Tensor& per_layer_input, const std::vector<int64_t>& segments,
-                                           at::Tensor* reordered) {
-  return TransformerBridge::Block(model, layer, x, cos, sin, mask, per_layer_input, segments, reordered);
+                                           std::vector<at::Tensor>* stopped) {
+  return TransformerBridge::Block(model, layer, x, cos, sin, mask, per_layer_input, segments, stopped);
 }
 
 variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list grads) {
@@ -384,17 +413,21 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
   // (RecomputeStopsInExperts) only after the ops past its last one have run,
   // the experts' output gradient expanded to the pairs (SumBackward's
   // expand, ViewBackward's copy) waiting through the recompute; it then
-  // enters their reordering's backward.
+  // enters their reordering's backward. The eager experts' recompute stops
+  // at the MoE's terms (RecomputeStopsAtMoeTerms), which take the output
+  // gradient as the sums' and the residual add's backward hand it on.
   const ModelSpec& spec = model->spec();
-  const bool lazy = RecomputeStopsInExperts(spec, layer);
-  at::Tensor pending, reordered;
-  if (lazy) {
+  const bool lazy = RecomputeStopsInExperts(spec, layer), at_terms = RecomputeStopsAtMoeTerms(spec, layer);
+  const bool stops = lazy || at_terms;
+  at::Tensor pending;
+  std::vector<at::Tensor> stopped;
+  if (stops) {
     at::NoGradGuard no_grad;
     const int64_t h = spec.hidden_size(), k = spec.moe().experts_per_token();
     // Through Granite's residual_multiplier and the experts' cast back from Mixtral's fp32 pairs.
     at::Tensor g = spec.residual_multiplier() != 0 ? grads[0] * spec.residual_multiplier() : grads[0];
-    if (spec.moe().routing_weights_fp32()) g = g.to(at::kFloat);
-    pending = g.reshape({-1, 1, h}).expand({-1, k, h}).reshape({-1, h});
+    if (lazy && spec.moe().routing_weights_fp32()) g = g.to(at::kFloat);
+    pending = lazy ? g.reshape({-1, 1, h}).expand({-1, k, h}).reshape({-1, h}) : g;
   }
   at::Tensor y;
   // The recomputed router logits take the auxiliary loss's gradient (grads[1]).
@@ -409,7 +442,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
     auto stashed = ctx->saved_data.find("rng_state");
     if (stashed == ctx->saved_data.end()) {
       y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments,
-                       lazy ? &reordered : nullptr);
+                       stops ? &stopped : nullptr);
     } else {
       // Replay the forward's random stream, then continue the current one
       // (the lock only around the swaps: dropout takes it too).
@@ -421,7 +454,7 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
         generator.set_state(stashed->second.toTensor());
       }
       y = BlockForward(model, layer, x, saved[1], saved[2], saved[3], per_layer_input, segments,
-                       lazy ? &reordered : nullptr);
+                       stops ? &stopped : nullptr);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(current);
     }
@@ -444,7 +477,8 @@ variable_list CheckpointedBlock::backward(AutogradContext* ctx, variable_list gr
     root_grads.push_back(token);
     into.reset();
   };
-  if (lazy) hand_over(std::move(pending), reordered);
+  for (at::Tensor& term : stopped) hand_over(pending.view(term.sizes()), term);
+  pending.reset();
   for (size_t i = 0; i < logits.size() && i + 1 < grads.size(); ++i) {
     if (grads[i + 1].defined()) hand_over(std::move(grads[i + 1]), logits[i]);
   }
@@ -573,12 +607,13 @@ at::Tensor Transformer::Linear(const at::Tensor& x, const std::string& name, boo
   const at::Tensor& lora_a = parameters_[a->second].second;
   at::Tensor in = x.to(lora_a.scalar_type());
   if (lora.dropout() > 0) in = at::dropout(in, lora.dropout(), /*train=*/true);
-  const at::Tensor low = LinearFunction::apply(in, std::nullopt, lora_a);
-  const at::Tensor update = LinearFunction::apply(low, std::nullopt, Param(name + kLoraBName + ".weight"));
+  const at::Tensor low = LinearFunction::apply(in, std::nullopt, lora_a, true);
+  const at::Tensor update = LinearFunction::apply(low, std::nullopt, Param(name + kLoraBName + ".weight"), true);
   return (out + update * (lora.alpha() / static_cast<double>(lora.rank()))).to(out.scalar_type());
 }
 
-at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::Tensor* reordered) const {
+at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, int layer,
+                                std::vector<at::Tensor>* stopped) const {
   // transformers' *SparseMoeBlock.forward with grouped_mm_experts_forward
   // (integrations/moe.py), op for op: what autograd keeps and frees is theirs.
   const MoeSpec& moe = spec_.moe();
@@ -634,9 +669,20 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
   }
   if (router_logits_ != nullptr) router_logits_->push_back(logits);
   if (!moe.routing_weights_fp32()) top_weights = top_weights.to(x.scalar_type());
-  at::Tensor out = GroupedExperts(flat, top_weights, top_index, m, reordered);
+  if (routing_ != nullptr && routing_->count(layer) == 0) {
+    (*routing_)[layer] = CountPairsPerExpert(top_index, moe.num_experts());
+  }
+  at::Tensor out = moe.experts_impl() == EXPERTS_EAGER ? EagerExperts(flat, top_weights, top_index, m)
+                                                       : GroupedExperts(flat, top_weights, top_index, m, stopped);
   if (!out.defined()) return out;
-  if (shared.defined()) out = out + at::sigmoid(Linear(flat, m + kSharedExpertGate, false)) * shared;
+  if (shared.defined()) {
+    const at::Tensor gate = at::sigmoid(Linear(flat, m + kSharedExpertGate, false));
+    if (stopped != nullptr) {  // the last saved: the gate product's factors (RecomputeStopsAtMoeTerms)
+      *stopped = {out, RecomputedProduct::apply(gate, shared, false)};
+      return at::Tensor();
+    }
+    out = out + gate * shared;
+  }
   if (moe.shared_expert_after_experts()) {
     // DeepseekV3MoE.forward: shared_experts(residuals) once the experts have
     // returned, the router's outputs still its locals.
@@ -649,7 +695,7 @@ at::Tensor Transformer::Experts(const at::Tensor& x, const std::string& m, at::T
 
 at::Tensor Transformer::GroupedExperts(const at::Tensor& flat, const at::Tensor& top_weights,
                                        const at::Tensor& top_index, const std::string& m,
-                                       at::Tensor* reordered) const {
+                                       std::vector<at::Tensor>* stopped) const {
   const MoeSpec& moe = spec_.moe();
   const int64_t k = moe.experts_per_token(), e = moe.num_experts();
   // The pairs sorted by expert, gathered, through the grouped products.
@@ -683,19 +729,59 @@ at::Tensor Transformer::GroupedExperts(const at::Tensor& flat, const at::Tensor&
         at::_grouped_mm(gathered, Param(m + kExpertsGateUp).transpose(-2, -1), offsets).chunk(2, -1);
     down = at::_grouped_mm(at::silu(gate_up[0]) * gate_up[1], Param(m + kExpertsDown).transpose(-2, -1), offsets);
   }
-  at::Tensor weighted = t_recomputing_whole && weights.scalar_type() != down.scalar_type()
-                            ? RecomputedPairWeighting::apply(down, weights.unsqueeze(-1))
-                            : down * weights.unsqueeze(-1);
+  at::Tensor weighted = t_recomputing_whole ? RecomputedProduct::apply(down, weights.unsqueeze(-1), true)
+                                            : down * weights.unsqueeze(-1);
   at::Tensor inverse = at::empty_like(perm);
   inverse.index_put_({perm}, at::arange(perm.size(0), perm.options()));
-  if (reordered != nullptr) {
+  if (stopped != nullptr) {
     // The recompute stops here (RecomputeStopsInExperts): the reordering's
     // backward, its copy never made; nothing after it saves.
-    *reordered = UnmadeReorder::apply(weighted, inverse);
+    stopped->push_back(UnmadeReorder::apply(weighted, inverse));
     return at::Tensor();
   }
   weighted = weighted.index({inverse});
   return weighted.view({flat.size(0), k, flat.size(1)}).sum(1).to(flat.scalar_type());
+}
+
+at::Tensor Transformer::EagerExperts(const at::Tensor& flat, const at::Tensor& top_weights,
+                                     const at::Tensor& top_index, const std::string& m) const {
+  // Qwen3MoeExperts.forward (and its copies in Mixtral, Qwen2-MoE,
+  // Qwen3.5-MoE, GraniteMoe) line for line: each Python local is a variable
+  // here, rebound where Python rebinds it, so what autograd saves and what
+  // each rebinding frees are theirs (planner/eager_experts.h).
+  const int64_t e = spec_.moe().num_experts();
+  at::Tensor final_hidden_states = at::zeros_like(flat);
+  at::Tensor expert_mask, expert_hit;
+  {
+    at::NoGradGuard no_grad;
+    expert_mask = at::one_hot(top_index, e + 1).permute({2, 1, 0});
+    expert_hit = at::greater(expert_mask.sum({-1, -2}), 0).nonzero();
+  }
+  const at::Tensor& gate_up_proj = Param(m + kExpertsGateUp);
+  const at::Tensor& down_proj = Param(m + kExpertsDown);
+  at::Tensor top_k_pos, token_idx, current_state, gate, up, current_hidden_states;
+  for (const at::Tensor& hit : expert_hit.unbind(0)) {
+    const at::Tensor expert_idx = hit[0];
+    if (at::eq(expert_idx, e).item<bool>()) continue;
+    // A 0-dim integer index selects (python_variable_indexing.cpp, applySlicing).
+    const int64_t expert = expert_idx.item<int64_t>();
+    std::vector<at::Tensor> where = at::where(expert_mask.select(0, expert));
+    top_k_pos = std::move(where[0]);
+    token_idx = std::move(where[1]);
+    where.clear();
+    current_state = flat.index({token_idx});
+    std::vector<at::Tensor> halves = at::linear(current_state, gate_up_proj.select(0, expert)).chunk(2, -1);
+    gate = std::move(halves[0]);
+    up = std::move(halves[1]);
+    current_hidden_states = at::silu(gate) * up;
+    current_hidden_states = at::linear(current_hidden_states, down_proj.select(0, expert));
+    const at::Tensor pair_weights = top_weights.index({token_idx, top_k_pos, at::indexing::None});
+    current_hidden_states = t_recomputing_whole
+                                ? RecomputedProduct::apply(current_hidden_states, pair_weights, true)
+                                : current_hidden_states * pair_weights;
+    final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.scalar_type()));
+  }
+  return final_hidden_states;
 }
 
 void Transformer::LatentAttentionInputs(const at::Tensor& x, const std::string& m, const at::Tensor& cos,
@@ -742,7 +828,7 @@ void Transformer::LatentAttentionInputs(const at::Tensor& x, const std::string& 
 
 at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& mask, const at::Tensor& per_layer_input,
-                              const std::vector<int64_t>& segments, at::Tensor* reordered) const {
+                              const std::vector<int64_t>& segments, std::vector<at::Tensor>* stopped) const {
   // The step's blocks are one stack (inventory.h, StepNumBlocks): a vision
   // tower's first, described by its TowerSpec, then the language model's.
   const bool in_tower = block < tower_layers_;
@@ -995,7 +1081,7 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
         current = mlp(current, m);
         break;
       case BlockOpKind::kMoe: {
-        at::Tensor experts = Experts(current, m, reordered);
+        at::Tensor experts = Experts(current, m, layer, stopped);
         // A recompute stopped in the experts: the output gradient reaches the
         // residual stream as the residual add's backward hands it on.
         if (!experts.defined()) return stream;
@@ -1003,7 +1089,16 @@ at::Tensor Transformer::Block(int block, const at::Tensor& x, const at::Tensor& 
           // GraniteMoeSharedDecoderLayer: block_sparse_moe(x) + shared_mlp(x),
           // once the block has returned (its locals freed, as in Python).
           const std::vector<at::Tensor> gate_up = Linear(current, m + kSharedExpertGateUp, false).chunk(2, -1);
-          experts = experts + Linear(at::silu(gate_up[0]) * gate_up[1], m + kSharedExpert + "down_proj", false);
+          const at::Tensor product = at::silu(gate_up[0]) * gate_up[1];
+          const std::string down = m + kSharedExpert + "down_proj";
+          if (stopped != nullptr) {  // the last saved: its down projection's input (RecomputeStopsAtMoeTerms)
+            *stopped = {experts, LinearFunction::apply(product, std::nullopt, Param(down + ".weight"), false)};
+            return stream;
+          }
+          experts = experts + Linear(product, down, false);
+        } else if (stopped != nullptr) {
+          *stopped = {experts};
+          return stream;
         }
         current = experts;
         break;

@@ -32,6 +32,7 @@
 #define ZPLAN_EXECUTOR_TRANSFORMER_H_
 
 #include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -142,6 +143,13 @@ class Transformer {
   at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets, const Checkpointing& checkpointing,
                   const BlockHooks& hooks = {}, const ImageInputs& images = {}) const;
 
+  // Each MoE layer's routing (decoder layer -> token-expert pairs per
+  // expert, RankReport.routing), counted where the experts are called: the
+  // first call per layer since the sink was cleared (a checkpointed layer's
+  // recompute routes the same tokens again). Null: none counted.
+  using RoutingCounts = std::map<int, std::vector<int64_t>>;
+  void set_routing_sink(RoutingCounts* sink) { routing_ = sink; }
+
   // The SDPA kernel ATen will pick for this model's attention at
   // `seq_length` (at::_fused_sdp_choice with Block's arguments) must be the
   // one the planner counted (planner/inventory.h SdpaRunsMath): a math path
@@ -163,15 +171,22 @@ class Transformer {
   // The auxiliary load-balancing loss of a forward's router logits (one
   // [tokens, E] per MoE layer), which it lets go of before it returns.
   at::Tensor LoadBalancingLoss(std::vector<at::Tensor> router_logits) const;
-  // A mixture-of-experts MLP (kMoe) of the module `m` ("layers.3.mlp.") on
-  // x [b, s, h]; with `reordered` (Block's), it stops at the reordering of
-  // the weighted pairs, whose backward goes there, and returns nothing.
-  at::Tensor Experts(const at::Tensor& x, const std::string& m, at::Tensor* reordered = nullptr) const;
+  // A mixture-of-experts MLP (kMoe) of the module `m` ("layers.3.mlp.",
+  // decoder layer `layer`) on x [b, s, h]; with `stopped` (Block's), where
+  // it stops inside (at grouped_mm's reordering of the weighted pairs, at
+  // Qwen2-MoE's eager terms) it puts there what the gradient goes to and
+  // returns nothing.
+  at::Tensor Experts(const at::Tensor& x, const std::string& m, int layer,
+                     std::vector<at::Tensor>* stopped = nullptr) const;
   // integrations/moe.py's grouped_mm_experts_forward on the routed pairs
   // (its locals die as it returns); the undefined tensor where it stops at
-  // the reordering (Experts' `reordered`).
+  // the reordering (Experts' `stopped`).
   at::Tensor GroupedExperts(const at::Tensor& flat, const at::Tensor& top_weights, const at::Tensor& top_index,
-                            const std::string& m, at::Tensor* reordered) const;
+                            const std::string& m, std::vector<at::Tensor>* stopped) const;
+  // The experts' loop of config.json's _experts_implementation "eager" on
+  // the routed pairs (its locals die as it returns).
+  at::Tensor EagerExperts(const at::Tensor& flat, const at::Tensor& top_weights, const at::Tensor& top_index,
+                          const std::string& m) const;
   // DeepseekV3Attention.forward up to SDPA on x [b, s, h] of the module `m`:
   // q, k [b, heads, s, nope + rope] and v [b, heads, s, v_head_dim] (a view
   // of kv_b_proj's output); `locals` keeps what its Python locals keep alive
@@ -184,14 +199,14 @@ class Transformer {
   // tower's blocks, then the language model's. `segments`: the lengths of
   // the runs of tokens that attend to one another, one attention call each
   // (a Qwen tower's images or windows); empty, the whole sequence.
-  // `reordered`: a checkpointed block's recompute whose backward enters it
-  // inside its mixture of experts (RecomputeStopsInExperts): the backward
-  // of the experts' reordering goes there, and the block returns its
-  // residual stream before the experts' output is added (the add's backward
-  // hands the output gradient on unchanged).
+  // `stopped`: a checkpointed block's recompute that stops inside its
+  // mixture of experts (RecomputeStopsInExperts, RecomputeStopsAtMoeTerms):
+  // the tensors the output gradient goes to from there (the reordering's
+  // backward, the eager experts' terms), and the block returns its residual
+  // stream before they are added (the adds' backward hands the gradient on).
   at::Tensor Block(int block, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& mask, const at::Tensor& per_layer_input,
-                   const std::vector<int64_t>& segments = {}, at::Tensor* reordered = nullptr) const;
+                   const std::vector<int64_t>& segments = {}, std::vector<at::Tensor>* stopped = nullptr) const;
 
   // A vision-language model's joint, as its forward leaves it: the image
   // features (the projector's output, concatenated) and the mask that
@@ -238,6 +253,7 @@ class Transformer {
   // the auxiliary loss (MoeSpec.router_aux_loss; transformers'
   // OutputRecorder on the router); null otherwise, e.g. in a recompute.
   mutable std::vector<at::Tensor>* router_logits_ = nullptr;
+  RoutingCounts* routing_ = nullptr;  // set_routing_sink
 };
 
 }  // namespace zplan

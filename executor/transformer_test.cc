@@ -162,6 +162,45 @@ TEST(TransformerTest, MoeAuxiliaryLossCheckpointingMatches) {
   }
 }
 
+// transformers' eager experts (a loop over the experts hit) compute what
+// grouped_mm does, and their checkpointed backward, whose recompute stops
+// at the MoE's terms (RecomputeStopsAtMoeTerms: the loop's output, Qwen2-MoE's
+// unmade gate product, GraniteMoeShared's unmade shared down projection),
+// gives the same gradients.
+TEST(TransformerTest, EagerExpertsMatchGroupedMmAndCheckpointing) {
+  const std::string shape = R"("hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "vocab_size": 128, "num_experts_per_tok": 2)";
+  for (const std::string& config :
+       {absl::StrCat(R"({"model_type": "qwen3_moe", "num_experts": 8, "moe_intermediate_size": 32, )", shape),
+        absl::StrCat(R"({"model_type": "mixtral", "num_local_experts": 8, "intermediate_size": 32, )", shape),
+        absl::StrCat(R"({"model_type": "qwen2_moe", "num_experts": 8, "moe_intermediate_size": 32,
+                         "shared_expert_intermediate_size": 48, )", shape),
+        absl::StrCat(R"({"model_type": "granitemoeshared", "num_local_experts": 8, "intermediate_size": 32,
+                         "shared_intermediate_size": 48, "residual_multiplier": 0.5, )", shape)}) {
+    auto grouped_spec = ModelSpecFromHfConfig(config + "}", "moe.json");
+    auto eager_spec = ModelSpecFromHfConfig(config + R"(, "_experts_implementation": "eager"})", "moe.json");
+    ASSERT_TRUE(grouped_spec.ok()) << grouped_spec.status();
+    ASSERT_TRUE(eager_spec.ok()) << eager_spec.status();
+    ASSERT_EQ(eager_spec->moe().experts_impl(), EXPERTS_EAGER);
+    auto grouped = Transformer::Create(*grouped_spec, at::kFloat, 1, at::kCPU);
+    auto eager = Transformer::Create(*eager_spec, at::kFloat, 1, at::kCPU);
+    ASSERT_TRUE(grouped.ok() && eager.ok());
+    const Batch batch = MakeBatch(*eager_spec, 2, 32);
+    at::Tensor grouped_loss = grouped->Loss(batch.ids, batch.targets, {});
+    at::Tensor eager_loss = eager->Loss(batch.ids, batch.targets, {});
+    EXPECT_NEAR(eager_loss.item<double>(), grouped_loss.item<double>(), 1e-5) << eager_spec->model_type();
+    grouped_loss.backward();
+    eager_loss.backward();
+    for (size_t i = 0; i < eager->parameters().size(); ++i) {
+      const auto& [name, p] = eager->mutable_parameters()[i];
+      EXPECT_TRUE(at::allclose(p.grad(), grouped->mutable_parameters()[i].second.grad(), 1e-4, 1e-6))
+          << eager_spec->model_type() << " " << name;
+      p.mutable_grad() = at::Tensor();
+    }
+    ExpectCheckpointingMatches(*eager, batch, std::log(128.0), eager_spec->model_type());
+  }
+}
+
 // DeepSeek-V3, small: latent attention with q_a_proj and interleaved RoPE
 // (layer 0 dense), and with one q_proj and RoPE over halves; the sigmoid
 // router over groups and two shared experts after the experts.

@@ -405,7 +405,7 @@ std::string FormatReport(const Plan& plan, const Report& report) {
 constexpr int kMmapThresholdBytes = 1 << 20;
 
 // zrun trains transformers' torch fallbacks only (executor/linear_attention.h): LibTorch cannot run
-// fla's Triton kernels or causal-conv1d's CUDA extension; and the experts through grouped_mm.
+// fla's Triton kernels or causal-conv1d's CUDA extension.
 absl::Status RefuseFusedKernels(const ModelSpec& model) {
   if (model.linear_attention_impl() == LINEAR_ATTENTION_FLA) {
     return absl::InvalidArgumentError(
@@ -416,13 +416,6 @@ absl::Status RefuseFusedKernels(const ModelSpec& model) {
     return absl::InvalidArgumentError(
         "model.short_conv_impl: SHORT_CONV_CAUSAL_CONV1D (causal-conv1d's CUDA extension) cannot run under "
         "LibTorch; zrun trains transformers' torch fallback: plan without --kernels causal_conv1d");
-  }
-  // Planned (planner/eager_experts.h) and checked against DeepSpeed, not built in zrun's model yet.
-  if (model.moe().experts_impl() == EXPERTS_EAGER) {
-    return absl::InvalidArgumentError(
-        "model.moe.experts_impl: EXPERTS_EAGER (transformers' loop over the experts hit) is not trained by zrun "
-        "yet; zrun trains grouped_mm, transformers' default: plan from a config.json without "
-        "_experts_implementation");
   }
   return absl::OkStatus();
 }

@@ -104,11 +104,21 @@ inline int NumMoeLayers(const ModelSpec& spec) {
 // gate product and GraniteMoeShared's shared_mlp are recorded last, saving
 // their inputs). The eager experts' loop saves up to its last index_add_,
 // whose backward, reached first, needs no copy of the output gradient.
+inline bool NothingSavesPastTheMlp(const ModelSpec& spec) {
+  return spec.norm_placement() == NORM_PLACEMENT_PRE && spec.residual_dropout() == 0 &&
+         spec.per_layer_input_size() == 0;
+}
 inline bool RecomputeStopsInExperts(const ModelSpec& spec, int layer) {
   return LayerIsMoe(spec, layer) && spec.moe().shared_expert_ffn_hidden_size() == 0 &&
-         spec.moe().experts_impl() != EXPERTS_EAGER &&
-         spec.norm_placement() == NORM_PLACEMENT_PRE && spec.residual_dropout() == 0 &&
-         spec.per_layer_input_size() == 0;
+         spec.moe().experts_impl() != EXPERTS_EAGER && NothingSavesPastTheMlp(spec);
+}
+// An eager experts' layer whose recompute stops at the last tensor its MoE
+// saves (the loop's last index_add_'s, Qwen2-MoE's gate product's,
+// GraniteMoeShared's shared_mlp's), its output never made: the backward
+// reaches its terms past the sums and the residual add, which save nothing.
+// (The planner's eager recompute counts the loop's moments, none past it.)
+inline bool RecomputeStopsAtMoeTerms(const ModelSpec& spec, int layer) {
+  return LayerIsMoe(spec, layer) && spec.moe().experts_impl() == EXPERTS_EAGER && NothingSavesPastTheMlp(spec);
 }
 
 // kMoe's fused expert parameters, within its module, and their shapes.

@@ -8,16 +8,24 @@ namespace zplan {
 namespace {
 
 // Allocations (+) and frees (-) in order: the running total and its peak.
+// Mark() starts a second peak, of what comes after it.
 class Tally {
  public:
   void Ev(int64_t bytes) {
     run_ += bytes;
     peak_ = std::max(peak_, run_);
+    if (marked_) peak_after_mark_ = std::max(peak_after_mark_, run_);
+  }
+  void Mark() {
+    marked_ = true;
+    peak_after_mark_ = run_;
   }
   int64_t peak() const { return peak_; }
+  int64_t peak_after_mark() const { return peak_after_mark_; }
 
  private:
-  int64_t run_ = 0, peak_ = 0;
+  int64_t run_ = 0, peak_ = 0, peak_after_mark_ = 0;
+  bool marked_ = false;
 };
 
 std::vector<int64_t> Hit(const std::vector<int64_t>& counts) {
@@ -30,7 +38,8 @@ std::vector<int64_t> Hit(const std::vector<int64_t>& counts) {
 
 // tools/eager_experts.py, backward_peak_bytes: one line per logged event; the
 // recomputed and input_grad_exists orders as the oracle's traces showed them.
-int64_t Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x) {
+// Its peak, and the peak past the down bank's hook (Tally::Mark).
+Tally Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x) {
   const int64_t experts = static_cast<int64_t>(counts.size()), w = x.w, wr = x.wr, h = x.hidden, f = x.ffn;
   const int64_t bank_gate_up = experts * 2 * f * h * w, bank_down = experts * h * f * w;
   const int64_t one_gate_up = 2 * f * h * w, one_down = h * f * w, weights_grad = x.tokens * x.top_k * wr;
@@ -74,6 +83,7 @@ int64_t Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x)
     } else {
       t.Ev(bank_down); t.Ev(-one_down);                    // the first: the accumulation buffer
     }
+    if (j + 1 == hit.size()) t.Mark();  // the down bank's gradient is whole: its hook runs
     t.Ev(ni); t.Ev(ni); t.Ev(-ni); t.Ev(-ni);  // act * up: both gradients; saved act freed
     t.Ev(ni); t.Ev(-ni); t.Ev(-2 * ni);        // silu's; saved gate_up freed
     t.Ev(2 * ni); t.Ev(-ni); t.Ev(-ni);        // chunk's backward: the cat
@@ -86,7 +96,7 @@ int64_t Backward(const std::vector<int64_t>& counts, const EagerExpertsShape& x)
     t.Ev(x.tokens * h * w); t.Ev(-nh); t.Ev(-16 * n);  // hidden_states[token_idx]'s gradient; where's indices
     if (later || x.input_grad_exists) t.Ev(-x.tokens * h * w);
   }
-  return t.peak();
+  return t;
 }
 
 // tools/eager_experts.py, forward_peak_bytes.
@@ -144,7 +154,9 @@ EagerExpertsBytes EagerExpertsAllocations(const std::vector<int64_t>& counts, co
   out.saved = pairs * (16 + x.wr + (3 * x.hidden + 4 * x.ffn) * x.w);
   out.forward_peak = Forward(counts, x, /*grad=*/true);
   out.nograd_peak = Forward(counts, x, /*grad=*/false);
-  out.backward_peak = Backward(counts, x);
+  const Tally backward = Backward(counts, x);
+  out.backward_peak = backward.peak();
+  out.past_down_hook_peak = backward.peak_after_mark();
   return out;
 }
 

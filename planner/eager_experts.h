@@ -57,6 +57,12 @@ struct EagerExpertsBytes {
   // become the parameters' accumulation buffers, every later one is added
   // into them and freed.
   int64_t backward_peak = 0;
+  // Past the down bank's hook (its gradient whole once the first expert of
+  // the loop, the last in backward, has made its part): the peak from then
+  // on, above the backward's start (below it, most of what the loop saved
+  // freed by then). A reduction at that hook (the gradient partition's)
+  // runs beside it.
+  int64_t past_down_hook_peak = 0;
 };
 EagerExpertsBytes EagerExpertsAllocations(const std::vector<int64_t>& pairs_per_expert, const EagerExpertsShape& shape);
 

@@ -81,6 +81,19 @@ TEST(EagerExpertsTest, FullSizeQwen3MoeLayerBackward) {
             1960828928);
 }
 
+TEST(EagerExpertsTest, PastTheDownBanksHookMostOfWhatTheLoopSavedIsFreed) {
+  // qwen3_moe-wide-eager's layer 2 as zrun routed it (fp32, 1024 tokens; the zrun row
+  // qwen3_moe-wide-eager-z1-fp32-w1-b1, whose gradient partition appears at that hook).
+  const std::vector<int64_t> pairs = {102, 912, 3, 52, 832, 10, 13, 20, 0, 98, 0, 797, 9, 78, 198, 972};
+  const EagerExpertsShape shape{1024, 256, 128, 4, 4, 4};
+  const EagerExpertsBytes bytes = EagerExpertsAllocations(pairs, shape);
+  EXPECT_LT(bytes.past_down_hook_peak, 0);  // below the backward's start
+  // Both gate_up buffers (the accumulated one, the last expert's zeros) and the down bank's gradient are live.
+  const int64_t gate_up_bank = 16 * 256 * 256 * 4, down_bank = 16 * 256 * 128 * 4;
+  EXPECT_GE(bytes.past_down_hook_peak + bytes.saved, 2 * gate_up_bank + down_bank - 1024 * 256 * 4);
+  EXPECT_LT(bytes.past_down_hook_peak + bytes.saved, bytes.backward_peak + bytes.saved);
+}
+
 TEST(EagerExpertsTest, SavedDoesNotDependOnTheRouting) {
   const EagerExpertsShape shape{300, 64, 48, 2, 2, 2};
   const int64_t balanced =

@@ -1499,7 +1499,9 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   const bool eager = moe.experts_impl() == EXPERTS_EAGER;
   EagerExpertsBytes loop;
   if (eager) {
-    loop = EagerExpertsAllocations(pairs_per_expert, {tokens, h, f, k, w, weighted, recomputed, fs > 0});
+    // GraniteMoeShared's shared_mlp reads the unflattened input, another node than the loop's flat view.
+    const bool input_grad_exists = fs > 0 && !SharedExpertAfterExperts(moe);
+    loop = EagerExpertsAllocations(pairs_per_expert, {tokens, h, f, k, w, weighted, recomputed, input_grad_exists});
   }
   const int64_t routing = eager ? logits + cast_weights : logits + pairs * (8 + 4) + e * 4 + cast_weights;
   // The eager loop's widest moment is its last expert's, with its output
@@ -1540,11 +1542,15 @@ MoeTransients MoeTransientBytes(const ModelSpec& spec, int64_t b, int64_t s, DTy
   // back to its dtype beside them, while down's saved output is held.
   // The eager loop's, its gradient buffers (the banks' gradients) included.
   t.backward_bytes = eager ? loop.backward_peak + scaled_output_grad : 3 * pairs * h * weighted;
+  t.past_down_hook_bytes = loop.past_down_hook_peak + scaled_output_grad;
   t.backward_cast_bytes = !eager && weighted != w ? pairs * h * w : 0;
   // A shared expert's backward runs last (its ops were recorded first): the
   // gradient of its output waits through the experts'; GraniteMoeShared's
   // runs first, and the gradient of its input waits.
-  if (fs > 0) t.backward_bytes += tokens * h * w;
+  if (fs > 0) {
+    t.backward_bytes += tokens * h * w;
+    if (eager) t.past_down_hook_bytes += tokens * h * w;
+  }
   return t;
 }
 

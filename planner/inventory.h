@@ -369,6 +369,9 @@ struct MoeTransients : MixerTransients {
   // (DeepSeek-V3's checkpointed trace); one whose recompute stops in the
   // experts keeps the rule read from Mixtral's (docs/moe.md: its residual).
   int64_t backward_cast_bytes = 0;
+  // The eager loop's backward past the down bank's hook, above the
+  // backward's start (EagerExpertsBytes::past_down_hook_peak).
+  int64_t past_down_hook_bytes = 0;
 };
 // Under the eager experts (MoeSpec.experts_impl EXPERTS_EAGER) the loop's
 // allocations under `pairs_per_expert` (one layer's routing, eager_experts.h)

@@ -65,15 +65,14 @@ int64_t MoeGateUpGradientBytes(int64_t pair_ffn, int64_t down_elements, int64_t 
 
 // A BlockKind's fields, to find equal kinds.
 auto BlockKindTie(const StepSizes::BlockKind& k) {
-  return std::tie(k.input, k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved,
-                  k.mlp_pre_norm_bwd, k.attn_pre_norm_bwd, k.fwd_transient, k.mlp_fwd_transient,
-                  k.recompute_pending_grad, k.recompute_mlp_fwd_transient, k.aux_router_logits, k.nograd_peak,
-                  k.bwd_attn_transient,
-                  k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.retained_mlp,
-                  k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down, k.max_mlp_grad,
-                  k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook, k.post_norm_bwd_transient,
-                  k.mlp_tail_bwd_transient, k.grads_mlp_tail_out, k.grads_mlp_tail_in, k.mlp_grads_after_saved,
-                  k.forward_only);
+  return std::tie(k.input, k.saved, k.saved_mlp, k.saved_input, k.mlp_tail_saved, k.attn_tail_saved, k.mlp_pre_norm_bwd,
+                  k.attn_pre_norm_bwd, k.fwd_transient, k.mlp_fwd_transient, k.recompute_pending_grad,
+                  k.recompute_mlp_fwd_transient, k.aux_router_logits, k.nograd_peak, k.bwd_attn_transient,
+                  k.bwd_qk_norm_transient, k.grads_attn, k.max_attn_grad, k.gather, k.gather_kept, k.gather_held,
+                  k.retained_mlp, k.retained_attn, k.bwd_mlp_transient, k.mlp_output_grad, k.grads_mlp, k.grads_down,
+                  k.max_mlp_grad, k.down_weight_grad_waiting, k.mlp_reduce_pending, k.mlp_past_down_hook,
+                  k.post_norm_bwd_transient, k.mlp_tail_bwd_transient, k.grads_mlp_tail_out, k.grads_mlp_tail_in,
+                  k.mlp_grads_after_saved, k.forward_only);
 }
 
 // The distinct values of `layers` into `distinct`, each layer's index there
@@ -468,6 +467,7 @@ absl::StatusOr<StepSizer> StepSizer::Create(const ModelSpec& model, const RunCon
   for (int layer = 0; layer < static_cast<int>(gathers.gather.size()); ++layer) {
     statics[layer].gather = gathers.gather[layer];
     statics[layer].gather_kept = gathers.kept[layer];
+    statics[layer].gather_held = gathers.held[layer];
   }
   int forward_only_from = tower_layers;
   while (forward_only_from > 0 && statics[forward_only_from - 1].forward_only) --forward_only_from;
@@ -759,6 +759,7 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     k.max_attn_grad = l.max_attn_grad;
     k.gather = l.gather;
     k.gather_kept = l.gather_kept;
+    k.gather_held = l.gather_held;
     // The gradient of the MLP's output, which ops after it make (a residual
     // dropout's, a post-norm's), lives until down_proj's backward has run: a
     // plain MLP's widest moment is inside that backward (docs/deepspeed_model.md
@@ -800,9 +801,12 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
     k.down_weight_grad_waiting = l.down_weight_grad_waiting;
     k.mlp_reduce_pending = l.moe ? l.reductions.pending : 0;
     // Past down_proj's hook: a dense MLP's activation backward; the experts' gate_up_proj gradient.
-    k.mlp_past_down_hook = l.eager_experts ? l.largest_mlp * w
-                           : l.moe            ? gate_up_moment
-                                              : k.bwd_mlp_transient - k.mlp_output_grad;
+    // The eager loop's: what is live past the down bank's hook above the
+    // half once all it saved is freed, the router's saved tensors included.
+    k.mlp_past_down_hook =
+        l.eager_experts ? std::max<int64_t>(0, moe.past_down_hook_bytes + k.saved_mlp - k.mlp_tail_saved)
+        : l.moe         ? gate_up_moment
+                        : k.bwd_mlp_transient - k.mlp_output_grad;
     if (m.norm_placement() != NORM_PLACEMENT_PRE) {
       k.post_norm_bwd_transient = RmsNormBackwardTransientBytes(m, rows * width, dtype, BaseWeightsTrain(m));
     }

@@ -145,7 +145,7 @@ class StepSizer {
     int routing_layer = -1;       // its measured routing's layer (RunConfig.routing), -1 balanced or worst
     bool recomputed = false;      // eager experts in a checkpointed block (EagerExpertsShape::recomputed)
     int64_t head_dim = 0;     // HeadDimOf
-    int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0;
+    int64_t grads_attn = 0, max_attn_grad = 0, gather = 0, gather_kept = 0, gather_held = 0;
     // The MLP half's gradients (elements): all, down_proj's, the largest
     // one, down_proj's weight.
     int64_t mlp_elements = 0, down_elements = 0, largest_mlp = 0, down_weight_elements = 0;
@@ -159,7 +159,8 @@ class StepSizer {
              recompute_stops_in_experts == o.recompute_stops_in_experts && eager_experts == o.eager_experts &&
              routing_layer == o.routing_layer && recomputed == o.recomputed && head_dim == o.head_dim &&
              grads_attn == o.grads_attn && max_attn_grad == o.max_attn_grad &&
-             gather == o.gather && gather_kept == o.gather_kept && mlp_elements == o.mlp_elements &&
+             gather == o.gather && gather_kept == o.gather_kept && gather_held == o.gather_held &&
+             mlp_elements == o.mlp_elements &&
              down_elements == o.down_elements && largest_mlp == o.largest_mlp &&
              down_weight_elements == o.down_weight_elements && reductions == o.reductions && tower == o.tower && forward_only == o.forward_only;
     }

@@ -280,8 +280,8 @@ class PeakSink {
 // Sends the step's ops to `sink`; returns the number of handles.
 template <typename Sink>
 int Emit(const StepSizes& s, bool grouped, Sink* sink) {
-  // Handles: 40 per block (the bases below), the spare checkpoint buffers, and fewer than 128 others.
-  Builder<Sink> r(sink, grouped, 40 * s.num_layers + s.checkpoint_slots + 128);
+  // Handles: 41 per block (the bases below) and a few more, the spare checkpoint buffers, and fewer than 128 others.
+  Builder<Sink> r(sink, grouped, 48 * s.num_layers + s.checkpoint_slots + 128);
   const bool kept = s.grads_kept_on_production;
   const Component produced = kept ? COMPONENT_GRADS : COMPONENT_TEMPORARIES;
   const int num_layers = s.num_layers, last = num_layers - 1;
@@ -353,9 +353,9 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   };
   // Per-block tensors: handle base + layer.
   auto per_block = [&] { return r.Handles(num_layers); };
-  const int kept_gather = per_block(), forward_gather = per_block(), input = per_block(), copy = per_block(),
-            nograd = per_block(), saved_attn = per_block(), scores = per_block(), saved_mlp = per_block(),
-            saved_mlp_tail = per_block(), saved_attn_tail = per_block(), experts = per_block(),
+  const int kept_gather = per_block(), forward_gather = per_block(), held_gather = per_block(), input = per_block(),
+            copy = per_block(), nograd = per_block(), saved_attn = per_block(), scores = per_block(),
+            saved_mlp = per_block(), saved_mlp_tail = per_block(), saved_attn_tail = per_block(), experts = per_block(),
             router_logits = per_block();
   // DeepSpeed's contiguous checkpoint buffers: slot j holds block j*k's copy
   // (the copy's handle); the spare ones have their own.
@@ -439,6 +439,10 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Alloc(Ref{router_logits, i}, COMPONENT_ACTIVATIONS, s.Block(i).aux_router_logits, PHASE_FORWARD, i,
             "forward, layer #, router logits kept for the auxiliary loss");
     r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
+    // Expert banks that a kept block does not keep stay behind their saved views.
+    r.Alloc(Ref{held_gather, i}, COMPONENT_PARAMS,
+            s.Checkpointed(i) ? 0 : std::max<int64_t>(0, s.Block(i).gather_held - kept_of_block(i)), PHASE_FORWARD,
+            i, "forward, layer #, expert banks held by their saved views");
   };
   r.Blocks(/*forward=*/true, forward_block, 0, tower);
   // The joint: post_layernorm keeps the last tower block's output, the
@@ -455,6 +459,7 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
   // blocks saved go with the vision-language model's forward.
   r.Blocks(/*forward=*/true, [&](int i) {
     r.Free(Ref{kept_gather, i}, PHASE_FORWARD, i, "forward, layer # (no gradient), kept parameters released");
+    r.Free(Ref{held_gather, i}, PHASE_FORWARD, i, "forward, layer # (no gradient), held expert banks released");
     const char* freed = "forward, layer # (no gradient), saved freed";
     if (s.Checkpointed(i)) {
       r.Free(Ref{input, i}, PHASE_FORWARD, i, freed);
@@ -726,21 +731,25 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     r.Alloc(transient, COMPONENT_TEMPORARIES, k.bwd_mlp_transient + (recomputed_whole ? 0 : k.mlp_bwd_cast),
             PHASE_BACKWARD, i, mlp);
     norm_copy(i, false, true, i);
-    bool waits = false;
+    bool waits = false, eager_partition = false;
     buckets_at(i, false, i, mlp);
     if (kept) {
       r.Alloc(Ref{kept_down, i}, COMPONENT_GRADS, k.grads_down, PHASE_BACKWARD, i, mlp);
     } else {
       r.Alloc(Ref{mlp_weight_grad, i}, COMPONENT_TEMPORARIES, k.max_mlp_grad, PHASE_BACKWARD, i, mlp);
       const bool partition_here = s.grad_partition_moment == Moment::kDownProjHook && s.grad_partition_from == i;
-      if (partition_here) {
+      // The eager loop's down bank hook comes near its end, with most of
+      // what it saved freed: its partition is placed past the half's saved
+      // tensors, beside the loop's tail (below).
+      eager_partition = partition_here && k.mlp_grads_after_saved;
+      if (partition_here && !eager_partition) {
         // down_proj's saved input is freed before its hook; the transient,
         // as large, stands for it and comes back as GELU's input gradient.
         r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
         partition_from(i, PHASE_BACKWARD);
       }
       r.Free(Ref{mlp_weight_grad, i}, PHASE_BACKWARD, i, "backward, layer #, MLP weight gradients into reduce bucket");
-      if (partition_here || k.down_weight_grad_waiting > 0) {
+      if (!eager_partition && (partition_here || k.down_weight_grad_waiting > 0)) {
         // The activation's backward, the half's widest moment: down_proj's
         // weight gradient, larger than a bucket, waits for the next reduction.
         if (!partition_here) r.Free(transient, PHASE_BACKWARD, i, "backward, layer #, down_proj's saved input freed");
@@ -765,6 +774,13 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
       r.Free(Ref{recomputed_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, recomputed MLP activations freed");
     }
     r.Free(Ref{saved_mlp, i}, PHASE_BACKWARD, i, "backward, layer #, MLP activations freed");
+    r.Free(Ref{held_gather, i}, PHASE_BACKWARD, i, "backward, layer #, held expert banks released");
+    if (eager_partition) {
+      partition_from(i, PHASE_BACKWARD);
+      const int tail = r.Alloc(COMPONENT_TEMPORARIES, k.mlp_past_down_hook, PHASE_BACKWARD, i,
+                               "backward, layer #, eager experts past the down bank's hook");
+      r.Free(tail, PHASE_BACKWARD, i, "backward, layer #, eager experts done");
+    }
     if (kept && k.mlp_grads_after_saved) keep_mlp_rest();
     const int reduction = r.Alloc(COMPONENT_TEMPORARIES, k.mlp_reduce_pending, PHASE_BACKWARD, i,
                                   "backward, layer #, ZeRO-3 reduction of the experts' waiting gradients");

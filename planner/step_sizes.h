@@ -186,6 +186,7 @@ struct StepSizes {
     int64_t max_attn_grad = 0;       // its largest single parameter
     int64_t gather = 0;              // stage 3: the gathered block + prefetch
     int64_t gather_kept = 0;         // stage 3: its partitioned parameters, when kept whole
+    int64_t gather_held = 0;         // stage 3: its expert banks, held by saved views (Stage3BlockGathers::held)
     // ZeRO-1 with overlap_comm (zero_buckets.h, RankVariant): each half's
     // gradients larger than a bucket and outside the rank's partition,
     // kept from the half's backward to the epilogue.

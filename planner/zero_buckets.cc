@@ -94,7 +94,6 @@ bool BeforeQkNormMoment(const ModelSpec& model, KernelDevice device, const std::
 }
 
 std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, KernelDevice device,
-                                                     const std::vector<BlockOp>& layout,
                                                      const std::vector<TensorSpec>& params,
                                                      const std::vector<FlatPartition>& partitions, int num_layers,
                                                      int64_t bucket_elements, bool gelu_mlp,
@@ -114,6 +113,8 @@ std::vector<PartitionStart> FirstReductionPartByRank(const ModelSpec& model, Ker
     using Moment = StepSizes::PartitionMoment;
     PartitionStart start;
     const int block = StepBlockOf(model, t);
+    // Its own block's (a dense layer before mixture-of-experts ones, a tower block, differ).
+    const std::vector<BlockOp> layout = StepBlockLayout(model, std::max(block, 0));
     start.part = block >= 0 ? block : GradientPartOf(model, t, t.name().rfind("embed", 0) == 0 ? -1 : num_layers);
     const bool in_attention = block >= 0 && !InMlpHalf(layout, t);
     if (in_attention) start.moment = Moment::kAttention;
@@ -249,14 +250,13 @@ void RetainOversizedGradients(const ZeroSizingInputs& in, const FlatPartition& p
                               RankVariant* v) {
   v->retained_mlp.assign(num_layers, 0);
   v->retained_attn.assign(num_layers, 0);
-  const std::vector<BlockOp> layout = BlockLayout(in.model, 0);  // the MLP half is alike in every layer
   for (int i = 0; i < static_cast<int>(in.trainable.size()); ++i) {
     const TensorSpec& t = in.trainable[i];
     const bool owned = i >= partition.first_param && i <= partition.last_param;
     if (owned || NumElements(t) <= in.config.zero().reduce_bucket_elements()) continue;
     const int64_t bytes = NumElements(t) * in.w;
     if (const int block = StepBlockOf(in.model, t); block >= 0) {
-      (InMlpHalf(layout, t) ? v->retained_mlp : v->retained_attn)[block] += bytes;
+      (InMlpHalf(StepBlockLayout(in.model, block), t) ? v->retained_mlp : v->retained_attn)[block] += bytes;
     } else if (absl::StartsWith(t.name(), "lm_head")) {
       v->retained_head += bytes;
     }
@@ -286,7 +286,7 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
     if (stage1_epilogue) {
       NoteEpilogueReductions(trainable, partitions, zero.reduce_bucket_elements(), w, &largest);
     } else {
-      FirstReductionPartByRank(model, KernelDeviceOf(s), BlockLayout(model, 0), trainable, partitions, s.num_layers,
+      FirstReductionPartByRank(model, KernelDeviceOf(s), trainable, partitions, s.num_layers,
                                zero.reduce_bucket_elements(), false, &largest);
     }
     for (size_t r = 0; r < partitions.size(); ++r) {
@@ -313,9 +313,8 @@ void SizeGradPartitions(const ZeroSizingInputs& in, const StepSizes& s, std::vec
     } else if (stage1_epilogue) {
       from.assign(partitions.size(), PartitionStart{StepSizes::kAtEpilogue});
     } else {
-      // Every down_proj keeps its input unless LoRA freezes it. The MLP half,
-      // all FirstReductionPartByRank reads of a layout, is alike in every layer.
-      from = FirstReductionPartByRank(model, KernelDeviceOf(s), BlockLayout(model, 0), trainable, partitions, s.num_layers,
+      // Every down_proj keeps its input unless LoRA freezes it.
+      from = FirstReductionPartByRank(model, KernelDeviceOf(s), trainable, partitions, s.num_layers,
                                       zero.reduce_bucket_elements(), model.ffn_type() == FFN_GELU && BaseWeightsTrain(model));
     }
     for (size_t r = 0; r < partitions.size(); ++r) {

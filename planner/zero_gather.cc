@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "planner/block_layout.h"
 
 namespace zplan {
 
@@ -32,6 +33,9 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     }
     blocks->gather.assign(s.num_layers, 0);
     blocks->kept.assign(s.num_layers, 0);
+    blocks->held.assign(s.num_layers, 0);
+    // GptOssExperts hands the banks to grouped_mm as they are: the parameter itself is saved.
+    const bool banks_saved_as_views = model.has_moe() && !model.moe().gpt_oss_experts();
     for (int i = 0; i < s.num_layers; ++i) {
       // The block being computed plus the next one's parameters prefetched in
       // order while fewer than min(prefetch bucket, live cap - gathered) are
@@ -49,6 +53,12 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
       // A block no gradient reaches (a vision tower's past its selected
       // features, or frozen without a graph) is never kept for a backward.
       blocks->kept[i] = block_backward[i] ? partitioned_elements[i] * w : 0;
+      for (const TensorSpec* t : of_layer[i]) {
+        const bool bank = absl::EndsWith(t->name(), kExpertsGateUp) || absl::EndsWith(t->name(), kExpertsDown);
+        if (banks_saved_as_views && block_backward[i] && bank && partitioned(*t)) {
+          blocks->held[i] += NumElements(*t) * w;
+        }
+      }
     }
     // Kept parameters (sharding.h): the later the block, the nearer its
     // backward, so blocks from some index on are kept whole (the step

@@ -26,9 +26,15 @@ namespace zplan {
 // computes -- its partitioned parameters and the next block's prefetched --
 // and its partitioned parameters alone, what is kept when it is kept whole
 // (StepSizes::BlockKind's gather and gather_kept).
+// `held`: its expert banks, which the experts save as views (grouped_mm's
+// transposed bank, the eager loop's selected experts; zero3_linear_wrap
+// saves what F.linear is given), so a release (param.data = empty) leaves
+// their storage alive until the block's backward has run, the backward's
+// gather a second copy (a checkpointed block's forward saves nothing).
 struct Stage3BlockGathers {
   std::vector<int64_t> gather;
   std::vector<int64_t> kept;
+  std::vector<int64_t> held;
 };
 
 // `blocks`, and gather_kept_from / _partial, embed_kept, head_kept,

@@ -76,6 +76,14 @@ const std::vector<std::string> kMixtralAux = {"--hf-config", "configs/hf/tiny/mi
 const std::vector<std::string> kGraniteMoe = {"--hf-config", "configs/hf/tiny/granitemoe.json"};
 const std::vector<std::string> kGraniteMoeAux = {"--hf-config", "configs/hf/tiny/granitemoe-aux.json"};
 const std::vector<std::string> kGraniteMoeShared = {"--hf-config", "configs/hf/tiny/granitemoeshared.json"};
+// transformers' eager experts (a loop over the experts hit), planned on each rank's measured routing.
+const std::vector<std::string> kQwen3MoeEager = {"--hf-config", "configs/hf/tiny/qwen3_moe-eager.json"};
+const std::vector<std::string> kQwen3MoeWideEager = {"--hf-config", "configs/hf/tiny/qwen3_moe-wide-eager.json"};
+const std::vector<std::string> kMixtralEager = {"--hf-config", "configs/hf/tiny/mixtral-eager.json"};
+const std::vector<std::string> kQwen2MoeEager = {"--hf-config", "configs/hf/tiny/qwen2_moe-eager.json"};
+const std::vector<std::string> kGraniteMoeEager = {"--hf-config", "configs/hf/tiny/granitemoe-eager.json"};
+const std::vector<std::string> kGraniteMoeSharedWideEager = {"--hf-config",
+                                                             "configs/hf/tiny/granitemoeshared-wide-eager.json"};
 const std::vector<std::string> kDeepseekV3 = {"--hf-config", "configs/hf/tiny/deepseek_v3.json"};
 const std::vector<std::string> kDeepseekV3Wide = {"--hf-config", "configs/hf/tiny/deepseek_v3-wide.json"};
 const std::vector<std::string> kDeepseekV3Square = {"--hf-config", "configs/hf/tiny/deepseek_v3-square.json"};
@@ -494,6 +502,17 @@ std::vector<AccuracyCase> AccuracyMatrix() {
       Case("granitemoe-aux-z2-bf16-w2", kGraniteMoeAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
       // GraniteMoeShared: its shared_mlp after the experts, recomputed past them.
       Case("granitemoeshared-z3-bf16-w2-ckpt", kGraniteMoeShared, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      // The eager experts: checkpointed rows, where the loop's moments set the peak.
+      Case("qwen3_moe-eager-z3-bf16-w2-ckpt", kQwen3MoeEager, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("mixtral-eager-z2-bf16-w2-ckpt", kMixtralEager, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("mixtral-eager-z1-fp32-w2-ckpt", kMixtralEager, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("qwen2_moe-eager-z3-bf16-w2-ckpt", kQwen2MoeEager, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      Case("granitemoe-eager-z1-fp32-w2-ckpt", kGraniteMoeEager, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
+      Case("granitemoeshared-wide-eager-z3-bf16-w2-ckpt", kGraniteMoeSharedWideEager, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "512"}),
+      // ZeRO-3 releasing each block after its forward: the expert banks held by their saved views.
+      Case("qwen3_moe-eager-z3-bf16-w2-release", kQwen3MoeEager, {"--ds-config", "configs/ds/stage3_release_all.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
+      Case("mixtral-z3-bf16-w2-release", kMixtral, {"--ds-config", "configs/ds/stage3_release_all.json", "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "512"}),
+      Case("qwen3_moe-wide-eager-z1-fp32-w1-b1", kQwen3MoeWideEager, {"--ds-config", ds, "--zero-stage", "1", "--precision", "fp32", "--gpus", "1", "--micro-batch", "1", "--seq", "1024"}),
       // GPT-OSS: eager attention with sinks, RoPE over half the head, the biased, clamped experts.
       Case("gpt_oss-z3-bf16-w2-ckpt", kGptOss, {"--ds-config", ds, "--zero-stage", "3", "--precision", "bf16", "--gpus", "2", "--checkpointing", "true", "--micro-batch", "2", "--seq", "256"}),
       Case("gpt_oss-aux-z2-bf16-w2", kGptOssAux, {"--ds-config", ds, "--zero-stage", "2", "--precision", "bf16", "--gpus", "2", "--micro-batch", "2", "--seq", "256"}),
@@ -610,6 +629,10 @@ constexpr char kOffload[] = "\"offload_optimizer\": {\"device\": \"cpu\"}";
 constexpr char kOffloadBoth[] = "\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}";
 
 std::string With(std::initializer_list<absl::string_view> parts) { return absl::StrJoin(parts, ", "); }
+// Stage 3 releasing every block after its forward: no prefetch, no reuse, few live parameters.
+constexpr char kReleaseAll[] =
+    "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 0, \"stage3_max_live_parameters\": 100000, "
+    "\"stage3_max_reuse_distance\": 0, \"stage3_param_persistence_threshold\": 10000";
 
 }  // namespace
 
@@ -1095,6 +1118,7 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
       // loop's moments set the peak (with the b x s x V loss beside them the loss would).
       DeepSpeedCase("qwen3_moe-eager-z3-bf16-ckpt", qwen3_moe_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
+      DeepSpeedCase("qwen3_moe-eager-z3-bf16", qwen3_moe_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512),
       DeepSpeedCase("qwen3_moe-eager-z1-bf16-ckpt", qwen3_moe_eager, DsConfig(1, "bf16", 2, 1, "", kSmall), 2, 512,
                     "sdpa", true),
       DeepSpeedCase("mixtral-eager-z2-bf16-ckpt", mixtral_eager, DsConfig(2, "bf16", 2, 1, "", kSmall), 2, 512, "sdpa",
@@ -1111,6 +1135,8 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     512, "sdpa", true),
       DeepSpeedCase("qwen3_moe-wide-eager-z1-fp32-b1", qwen3_moe_wide_eager, DsConfig(1, "fp32", 1, 1, "", kSmall), 2,
                     1024),
+      DeepSpeedCase("qwen3_moe-wide-eager-z1-fp32-w1-b1", qwen3_moe_wide_eager, DsConfig(1, "fp32", 1, 1, "", kSmall),
+                    1, 1024),
       DeepSpeedCase("qwen2_moe-eager-z3-bf16-ckpt", qwen2_moe_eager, DsConfig(3, "bf16", 2, 1, "", kSmall3), 2, 512,
                     "sdpa", true),
       // Held out (recorded after the rules read from the rows above): Qwen3.5-MoE's gated shared expert
@@ -1182,6 +1208,16 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                     "sdpa", true),
       DeepSpeedCase("deepseek_v3-wide-z3-bf16-b1", deepseek_v3_wide, DsConfig(3, "bf16", 1, 1, "", kSmall3), 2, 1024),
       DeepSpeedCase("deepseek_v3-wide-z1-fp32", deepseek_v3_wide, DsConfig(1, "fp32", 2, 1, "", kSmall), 2, 256),
+      // ZeRO-3 releasing each block after its forward (kReleaseAll), not checkpointed: the
+      // expert banks stay behind the views their experts saved (zero_gather.h, Stage3BlockGathers::held). Read
+      // from the first two; the others held out (GPT-OSS saves its banks themselves: nothing held).
+      DeepSpeedCase("qwen3_moe-eager-z3-bf16-release", qwen3_moe_eager, DsConfig(3, "bf16", 2, 1, "", kReleaseAll), 2, 256),
+      DeepSpeedCase("qwen3_moe-z3-bf16-release", qwen3_moe, DsConfig(3, "bf16", 2, 1, "", kReleaseAll), 2, 256),
+      DeepSpeedCase("mixtral-z3-bf16-release", mixtral, DsConfig(3, "bf16", 2, 1, "", kReleaseAll), 2, 512),
+      DeepSpeedCase("qwen3_moe-wide-eager-z3-bf16-release-b1", qwen3_moe_wide_eager,
+                    DsConfig(3, "bf16", 1, 1, "", kReleaseAll), 2, 1024),
+      DeepSpeedCase("deepseek_v3-z3-bf16-release", deepseek_v3, DsConfig(3, "bf16", 2, 1, "", kReleaseAll), 2, 512),
+      DeepSpeedCase("gpt_oss-z3-bf16-release", gpt_oss, DsConfig(3, "bf16", 2, 1, "", kReleaseAll), 2, 256, "eager"),
   };
 }
 
