@@ -95,6 +95,13 @@ inline int NumMoeLayers(const ModelSpec& spec) {
   return n;
 }
 
+// No op after the MLP half saves a tensor: pre-norms, no residual dropout,
+// no per-layer input after it.
+inline bool NothingSavesPastTheMlp(const ModelSpec& spec) {
+  return spec.norm_placement() == NORM_PLACEMENT_PRE && spec.residual_dropout() == 0 &&
+         spec.per_layer_input_size() == 0;
+}
+
 // Whether a checkpointed layer's recompute (torch's non-reentrant
 // checkpoint, which stops at the last tensor the block saves) ends inside
 // its mixture of experts, at the weighted pairs' reordering (its inverse
@@ -104,14 +111,11 @@ inline int NumMoeLayers(const ModelSpec& spec) {
 // gate product and GraniteMoeShared's shared_mlp are recorded last, saving
 // their inputs). The eager experts' loop saves up to its last index_add_,
 // whose backward, reached first, needs no copy of the output gradient.
-inline bool NothingSavesPastTheMlp(const ModelSpec& spec) {
-  return spec.norm_placement() == NORM_PLACEMENT_PRE && spec.residual_dropout() == 0 &&
-         spec.per_layer_input_size() == 0;
-}
 inline bool RecomputeStopsInExperts(const ModelSpec& spec, int layer) {
   return LayerIsMoe(spec, layer) && spec.moe().shared_expert_ffn_hidden_size() == 0 &&
          spec.moe().experts_impl() != EXPERTS_EAGER && NothingSavesPastTheMlp(spec);
 }
+
 // An eager experts' layer whose recompute stops at the last tensor its MoE
 // saves (the loop's last index_add_'s, Qwen2-MoE's gate product's,
 // GraniteMoeShared's shared_mlp's), its output never made: the backward

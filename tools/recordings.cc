@@ -125,6 +125,7 @@ std::vector<std::string> LiveCases(Suite s) {
         "llama-heavy-z0-bf16-w1-torch-adamw-s32",        // a torch Adam at ZeRO-0 in bf16
         "llava-z3-bf16-w2-freeze-tower",                 // a vision-language model, a frozen tower
         "gpt_oss-z3-bf16-w2-ckpt",                       // attention sinks
+        "qwen2_moe-eager-z3-bf16-w2-ckpt",               // eager experts, their recompute stopped at the terms
     };
   }
   return {
