@@ -51,6 +51,7 @@ if (( dry_run )); then
   qwen35=$root/configs/hf/tiny/qwen3_5.json gemma4=$root/configs/hf/tiny/gemma4.json
   qwen25vl=$root/configs/hf/tiny/qwen2_5_vl.json vl_image=224
   qwen3moe=$root/configs/hf/tiny/qwen3_moe.json gptoss=$root/configs/hf/tiny/gpt_oss.json
+  qwen3moe_eager=$root/configs/hf/tiny/qwen3_moe-eager.json
   deepseek=$root/configs/hf/tiny/deepseek_v3.json
   # Two real Gloo ranks, not an emulated one: torch's fake process group makes none of the copies
   # Gloo's reduce-scatter makes under ZeRO-3, which a CPU plan counts (NCCL makes none either).
@@ -88,6 +89,10 @@ transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=4).to_json_fi
   qwen3moe=$out/qwen3-30b-a3b-4-layers.json
   "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4
 json.dump(c, open(sys.argv[2], "w"), indent=2)' "$root/configs/hf/qwen3-30b-a3b.json" "$qwen3moe"
+  # The same with transformers' eager experts (a loop over the experts hit).
+  qwen3moe_eager=$out/qwen3-30b-a3b-4-layers-eager.json
+  "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["_experts_implementation"] = "eager"
+json.dump(c, open(sys.argv[2], "w"), indent=2)' "$qwen3moe" "$qwen3moe_eager"
   # gpt-oss-20b (published) cut to its first four layers (two sliding, two full; 32 experts of 2880, top 4),
   # its MXFP4 quantization_config dropped: training runs on the dequantized weights.
   gptoss=$out/gpt-oss-20b-4-layers.json gptoss_world=8 gptoss_rank=7
@@ -187,6 +192,15 @@ ds_row() {
       --world "$world" --steps "$steps" "${kept[@]}" --out "$out/$slug.deepspeed.json" > "$out/$slug.deepspeed.txt" 2>&1
     ds_rc=$?
   fi
+  # Eager experts: planned again on the routing the measured rank recorded (RankReport.routing), as the
+  # suite does (tools/accuracy.h, PlanOnMeasuredRouting).
+  if grep -q '"_experts_implementation": *"eager"' "$hf" && "$PY" -c 'import json, sys
+json.dump({"layers": json.load(open(sys.argv[1]))["ranks"][0]["routing"]}, open(sys.argv[2], "w"))' \
+      "$out/$slug.deepspeed.json" "$out/$slug.routing.json" 2> /dev/null; then
+    "$ZPLAN" --gpu "$gpu" --hf-config "$hf" --seq "$row_seq" --ds-config "$out/$slug.ds.json" "${zplan_flags[@]}" \
+      --routing "$out/$slug.routing.json" --out "$out/$slug.routed.pb" > "$out/$slug.routed.txt" 2>&1 &&
+      "$ZPLAN" show "$out/$slug.routed.pb" --format json > "$out/$slug.plan.json"
+  fi
   limit "$ZRUN" "$out/$slug.pb" --steps "$steps" --report "$out/$slug.zrun.json" "${zrun_flags[@]}" \
     > "$out/$slug.zrun.txt" 2>&1
   rows+=("$label|$("$PY" - "$out/$slug" "$ds_rc" "$rank" <<'PY'
@@ -278,6 +292,10 @@ ds_row "Qwen2.5-VL tower frozen, ZeRO-3, rank 7/8" "$qwen25vl" "$seq" 8 7 "$(ds_
 # A mixture of experts (docs/moe.md): CUDA's grouped_mm under DeepSpeed's ZeRO-3 leaf module (the 128
 # experts of a layer gathered at once), the lazy recompute of checkpointing; zrun trains it too.
 ds_row "Qwen3-30B-A3B (4 layers), ZeRO-3 + ckpt, 7/8" "$qwen3moe" "$seq" 8 7 "$(ds_config 3 1 1 "$buckets3")" \
+  --checkpointing
+# The same with transformers' eager experts: their memory follows the routing, so the row is planned on the
+# routing DeepSpeed's rank recorded; zrun trains the loop too.
+ds_row "Qwen3-30B-A3B (4 layers) eager, Z3+ckpt, 7/8" "$qwen3moe_eager" "$seq" 8 7 "$(ds_config 3 1 1 "$buckets3")" \
   --checkpointing
 # GPT-OSS (docs/moe.md): eager attention with sinks (S^2 logits per layer), its biased experts through
 # CUDA's grouped_mm, no leaf module at ZeRO-3; zrun trains it too.
