@@ -1557,12 +1557,20 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     }
   }
   router_logits_ = nullptr;
-  // Final norm and LM head stay gathered from here until their backward is done.
+  // The final norm and LM head (a ViT: its classifier) are gathered from
+  // here; DeepSpeed's post-forward hook on the head releases them once the
+  // logits are made unless they are kept for the backward (sharding.h,
+  // Stage3Retention), which gathers them again.
   const int head_part = StepNumBlocks(spec_);
   if (hooks.active()) {
     hooks.before_forward(head_part);
     x = AfterBackward::apply(x, &hooks, head_part);
   }
+  auto head_forward_done = [&hooks, head_part] {
+    if (!hooks.active()) return;
+    hooks.after_forward(head_part);
+    if (hooks.before_logits) hooks.before_logits();  // what follows is still the loss's
+  };
   const at::Tensor final_norm =
       spec_.norm_type() == NORM_LAYERNORM
           ? at::layer_norm(x, {h}, Param("final_norm.weight"), Param("final_norm.bias"), kNormEps)
@@ -1584,6 +1592,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     // takes loss.float().
     if (hooks.before_logits) hooks.before_logits();
     at::Tensor logits = Linear(final_norm.select(1, 0), "classifier", /*bias=*/true);
+    head_forward_done();
     if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
     return at::cross_entropy_loss(logits, targets).to(at::kFloat);
   }
@@ -1608,6 +1617,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // upcast dies with its call.
   if (hooks.before_logits) hooks.before_logits();
   at::Tensor logits = ApplyLinear(final_norm, head, std::nullopt, saves_.linear);
+  head_forward_done();
   if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
   // GraniteForCausalLM: logits / logits_scaling, outside the head module; the unscaled ones die.
   if (spec_.logits_scaling() != 0) logits = logits / spec_.logits_scaling();

@@ -118,7 +118,7 @@ void ZeroEngine::PlaceParameters(int64_t total, int world, const at::TensorOptio
     const SavePolicy saves = SavePolicyFor(config);
     std::vector<bool> runs_backward;
     for (const TensorSpec& t : inventory) runs_backward.push_back(RunsBackward(model->spec(), t, saves));
-    retention_ = Stage3RetentionOf(inventory, tied_head_, zero, ParameterlessModulesOf(model->spec()), runs_backward);
+    retention_ = Stage3RetentionOf(model->spec(), inventory, tied_head_, zero, runs_backward);
     for (int part = -1; part <= num_layers; ++part) Release(part, kReleaseAll);
   }
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "planner/inventory.h"
 #include "planner/units.h"
@@ -64,20 +65,33 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
   return out;
 }
 
-Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const ZeroConfig& zero, const ParameterlessModules& calls,
+Stage3Retention Stage3RetentionOf(const ModelSpec& model, const std::vector<TensorSpec>& parameters,
+                                  bool tied_embeddings, const ZeroConfig& zero,
                                   const std::vector<bool>& runs_backward) {
+  const ParameterlessModules calls = ParameterlessModulesOf(model);
   const int n = static_cast<int>(parameters.size());
   std::vector<int64_t> numel(n);
   for (int p = 0; p < n; ++p) numel[p] = NumElements(parameters[p]);
   // Modules in forward order (parameters of one module are adjacent); a
-  // module that never runs is in no trace.
-  auto module_of = [&](int p) { return parameters[p].name().substr(0, parameters[p].name().rfind('.')); };
+  // module that never runs is in no trace. A leaf block's parameters are
+  // its module's ("layers.<i>.mlp").
+  auto module_of = [&](int p) {
+    const std::string& name = parameters[p].name();
+    if (DeepSpeedLeafBlockOf(model, parameters[p]) >= 0) {
+      const std::vector<absl::string_view> parts = absl::StrSplit(name, absl::MaxSplits('.', 3));
+      if (parts.size() == 4) return absl::StrCat(parts[0], ".", parts[1], ".", parts[2]);
+    }
+    return name.substr(0, name.rfind('.'));
+  };
   std::vector<std::vector<int>> modules;
   for (int p = 0; p < n; ++p) {
     if (IsUnusedOriginal(parameters[p].name())) continue;
     if (modules.empty() || module_of(p) != module_of(modules.back().back())) modules.emplace_back();
     modules.back().push_back(p);
+  }
+  std::vector<bool> leaf_module(modules.size());
+  for (size_t m = 0; m < modules.size(); ++m) {
+    leaf_module[m] = DeepSpeedLeafBlockOf(model, parameters[modules[m].front()]) >= 0;
   }
   // The embedding's matrix: the token embedding, or a ViT's patch projection.
   int embedding = -1;
@@ -187,10 +201,22 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
     return node.backward = any;
   };
   settle(root);
+  // Every parameter under a node (the parameters iter_params(module,
+  // recurse=True) yields).
+  std::function<std::vector<int>(const Node&)> subtree = [&](const Node& node) {
+    std::vector<int> out = node.module >= 0 ? modules[node.module] : std::vector<int>{};
+    for (const Node& child : node.children) {
+      const std::vector<int> more = subtree(child);
+      out.insert(out.end(), more.begin(), more.end());
+    }
+    return out;
+  };
   std::vector<int> trace;
+  std::vector<std::vector<int>> trace_subtree;
   std::function<void(const Node&, bool)> walk = [&](const Node& node, bool forward) {
     if (!forward && !node.backward) return;
     trace.push_back(node.module);
+    trace_subtree.push_back(subtree(node));
     if (forward) {
       for (const Node& child : node.children) walk(child, true);
     } else {
@@ -260,15 +286,18 @@ Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, boo
       for (int p : prefetch) gather(p);
     }
     // release_sub_module: the step counter has moved past this module.
+    // The reuse scan (sharding.h): a leaf's reads subtrees, another's reads
+    // modules' own parameters (a leaf has none: they are its children's).
     const int next = t + 1;
+    const bool releasing_leaf = trace[t] >= 0 && leaf_module[trace[t]];
     for (int p : params) {
       if (persistent(p)) continue;
       bool keep = last_popped[p] > next;
       int64_t traversed = 0;
       for (int u = next; !keep && u < static_cast<int>(trace.size()); ++u) {
         if (traversed >= zero.stage3_max_reuse_distance()) break;
-        if (trace[u] < 0) continue;
-        for (int q : modules[trace[u]]) {
+        const bool own = trace[u] >= 0 && !leaf_module[trace[u]];
+        for (int q : releasing_leaf ? trace_subtree[u] : own ? modules[trace[u]] : empty) {
           keep = keep || q == p;
           traversed += numel[q];
         }

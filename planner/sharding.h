@@ -106,10 +106,16 @@ std::vector<FlatPartition> FlatPartitionsByRank(const std::vector<TensorSpec>& p
 // gathered are popped for free, so near the end of the forward it runs into
 // the backward's entries and marks what is still gathered. The trace holds
 // every module called, those without parameters too (the model, each layer
-// and its containers, and `calls`: each fetch pops the queue further), its
-// backward part a container before its children (which run in reverse).
-// Replayed here over the inventory's modules (a tied LM head is one more
-// module after the last), with parameters of at most
+// and its containers, and the model's ParameterlessModulesOf: each fetch
+// pops the queue further), its backward part a container before its
+// children (which run in reverse); a DeepSpeed leaf module (an MoE block,
+// DeepSpeedLeafBlockOf) is one module of all its parameters, its children
+// unhooked (parameter_offload.py, _register_deepspeed_module), and the reuse
+// scan reads later modules as iter_params(module, recurse=<the released
+// module is a leaf>): a leaf's scan counts containers' whole subtrees, the
+// others' count no leaf's parameters. Replayed here
+// over the inventory's modules (a tied LM head is one more module after the
+// last), with parameters of at most
 // stage3_param_persistence_threshold elements always present. A module
 // whose parameters all have runs_backward false (RunsBackward in
 // inventory.h; empty: every module) is not in the backward's part of the
@@ -119,8 +125,8 @@ struct Stage3Retention {
   bool embedding_kept = false;  // the embedding (tied: also as the head; a ViT: its patch projection), from its forward through its backward
   bool head_kept = false;       // the LM head (a ViT: its classifier), from its forward to its backward
 };
-Stage3Retention Stage3RetentionOf(const std::vector<TensorSpec>& parameters, bool tied_embeddings,
-                                  const ZeroConfig& zero, const ParameterlessModules& calls,
+Stage3Retention Stage3RetentionOf(const ModelSpec& model, const std::vector<TensorSpec>& parameters,
+                                  bool tied_embeddings, const ZeroConfig& zero,
                                   const std::vector<bool>& runs_backward = {});
 
 ShardLayout ComputeShardLayout(const std::vector<TensorSpec>& parameters, int64_t world,

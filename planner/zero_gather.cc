@@ -64,7 +64,7 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     // backward, so blocks from some index on are kept whole (the step
     // program's groups rely on it; the simulator test checks it).
     const Stage3Retention retention =
-        Stage3RetentionOf(params, s.tied, zero, ParameterlessModulesOf(model), runs_backward);
+        Stage3RetentionOf(model, params, s.tied, zero, runs_backward);
     std::vector<int64_t> kept(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
       const TensorSpec& t = params[j];
