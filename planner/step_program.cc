@@ -440,9 +440,11 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
             "forward, layer #, router logits kept for the auxiliary loss");
     r.Free(Ref{forward_gather, i}, PHASE_FORWARD, i, "forward, layer #, parameters released");
     // Expert banks that a kept block does not keep stay behind their saved views.
-    r.Alloc(Ref{held_gather, i}, COMPONENT_PARAMS,
-            s.Checkpointed(i) ? 0 : std::max<int64_t>(0, s.Block(i).gather_held - kept_of_block(i)), PHASE_FORWARD,
-            i, "forward, layer #, expert banks held by their saved views");
+    const int64_t held = i >= s.gather_kept_from         ? 0
+                         : i == s.gather_kept_from - 1 ? s.gather_held_partial
+                                                       : s.Block(i).gather_held;
+    r.Alloc(Ref{held_gather, i}, COMPONENT_PARAMS, s.Checkpointed(i) ? 0 : held, PHASE_FORWARD, i,
+            "forward, layer #, expert banks held by their saved views");
   };
   r.Blocks(/*forward=*/true, forward_block, 0, tower);
   // The joint: post_layernorm keeps the last tower block's output, the

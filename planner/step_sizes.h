@@ -249,10 +249,13 @@ struct StepSizes {
   // Stage 3 (sharding.h, Stage3Retention): gathered parameters DeepSpeed
   // keeps from their forward to their backward -- blocks gather_kept_from
   // onwards whole (Block(i).gather_kept bytes each) and gather_kept_partial
-  // bytes of the block before; the embedding through the whole step when
-  // embed_kept; the LM head from its forward to its backward when head_kept.
+  // bytes of the block before (of its expert banks, gather_held_partial
+  // bytes are not kept: held by their views, BlockKind::gather_held); the
+  // embedding through the whole step when embed_kept; the LM head from its
+  // forward to its backward when head_kept.
   int gather_kept_from = 0;
   int64_t gather_kept_partial = 0;
+  int64_t gather_held_partial = 0;
   bool embed_kept = false;
   bool head_kept = false;
 

@@ -36,6 +36,9 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     blocks->held.assign(s.num_layers, 0);
     // GptOssExperts hands the banks to grouped_mm as they are: the parameter itself is saved.
     const bool banks_saved_as_views = model.has_moe() && !model.moe().gpt_oss_experts();
+    auto is_bank = [](const TensorSpec& t) {
+      return absl::EndsWith(t.name(), kExpertsGateUp) || absl::EndsWith(t.name(), kExpertsDown);
+    };
     for (int i = 0; i < s.num_layers; ++i) {
       // The block being computed plus the next one's parameters prefetched in
       // order while fewer than min(prefetch bucket, live cap - gathered) are
@@ -54,8 +57,7 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
       // features, or frozen without a graph) is never kept for a backward.
       blocks->kept[i] = block_backward[i] ? partitioned_elements[i] * w : 0;
       for (const TensorSpec* t : of_layer[i]) {
-        const bool bank = absl::EndsWith(t->name(), kExpertsGateUp) || absl::EndsWith(t->name(), kExpertsDown);
-        if (banks_saved_as_views && block_backward[i] && bank && partitioned(*t)) {
+        if (banks_saved_as_views && block_backward[i] && is_bank(*t) && partitioned(*t)) {
           blocks->held[i] += NumElements(*t) * w;
         }
       }
@@ -65,16 +67,19 @@ void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stag
     // program's groups rely on it; the simulator test checks it).
     const Stage3Retention retention =
         Stage3RetentionOf(model, params, s.tied, zero, runs_backward);
-    std::vector<int64_t> kept(s.num_layers, 0);
+    std::vector<int64_t> kept(s.num_layers, 0), kept_banks(s.num_layers, 0);
     for (size_t j = 0; j < params.size(); ++j) {
       const TensorSpec& t = params[j];
       const int block = StepBlockOf(model, t);
-      if (block >= 0 && retention.kept_after_forward[j] && partitioned(t)) kept[block] += NumElements(t) * w;
+      if (block < 0 || !retention.kept_after_forward[j] || !partitioned(t)) continue;
+      kept[block] += NumElements(t) * w;
+      if (is_bank(t)) kept_banks[block] += NumElements(t) * w;
     }
     int from = s.num_layers;
     while (from > 0 && kept[from - 1] == blocks->kept[from - 1]) --from;
     s.gather_kept_from = from;
     s.gather_kept_partial = from > 0 ? kept[from - 1] : 0;
+    s.gather_held_partial = from > 0 ? std::max<int64_t>(0, blocks->held[from - 1] - kept_banks[from - 1]) : 0;
     s.embed_kept = retention.embedding_kept;
     s.head_kept = retention.head_kept;
   }
