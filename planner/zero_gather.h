@@ -37,7 +37,7 @@ struct Stage3BlockGathers {
   std::vector<int64_t> held;
 };
 
-// `blocks`, and gather_kept_from / _partial, embed_kept, head_kept,
+// `blocks`, and gather_kept_from / _partial, gather_held_partial, embed_kept, head_kept,
 // embed_gather and head_gather; `saves` is what autograd keeps (SavePolicyFor).
 void SizeStage3Gathers(const ZeroSizingInputs& in, const SavePolicy& saves, Stage3BlockGathers* blocks,
                        StepSizes* sizes);
