@@ -731,7 +731,8 @@ StepSizes StepSizer::Shape(int64_t b, int64_t seq) const {
       // gradient and the activation's and up's, [T, f_s] each, the product
       // freed (InHalfTail: its saved tensors), beside the half's output
       // gradient (Granite's times residual_multiplier), which the experts'
-      // backward takes next, and its down projection's weight gradient.
+      // backward takes next; its down projection's weight gradient is there
+      // only where gradients are kept (grads_mlp_tail_out).
       if (SharedExpertAfterExperts(m.moe())) {
         const int64_t fs = m.moe().shared_expert_ffn_hidden_size();
         k.mlp_tail_bwd_transient = (2 * fs + width) * rows * w;

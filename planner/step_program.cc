@@ -719,8 +719,11 @@ int Emit(const StepSizes& s, bool grouped, Sink* sink) {
     post_norm_backward(Ref{mlp_post_norm, i}, "backward, layer #, MLP post-norm");
     const char* shared_mlp = "backward, layer #, shared MLP gradients";
     if (kept) r.Alloc(Ref{kept_mlp_tail_out, i}, COMPONENT_GRADS, k.grads_mlp_tail_out, PHASE_BACKWARD, i, shared_mlp);
-    r.Alloc(Ref{mlp_tail_transient, i}, COMPONENT_TEMPORARIES,
-            k.mlp_tail_bwd_transient + (kept ? 0 : k.grads_mlp_tail_out), PHASE_BACKWARD, i, shared_mlp);
+    // Not kept, the down projection's weight gradient went into the reduce
+    // bucket before the mul's backward (AccumulateGrad runs first, its hook
+    // hands the gradient on).
+    r.Alloc(Ref{mlp_tail_transient, i}, COMPONENT_TEMPORARIES, k.mlp_tail_bwd_transient, PHASE_BACKWARD, i,
+            shared_mlp);
     r.Free(Ref{mlp_tail_transient, i}, PHASE_BACKWARD, i, "backward, layer #, shared MLP gradients freed");
     if (kept) r.Alloc(Ref{kept_mlp_tail_in, i}, COMPONENT_GRADS, k.grads_mlp_tail_in, PHASE_BACKWARD, i, shared_mlp);
     if (recompute) r.Free(Ref{recomputed_mlp_tail, i}, PHASE_BACKWARD, i, "backward, layer #, MLP output's ops done");
