@@ -1227,6 +1227,11 @@ std::vector<AccuracyCase> DeepSpeedMatrix() {
                              "\"reduce_bucket_size\": 200000, \"stage3_prefetch_bucket_size\": 0, "
                              "\"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": 400000"),
                     2, 512),
+      // Not modelled, kept to show it: with reuse distance 0 the embedding, released after its forward, is
+      // prefetched again with the LM head and the last down bank in one coalesced all-gather, whose flat
+      // buffer its handle keeps until the embedding's backward (docs/deepspeed_model.md row 20): +1.75%.
+      DeepSpeedCase("qwen3_moe-z3-bf16-reuse-0-coalesced-prefetch", qwen3_moe,
+                    DsConfig(3, "bf16", 2, 1, "", With({kSmall3, "\"stage3_max_reuse_distance\": 0"})), 2, 256),
   };
 }
 
