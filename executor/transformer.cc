@@ -1566,10 +1566,12 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     hooks.before_forward(head_part);
     x = AfterBackward::apply(x, &hooks, head_part);
   }
-  auto head_forward_done = [&hooks, head_part] {
-    if (!hooks.active()) return;
+  // The head's logits made: its post-forward release, and its backward's gather placed on them.
+  auto head_done = [&hooks, head_part](at::Tensor logits) {
+    if (!hooks.active()) return logits;
     hooks.after_forward(head_part);
     if (hooks.before_logits) hooks.before_logits();  // what follows is still the loss's
+    return BeforeBackward::apply(logits, &hooks, head_part);
   };
   const at::Tensor final_norm =
       spec_.norm_type() == NORM_LAYERNORM
@@ -1591,9 +1593,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
     // taken in the logits' dtype (fixed_cross_entropy); DeepSpeed's backward
     // takes loss.float().
     if (hooks.before_logits) hooks.before_logits();
-    at::Tensor logits = Linear(final_norm.select(1, 0), "classifier", /*bias=*/true);
-    head_forward_done();
-    if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
+    const at::Tensor logits = head_done(Linear(final_norm.select(1, 0), "classifier", /*bias=*/true));
     return at::cross_entropy_loss(logits, targets).to(at::kFloat);
   }
   if (spec_.vocab_size() == 0) {
@@ -1616,9 +1616,7 @@ at::Tensor Transformer::Loss(const at::Tensor& inputs, const at::Tensor& targets
   // loss's and the auxiliary loss's computation); ForCausalLMLoss's fp32
   // upcast dies with its call.
   if (hooks.before_logits) hooks.before_logits();
-  at::Tensor logits = ApplyLinear(final_norm, head, std::nullopt, saves_.linear);
-  head_forward_done();
-  if (hooks.active()) logits = BeforeBackward::apply(logits, &hooks, head_part);
+  at::Tensor logits = head_done(ApplyLinear(final_norm, head, std::nullopt, saves_.linear));
   // GraniteForCausalLM: logits / logits_scaling, outside the head module; the unscaled ones die.
   if (spec_.logits_scaling() != 0) logits = logits / spec_.logits_scaling();
   // Gemma's final_logit_softcapping: cap x tanh(logits / cap), tanh keeping its output.

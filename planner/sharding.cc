@@ -75,9 +75,11 @@ Stage3Retention Stage3RetentionOf(const ModelSpec& model, const std::vector<Tens
   // Modules in forward order (parameters of one module are adjacent); a
   // module that never runs is in no trace. A leaf block's parameters are
   // its module's ("layers.<i>.mlp").
+  std::vector<bool> in_leaf(n);
+  for (int p = 0; p < n; ++p) in_leaf[p] = DeepSpeedLeafBlockOf(model, parameters[p]) >= 0;
   auto module_of = [&](int p) {
     const std::string& name = parameters[p].name();
-    if (DeepSpeedLeafBlockOf(model, parameters[p]) >= 0) {
+    if (in_leaf[p]) {
       const std::vector<absl::string_view> parts = absl::StrSplit(name, absl::MaxSplits('.', 3));
       if (parts.size() == 4) return absl::StrCat(parts[0], ".", parts[1], ".", parts[2]);
     }
@@ -90,9 +92,7 @@ Stage3Retention Stage3RetentionOf(const ModelSpec& model, const std::vector<Tens
     modules.back().push_back(p);
   }
   std::vector<bool> leaf_module(modules.size());
-  for (size_t m = 0; m < modules.size(); ++m) {
-    leaf_module[m] = DeepSpeedLeafBlockOf(model, parameters[modules[m].front()]) >= 0;
-  }
+  for (size_t m = 0; m < modules.size(); ++m) leaf_module[m] = in_leaf[modules[m].front()];
   // The embedding's matrix: the token embedding, or a ViT's patch projection.
   int embedding = -1;
   for (int p = 0; p < n && embedding < 0; ++p) {
